@@ -1,0 +1,253 @@
+"""Broker and topic configuration, under Kafka's own names and with Kafka's defaults.
+
+Each entry knows its type and default so that `--config key=value` on the command line,
+per-topic configs from CreateTopics/IncrementalAlterConfigs, and DescribeConfigs all agree.
+Topic configs fall back to the broker's `log.*` settings the way Kafka's do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+
+def _bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _int(value: str | int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _str(value: str) -> str:
+    return str(value)
+
+
+def _cleanup_policy(value: str) -> str:
+    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    if not parts or any(p not in ("delete", "compact") for p in parts):
+        raise ValueError(f"expected delete, compact or both, got {value!r}")
+    return ",".join(parts)
+
+
+def _timestamp_type(value: str) -> str:
+    if value not in ("CreateTime", "LogAppendTime"):
+        raise ValueError(f"expected CreateTime or LogAppendTime, got {value!r}")
+    return value
+
+
+def _compression_type(value: str) -> str:
+    if value not in ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"):
+        raise ValueError(f"unknown compression type {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    minimum: int | None = None
+    doc: str = ""
+
+    def coerce(self, raw: Any) -> Any:
+        try:
+            value = self.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid value {raw!r} for config {self.name}: {exc}") from None
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"invalid value {raw!r} for config {self.name}: must be at least {self.minimum}")
+        return value
+
+
+_DAY_MS = 24 * 60 * 60 * 1000
+
+BROKER_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("node.id", _int, 0, 0),
+        ConfigDef("broker.id", _int, 0, 0),
+        ConfigDef("num.partitions", _int, 1, 1),
+        ConfigDef("default.replication.factor", _int, 1, 1),
+        ConfigDef("auto.create.topics.enable", _bool, True),
+        ConfigDef("delete.topic.enable", _bool, True),
+        ConfigDef("message.max.bytes", _int, 1048588, 0),
+        ConfigDef("socket.request.max.bytes", _int, 104857600, 1),
+        ConfigDef("log.segment.bytes", _int, 1073741824, 14),
+        ConfigDef("log.roll.ms", _int, None),
+        ConfigDef("log.roll.hours", _int, 168, 1),
+        ConfigDef("log.index.interval.bytes", _int, 4096, 0),
+        ConfigDef("log.index.size.max.bytes", _int, 10485760, 4),
+        ConfigDef("log.flush.interval.messages", _int, 2**63 - 1, 1),
+        ConfigDef("log.flush.interval.ms", _int, None),
+        ConfigDef("log.flush.scheduler.interval.ms", _int, 2**63 - 1, 0),
+        ConfigDef("log.flush.offset.checkpoint.interval.ms", _int, 60000, 0),
+        ConfigDef("log.retention.ms", _int, None),
+        ConfigDef("log.retention.minutes", _int, None),
+        ConfigDef("log.retention.hours", _int, 168),
+        ConfigDef("log.retention.bytes", _int, -1),
+        ConfigDef("log.retention.check.interval.ms", _int, 300000, 1),
+        ConfigDef("log.cleanup.policy", _cleanup_policy, "delete"),
+        ConfigDef("log.message.timestamp.type", _timestamp_type, "CreateTime"),
+        ConfigDef("log.cleaner.min.compaction.lag.ms", _int, 0, 0),
+        ConfigDef("compression.type", _compression_type, "producer"),
+        ConfigDef("min.insync.replicas", _int, 1, 1),
+        ConfigDef("producer.id.expiration.ms", _int, _DAY_MS, 1),
+        ConfigDef("producer.id.expiration.check.interval.ms", _int, 600000, 1),
+        ConfigDef("offsets.topic.num.partitions", _int, 50, 1),
+        ConfigDef("offsets.topic.replication.factor", _int, 3, 1),
+        ConfigDef("offsets.topic.segment.bytes", _int, 104857600, 1),
+        ConfigDef("offsets.retention.minutes", _int, 10080, 1),
+        ConfigDef("offsets.retention.check.interval.ms", _int, 600000, 1),
+        ConfigDef("offset.metadata.max.bytes", _int, 4096),
+        ConfigDef("group.initial.rebalance.delay.ms", _int, 3000, 0),
+        ConfigDef("group.min.session.timeout.ms", _int, 6000),
+        ConfigDef("group.max.session.timeout.ms", _int, 1800000),
+        ConfigDef("group.max.size", _int, 2**31 - 1, 1),
+        ConfigDef("transaction.state.log.num.partitions", _int, 50, 1),
+        ConfigDef("transaction.state.log.replication.factor", _int, 3, 1),
+        ConfigDef("transaction.state.log.segment.bytes", _int, 104857600, 1),
+        ConfigDef("transaction.max.timeout.ms", _int, 900000, 1),
+        ConfigDef("transactional.id.expiration.ms", _int, 7 * _DAY_MS, 1),
+        ConfigDef("transaction.abort.timed.out.transaction.cleanup.interval.ms", _int, 10000, 1),
+        ConfigDef("transaction.remove.expired.transaction.cleanup.interval.ms", _int, 3600000, 1),
+        ConfigDef("fetch.max.bytes", _int, 57671680, 0),
+        ConfigDef("max.incremental.fetch.session.cache.slots", _int, 1000, 0),
+    ]
+}
+
+TOPIC_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("cleanup.policy", _cleanup_policy, "delete"),
+        ConfigDef("compression.type", _compression_type, "producer"),
+        ConfigDef("delete.retention.ms", _int, _DAY_MS, 0),
+        ConfigDef("file.delete.delay.ms", _int, 60000, 0),
+        ConfigDef("flush.messages", _int, 2**63 - 1, 1),
+        ConfigDef("flush.ms", _int, 2**63 - 1, 0),
+        ConfigDef("index.interval.bytes", _int, 4096, 0),
+        ConfigDef("max.message.bytes", _int, 1048588, 0),
+        ConfigDef("message.timestamp.type", _timestamp_type, "CreateTime"),
+        ConfigDef("min.cleanable.dirty.ratio", float, 0.5),
+        ConfigDef("min.compaction.lag.ms", _int, 0, 0),
+        ConfigDef("min.insync.replicas", _int, 1, 1),
+        ConfigDef("retention.bytes", _int, -1),
+        ConfigDef("retention.ms", _int, 7 * _DAY_MS, -1),
+        ConfigDef("segment.bytes", _int, 1073741824, 14),
+        ConfigDef("segment.index.bytes", _int, 10485760, 4),
+        ConfigDef("segment.ms", _int, 7 * _DAY_MS, 1),
+    ]
+}
+
+# Which broker setting supplies a topic config's default (Kafka's synonyms).
+TOPIC_TO_BROKER_SYNONYM = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.ms": "log.roll.ms",
+}
+
+
+class BrokerConfig:
+    """Validated broker settings; unknown names are rejected so typos do not pass silently."""
+
+    def __init__(self, overrides: Mapping[str, Any] | None = None):
+        self.overrides: dict[str, Any] = {}
+        for name, raw in (overrides or {}).items():
+            definition = BROKER_CONFIGS.get(name)
+            if definition is None:
+                raise ConfigError(f"unknown broker config {name!r}")
+            self.overrides[name] = definition.coerce(raw)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.overrides:
+            return self.overrides[name]
+        return self._derived_default(name)
+
+    def is_default(self, name: str) -> bool:
+        return name not in self.overrides
+
+    def _derived_default(self, name: str) -> Any:
+        if name == "log.roll.ms":
+            return self["log.roll.hours"] * 3600 * 1000
+        if name == "log.retention.ms":
+            if "log.retention.minutes" in self.overrides:
+                return self.overrides["log.retention.minutes"] * 60 * 1000
+            return self["log.retention.hours"] * 3600 * 1000
+        if name == "log.flush.interval.ms":
+            return self["log.flush.scheduler.interval.ms"]
+        return BROKER_CONFIGS[name].default
+
+    def topic_defaults(self) -> dict[str, Any]:
+        """Topic config values a topic gets when it sets nothing itself."""
+        values = {}
+        for name, definition in TOPIC_CONFIGS.items():
+            synonym = TOPIC_TO_BROKER_SYNONYM.get(name)
+            values[name] = self[synonym] if synonym else definition.default
+        return values
+
+    @staticmethod
+    def parse_cli(pairs: list[str]) -> dict[str, str]:
+        """Turn `key=value` strings from the command line into a mapping, with clear errors."""
+        result = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--config expects key=value, got {pair!r}")
+            result[key.strip()] = value.strip()
+        return result
+
+
+def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Check per-topic overrides; raises ConfigError naming the bad key."""
+    result = {}
+    for name, raw in configs.items():
+        definition = TOPIC_CONFIGS.get(name)
+        if definition is None:
+            raise ConfigError(f"unknown topic config {name!r}")
+        result[name] = definition.coerce(raw)
+    return result
+
+
+class TopicConfig:
+    """A topic's effective configuration: its own overrides over the broker's defaults."""
+
+    def __init__(self, broker: BrokerConfig, overrides: Mapping[str, Any] | None = None):
+        self.broker = broker
+        self.overrides = validate_topic_configs(overrides or {})
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.overrides:
+            return self.overrides[name]
+        synonym = TOPIC_TO_BROKER_SYNONYM.get(name)
+        if synonym is not None:
+            return self.broker[synonym]
+        return TOPIC_CONFIGS[name].default
+
+    def source(self, name: str) -> str:
+        """DescribeConfigs source: topic override, broker override, or default."""
+        if name in self.overrides:
+            return "topic"
+        synonym = TOPIC_TO_BROKER_SYNONYM.get(name)
+        if synonym is not None and not self.broker.is_default(synonym):
+            return "broker"
+        return "default"
