@@ -1,0 +1,26 @@
+"""The transaction coordinator (KIP-98): `__transaction_state` records and the state machine."""
+
+from .coordinator import (
+    InitProducerIdResult,
+    ListTransactionsResult,
+    MarkerWriter,
+    TransactionCoordinator,
+    TxnDescription,
+    TxnListing,
+    TxnLogStore,
+)
+from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition, TxnState, partition_for
+
+__all__ = [
+    "InitProducerIdResult",
+    "ListTransactionsResult",
+    "MarkerWriter",
+    "TRANSACTION_STATE_TOPIC",
+    "TopicPartition",
+    "TransactionCoordinator",
+    "TxnDescription",
+    "TxnListing",
+    "TxnLogStore",
+    "TxnState",
+    "partition_for",
+]

@@ -1,0 +1,39 @@
+"""One module per Kafka API (Redpanda style). Each defines API_KEY, VERSIONS and `handle`."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+HANDLER_MODULES = [
+    "api_versions",
+    "metadata",
+    "produce",
+    "fetch",
+    "list_offsets",
+    "create_topics",
+    "delete_topics",
+    "create_partitions",
+    "describe_configs",
+    "incremental_alter_configs",
+    "alter_configs",
+    "describe_cluster",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    api_key: int
+    min_version: int
+    max_version: int
+    handle: Callable[[Any, Any], Awaitable[Any]]
+
+
+def load_handlers(modules: list[str] = HANDLER_MODULES) -> dict[int, Handler]:
+    handlers = {}
+    for name in modules:
+        module = importlib.import_module(f"{__name__}.{name}")
+        low, high = module.VERSIONS
+        handlers[module.API_KEY] = Handler(module.API_KEY, low, high, module.handle)
+    return handlers

@@ -1,0 +1,164 @@
+"""Process plumbing shared by the benchmark scripts: starting `ottla serve` and the librdkafka
+mock cluster, waiting for a broker to answer, reading RSS, and making sure no child process
+outlives the benchmark (errors, Ctrl-C and SIGTERM included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+HERE = Path(__file__).resolve().parent
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current RSS, peak RSS) of a process in MiB, from /proc/<pid>/status."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def ottla_command() -> list[str]:
+    """The `ottla` console script of the interpreter running us (the project's venv)."""
+    script = Path(sys.executable).parent / "ottla"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ottla.cli"]
+
+
+class Children:
+    """Owns every child process; `close()` (or leaving the `with`) terminates what is left.
+
+    SIGTERM to the benchmark is turned into SystemExit so the same cleanup runs."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Children:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def spawn(self, args: list[str], **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(args, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 10.0) -> float:
+        """SIGTERM, then SIGKILL after `timeout`; returns seconds until it exited."""
+        started = time.monotonic()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc in self.procs:
+            self.procs.remove(proc)
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc, timeout=5)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def wait_for_metadata(bootstrap: str, timeout: float, proc: subprocess.Popen | None = None) -> float:
+    """Poll until the broker answers a Metadata request; returns seconds waited. Fails early
+    if `proc` (the broker we started) exits."""
+    started = time.monotonic()
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "reconnect.backoff.max.ms": 100})
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker exited with code {proc.returncode} before answering")
+        try:
+            admin.list_topics(timeout=0.5)
+            return time.monotonic() - started
+        except KafkaException:
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"no Metadata answer from {bootstrap} within {timeout:.0f}s") from None
+
+
+class Ottla:
+    """`ottla serve` on a free port with its own data dir, its output kept in a log file."""
+
+    def __init__(self, children: Children, data_dir: Path, extra_args: list[str] = ()) -> None:
+        self.children = children
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args)
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> float:
+        """Start and wait until it answers Metadata; returns the seconds that took."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = ottla_command() + ["serve", "--data-dir", str(self.data_dir), "--listen", self.bootstrap]
+        with open(self.log_path, "ab") as log:
+            self.proc = self.children.spawn(args + self.extra_args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            return wait_for_metadata(self.bootstrap, timeout, self.proc)
+        except (RuntimeError, TimeoutError):
+            progress(f"ottla failed to start; last lines of {self.log_path}:\n{self.log_tail()}")
+            raise
+
+    def stop(self) -> float:
+        assert self.proc is not None
+        return self.children.stop(self.proc, timeout=30)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class Mock:
+    """librdkafka's in-memory mock cluster, owned by a helper process (mock_cluster.py) that
+    creates topics when asked on its stdin, since the mock does not implement CreateTopics."""
+
+    def __init__(self, children: Children) -> None:
+        self.proc = children.spawn(
+            [sys.executable, str(HERE / "mock_cluster.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self.bootstrap = self._reply("bootstrap")
+
+    def _reply(self, expected: str) -> str:
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != expected:
+            raise RuntimeError(f"mock cluster helper said {line!r}, expected {expected}")
+        return line[1]
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        self.proc.stdin.write(f"{topic} {partitions}\n")
+        self.proc.stdin.flush()
+        self._reply("created")

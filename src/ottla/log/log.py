@@ -1,0 +1,463 @@
+"""One partition's log: `<data-dir>/<topic>-<partition>/`, Kafka's UnifiedLog in miniature.
+
+Offsets, in Kafka's words: the log start offset (first readable offset), the log end offset
+(LEO, next offset to assign), the high watermark (what consumers may read; on a single node it
+follows the LEO, but it is its own attribute so replication can hold it back), the last stable
+offset (the HW held back by the earliest open transaction) and the recovery point (everything
+below it is fsynced, so crash recovery starts there).
+
+Client batches are validated from their headers, patched in place (offsets, leader epoch,
+LogAppendTime) and written as they came: no per-record work on the produce path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple
+
+from ..config import TopicConfig
+from ..errors import ErrorCode, KafkaError
+from ..producer_state.manager import ProducerStateManager
+from ..producer_state.markers import ControlBatch, read_end_txn_marker
+from ..records.batch import (
+    BatchHeader,
+    parse_batches,
+    set_base_offset,
+    set_log_append_time,
+    set_partition_leader_epoch,
+    validate_client_batch,
+)
+from ..records.compression import CODEC_IDS
+from ..records.records import decode_batch, keys_present, rebuild_batch
+from .segment import LogSegment
+
+__all__ = ["Log", "AppendResult", "FetchData", "TimestampOffset"]
+
+log = logging.getLogger(__name__)
+
+_MAX_RELATIVE_OFFSET = 2**32 - 1  # index entries store offsets relative to the segment base as u32
+ORIGINS = ("client", "coordinator", "replication")
+
+
+class AppendResult(NamedTuple):
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 for CreateTime topics
+    log_start_offset: int
+    duplicate: bool
+
+
+class FetchData(NamedTuple):
+    records: bytes
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+
+class TimestampOffset(NamedTuple):
+    timestamp: int
+    offset: int
+
+
+class Log:
+    """A partition's segments and offsets. Not thread-safe: one caller at a time.
+
+    `recovery_point` and `log_start_offset` come from the manager's checkpoints; with
+    `clean_shutdown` the recovery point is the exact log end, and nothing on disk is read.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: TopicConfig,
+        *,
+        recovery_point: int | None = None,
+        log_start_offset: int = 0,
+        clean_shutdown: bool = False,
+        now_ms: int = 0,
+    ):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.log_start_offset = log_start_offset
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._producer_state: ProducerStateManager | None = None
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms
+        self._segment_created_ms = now_ms
+        self._load(recovery_point, clean_shutdown)
+        self.high_watermark = self.log_end_offset
+
+    # -- loading and recovery ------------------------------------------------------------
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        return LogSegment(
+            self.directory,
+            base_offset,
+            index_max_bytes=self.config["segment.index.bytes"],
+            index_interval_bytes=self.config["index.interval.bytes"],
+        )
+
+    def _load(self, recovery_point: int | None, clean_shutdown: bool) -> None:
+        bases = []
+        for name in os.listdir(self.directory):
+            stem, dot, suffix = name.partition(".")
+            if suffix == "log" and stem.isdigit():
+                bases.append(int(stem))
+        bases.sort()
+        self._segments = [self._new_segment(b) for b in bases]
+        self._bases = bases
+        if not bases:
+            self._add_segment(self.log_start_offset)
+            self._leo = self.log_start_offset
+            self.recovery_point = self._leo
+            return
+        if clean_shutdown and recovery_point is not None and recovery_point >= bases[-1]:
+            # Clean shutdown flushed everything and checkpointed the exact log end.
+            self._leo = recovery_point
+            self.recovery_point = recovery_point
+        else:
+            self._recover(recovery_point or 0)
+        self.log_start_offset = max(self.log_start_offset, bases[0])
+
+    def _recover(self, recovery_point: int) -> None:
+        """Re-validate everything from the segment holding the recovery point and cut the log
+        at the first torn or corrupt batch; indexes of older segments are rebuilt if damaged."""
+        first = max(0, bisect.bisect_right(self._bases, recovery_point) - 1)
+        for segment in self._segments[:first]:
+            if not segment.indexes_sane():
+                log.info("rebuilding indexes of %s", segment.log_path)
+                segment.rebuild_indexes()
+        scanned_bytes = truncated_bytes = 0
+        next_offset = self._segments[first].base_offset
+        keep = len(self._segments)
+        for i in range(first, len(self._segments)):
+            segment = self._segments[i]
+            if segment.base_offset < next_offset:  # overlaps what precedes it: unusable
+                keep = i
+                break
+            next_offset, truncated = segment.recover()
+            scanned_bytes += segment.size + truncated
+            truncated_bytes += truncated
+            if truncated:  # nothing after a torn or corrupt batch can be trusted
+                keep = i + 1
+                break
+        for segment in self._segments[keep:]:
+            truncated_bytes += segment.size
+            segment.delete()
+        del self._segments[keep:]
+        del self._bases[keep:]
+        active = self._segments[-1]
+        active.offset_index.open(active=True)
+        active.time_index.open(active=True)
+        for segment in self._segments[first:-1]:
+            segment.seal()
+        self._leo = next_offset
+        self.recovery_point = next_offset
+        self._producer_state = self._load_producer_state()
+        if scanned_bytes or truncated_bytes:
+            log.info(
+                "recovered log %s: scanned %d bytes in %d segments, truncated %d bytes, log end offset %d",
+                self.directory.name,
+                scanned_bytes,
+                keep - first,
+                truncated_bytes,
+                self._leo,
+                extra={"partition_dir": self.directory.name, "scanned_bytes": scanned_bytes,
+                       "truncated_bytes": truncated_bytes, "log_end_offset": self._leo},
+            )
+
+    def _add_segment(self, base_offset: int) -> LogSegment:
+        segment = self._new_segment(base_offset)
+        segment.offset_index.open(active=True)
+        segment.time_index.open(active=True)
+        segment.size  # creates the .log
+        self._segments.append(segment)
+        self._bases.append(base_offset)
+        return segment
+
+    # -- producer state ------------------------------------------------------------------
+
+    @property
+    def producer_state(self) -> ProducerStateManager:
+        """Loaded on first use, so a clean start does not read snapshots of idle partitions."""
+        if self._producer_state is None:
+            self._producer_state = self._load_producer_state()
+        return self._producer_state
+
+    def _load_producer_state(self) -> ProducerStateManager:
+        state = ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
+        state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
+        return state
+
+    def _replay(self, from_offset: int) -> Iterator[BatchHeader | ControlBatch]:
+        """Every batch from `from_offset` to the log end, control batches with their marker."""
+        i = max(0, bisect.bisect_right(self._bases, from_offset) - 1)
+        for segment in self._segments[i:]:
+            start = segment.find(from_offset)
+            if start is None:
+                continue
+            for header in segment.headers_from(start.position):
+                if header.base_offset >= self._leo:
+                    return
+                if header.is_control:
+                    data = segment.read_batch(header)
+                    yield ControlBatch(header, read_end_txn_marker(data, header._replace(position=0)))
+                else:
+                    yield header
+
+    # -- offsets -------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._leo
+
+    @property
+    def last_stable_offset(self) -> int:
+        unstable = self.producer_state.first_unstable_offset()
+        if unstable is None:
+            return self.high_watermark
+        return max(self.log_start_offset, min(unstable, self.high_watermark))
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return list(self._segments)
+
+    # -- append --------------------------------------------------------------------------
+
+    def append(
+        self, records: bytes | bytearray, *, now_ms: int, origin: str = "client", leader_epoch: int = 0
+    ) -> AppendResult:
+        """Validate, assign offsets, write. Raises KafkaError with the code the producer must see.
+
+        origin "client": a produce request (exactly one batch, Kafka's LogValidator rules);
+        "coordinator": batches the broker writes itself (transaction markers, internal topics);
+        "replication": batches that already carry their offsets, which must continue the log.
+        """
+        if origin not in ORIGINS:
+            raise ValueError(f"unknown append origin {origin!r}")
+        buf = records if isinstance(records, bytearray) else bytearray(records)
+        config = self.config
+        from_client = origin == "client"
+        headers = parse_batches(buf, max_batch_bytes=config["max.message.bytes"] if from_client else None)
+        if from_client:
+            if len(headers) != 1:
+                raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
+            validate_client_batch(headers[0])
+            if "compact" in config["cleanup.policy"] and not keys_present(buf, headers):
+                raise KafkaError(ErrorCode.invalid_record, "compacted topics do not accept records without a key")
+            target = config["compression.type"]
+            if target != "producer" and CODEC_IDS[target] != headers[0].compression:
+                buf = bytearray(rebuild_batch(buf, headers[0], CODEC_IDS[target]))
+                headers = parse_batches(buf)
+
+        log_append_time = now_ms if config["message.timestamp.type"] == "LogAppendTime" else -1
+        assigned = []
+        next_offset = self._leo
+        for header in headers:
+            if origin == "replication":
+                if header.base_offset < next_offset:
+                    raise KafkaError(ErrorCode.invalid_record, f"replicated batch at {header.base_offset} is below the log end {next_offset}")
+            else:
+                set_base_offset(buf, header.position, next_offset)
+                set_partition_leader_epoch(buf, header.position, leader_epoch)
+                header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
+                if log_append_time >= 0:
+                    set_log_append_time(buf, header.position, header.size, log_append_time)
+                    header = header._replace(max_timestamp=log_append_time, attributes=header.attributes | 0x08)
+            assigned.append(header)
+            next_offset = header.last_offset + 1
+        first_offset = assigned[0].base_offset
+        last_offset = assigned[-1].last_offset
+
+        state = self.producer_state
+        self._maybe_roll(len(buf), max(h.max_timestamp for h in assigned), last_offset, now_ms)
+        plan = state.validate(
+            [ControlBatch(h, read_end_txn_marker(buf, h)) if h.is_control else h for h in assigned],
+            now_ms,
+            origin,
+        )
+        if plan.duplicate is not None:
+            dup = plan.duplicate
+            return AppendResult(
+                dup.first_offset,
+                dup.last_offset,
+                dup.timestamp if log_append_time >= 0 else -1,
+                self.log_start_offset,
+                True,
+            )
+        self.active_segment.append(buf, assigned)
+        self._leo = next_offset
+        self.high_watermark = next_offset
+        state.apply(plan)
+
+        self._unflushed_messages += sum(h.records_count for h in assigned)
+        if (
+            self._unflushed_messages >= config["flush.messages"]
+            or now_ms - self._last_flush_ms >= config["flush.ms"]
+        ):
+            self.flush(now_ms)
+        return AppendResult(first_offset, last_offset, log_append_time, self.log_start_offset, False)
+
+    def _maybe_roll(self, size: int, max_timestamp: int, last_offset: int, now_ms: int) -> None:
+        """Roll before an append that would overflow segment.bytes, outlive segment.ms, fill an
+        index, or need relative offsets an index cannot hold (Kafka's shouldRoll)."""
+        segment = self.active_segment
+        if segment.size == 0:
+            self._segment_created_ms = now_ms
+            return
+        first_timestamp = segment.first_batch_timestamp()
+        if first_timestamp is not None and first_timestamp >= 0 and max_timestamp >= 0:
+            age = max_timestamp - first_timestamp
+        else:
+            age = now_ms - self._segment_created_ms
+        if (
+            segment.size + size > self.config["segment.bytes"]
+            or age > self.config["segment.ms"]
+            or segment.indexes_full()
+            or last_offset - segment.base_offset > _MAX_RELATIVE_OFFSET
+        ):
+            self.roll(now_ms)
+
+    def roll(self, now_ms: int = 0) -> LogSegment:
+        """Start a new active segment at the log end; the old one is sealed and fsynced."""
+        self.active_segment.seal()
+        segment = self._add_segment(self._leo)
+        self._segment_created_ms = now_ms
+        self.producer_state.take_snapshot(self._leo)
+        self.recovery_point = self._leo
+        self._unflushed_messages = 0
+        return segment
+
+    # -- read ----------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int, min_one_batch: bool = True) -> FetchData:
+        """Whole batches from the one holding `fetch_offset`, none reaching `max_offset` (the HW
+        or LSO, exclusive); at least one batch even over `max_bytes` when `min_one_batch`.
+
+        Like Kafka, one fetch reads from one segment; the client asks again for the rest.
+        """
+        if fetch_offset < self.log_start_offset or fetch_offset > self._leo:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range,
+                f"offset {fetch_offset} is outside [{self.log_start_offset}, {self._leo}]",
+            )
+        records = b""
+        if fetch_offset < max_offset:
+            i = max(0, bisect.bisect_right(self._bases, fetch_offset) - 1)
+            for segment in self._segments[i:]:
+                if segment.base_offset >= max_offset:
+                    break
+                header = segment.find(fetch_offset)
+                if header is not None:
+                    records = segment.read(header.position, max_bytes, max_offset, min_one_batch)
+                    break
+        return FetchData(records, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+
+    def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
+        """ListOffsets by time: the first record with a timestamp >= `timestamp`, or None."""
+        for segment in self._segments:
+            if segment.max_timestamp_and_offset()[0] < timestamp:
+                continue
+            start = max(segment.time_index.lookup_before(timestamp), self.log_start_offset)
+            first = segment.find(start)
+            if first is None:
+                continue
+            for header in segment.headers_from(first.position):
+                if header.max_timestamp < timestamp:
+                    continue
+                for record in self._records_of(segment, header):
+                    if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
+                        return TimestampOffset(record.timestamp, record.offset)
+        return None
+
+    def max_timestamp_offset(self) -> TimestampOffset | None:
+        """ListOffsets MAX_TIMESTAMP (-3): the first record carrying the largest timestamp; None if empty."""
+        best = None
+        for segment in self._segments:
+            timestamp, batch_offset = segment.max_timestamp_and_offset()
+            if timestamp >= 0 and (best is None or timestamp > best[1][0]):
+                best = (segment, (timestamp, batch_offset))
+        if best is None:
+            return None
+        segment, (timestamp, batch_offset) = best
+        header = segment.find(batch_offset)
+        for record in self._records_of(segment, header):
+            if record.timestamp == timestamp:
+                return TimestampOffset(timestamp, record.offset)
+        return TimestampOffset(timestamp, header.base_offset)
+
+    @staticmethod
+    def _records_of(segment: LogSegment, header: BatchHeader):
+        data = segment.read_batch(header)
+        return decode_batch(data, header._replace(position=0))
+
+    # -- truncation, flush, lifecycle ----------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or after `offset` (whole batches: the log end becomes the start of
+        the batch holding `offset`), e.g. when a follower diverged or a write must be undone."""
+        if offset >= self._leo:
+            return
+        if offset <= self.log_start_offset:
+            self._truncate_fully(offset)
+        else:
+            new_end = None
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                new_end = self._segments[-1].base_offset
+                self._segments.pop().delete()
+                self._bases.pop()
+            removed_from = self.active_segment.truncate_to(offset)
+            if removed_from is not None:
+                self._leo = removed_from
+            else:  # the cut falls in a gap between batches, or exactly at a segment boundary
+                self._leo = new_end if new_end is not None else offset
+        self.high_watermark = min(self.high_watermark, self._leo)
+        self.recovery_point = min(self.recovery_point, self._leo)
+        self._reload_producer_state()
+
+    def _truncate_fully(self, offset: int) -> None:
+        for segment in self._segments:
+            segment.delete()
+        self._segments, self._bases = [], []
+        self._add_segment(offset)
+        self.log_start_offset = offset
+        self._leo = offset
+
+    def _reload_producer_state(self) -> None:
+        if self._producer_state is None:
+            self._producer_state = self._load_producer_state()
+        else:
+            self._producer_state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
+
+    def flush(self, now_ms: int | None = None) -> None:
+        """fsync the active segment; the recovery point moves to the log end."""
+        self.active_segment.flush()
+        self.recovery_point = self._leo
+        self._unflushed_messages = 0
+        if now_ms is not None:
+            self._last_flush_ms = now_ms
+
+    def close(self) -> None:
+        """Flush, trim the indexes, snapshot producer state: the next start needs no recovery."""
+        self.flush()
+        for segment in self._segments:
+            segment.close()
+        if self._producer_state is not None:
+            self._producer_state.take_snapshot(self._leo)
+
+    def delete(self) -> None:
+        """Remove the partition's directory and everything in it."""
+        for segment in self._segments:
+            segment.delete()
+        self._segments, self._bases = [], []
+        shutil.rmtree(self.directory, ignore_errors=True)

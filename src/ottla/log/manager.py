@@ -1,0 +1,310 @@
+"""All partition logs of one data directory, the topic catalog, checkpoints and recovery.
+
+Layout of `<data-dir>`:
+    <topic>-<partition>/                 one Log each
+    .topics/<topic id>.json              name, topic id, partition count, config overrides
+                                         (named by id: a 249-character topic name plus
+                                         a suffix would pass the 255-byte file name limit)
+    recovery-point-offset-checkpoint     Kafka's text format, one line per partition
+    log-start-offset-checkpoint          same format
+    .kafka_cleanshutdown                 present only between a clean shutdown and the next start
+
+Metadata files are written atomically (temp file, fsync, rename, fsync of the directory) and
+are the commit point of topic creation and deletion: partition directories without a topic
+file are leftovers of an interrupted create or delete and are removed at startup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple
+
+from ..config import BrokerConfig, TopicConfig
+from ..errors import ConfigError, ErrorCode, KafkaError
+from .log import Log
+
+__all__ = ["LogManager", "TopicInfo", "validate_topic_name"]
+
+log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
+TOPICS_DIR = ".topics"
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_PARTITION_DIR = re.compile(r"(.+)-(\d+)")
+
+
+class TopicInfo(NamedTuple):
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    config: TopicConfig
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's Topic.validate: legal characters, length, not "." or ".."."""
+    if not name:
+        raise KafkaError(ErrorCode.invalid_topic_exception, "topic name is empty")
+    if name in (".", ".."):
+        raise KafkaError(ErrorCode.invalid_topic_exception, f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise KafkaError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name is longer than {MAX_TOPIC_NAME_LENGTH} characters",
+        )
+    if not _LEGAL_TOPIC_NAME.fullmatch(name):
+        raise KafkaError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_' and '-'",
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) -> None:
+    """Kafka's OffsetCheckpointFile: version line, count line, then `topic partition offset`."""
+    lines = ["0", str(len(offsets))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
+    _write_atomically(path, "\n".join(lines) + "\n")
+
+
+def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """Parse a checkpoint; a missing or malformed file reads as empty (recovery then scans)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if lines[0].strip() != "0" or int(lines[1]) != len(lines) - 2:
+            raise ValueError("bad header")
+        result = {}
+        for line in lines[2:]:
+            topic, partition, offset = line.split()
+            result[(topic, int(partition))] = int(offset)
+        return result
+    except FileNotFoundError:
+        return {}
+    except (ValueError, IndexError) as exc:
+        log.warning("ignoring malformed checkpoint %s: %s", path, exc)
+        return {}
+
+
+class LogManager:
+    """Owns every Log under `data_dir` and the durable topic catalog."""
+
+    def __init__(self, data_dir: Path | str, broker_config: BrokerConfig, *, now_ms: int = 0):
+        self.data_dir = Path(data_dir)
+        self.broker_config = broker_config
+        self.topics: dict[str, TopicInfo] = {}
+        self.logs: dict[tuple[str, int], Log] = {}
+        self._now_ms = now_ms
+        (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # -- startup -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        recovery_points = read_offset_checkpoint(self.data_dir / RECOVERY_POINT_FILE)
+        start_offsets = read_offset_checkpoint(self.data_dir / LOG_START_OFFSET_FILE)
+        for entry in os.scandir(self.data_dir / TOPICS_DIR):
+            if entry.name.endswith(".json"):
+                meta = json.loads(Path(entry.path).read_text(encoding="utf-8"))
+                info = TopicInfo(
+                    meta["name"],
+                    uuid.UUID(meta["topic_id"]),
+                    meta["partitions"],
+                    TopicConfig(self.broker_config, meta["configs"]),
+                )
+                self.topics[info.name] = info
+            elif entry.name.endswith(".tmp"):
+                os.unlink(entry.path)
+        for entry in os.scandir(self.data_dir):
+            match = _PARTITION_DIR.fullmatch(entry.name)
+            if not entry.is_dir() or match is None:
+                continue
+            topic, partition = match.group(1), int(match.group(2))
+            info = self.topics.get(topic)
+            if info is None or partition >= info.partitions:
+                log.warning("removing %s: it belongs to no topic (interrupted create or delete)", entry.path)
+                shutil.rmtree(entry.path)
+        for info in self.topics.values():
+            for partition in range(info.partitions):
+                key = (info.name, partition)
+                self.logs[key] = Log(
+                    self._partition_dir(info.name, partition),
+                    info.config,
+                    recovery_point=recovery_points.get(key),
+                    log_start_offset=start_offsets.get(key, 0),
+                    clean_shutdown=clean,
+                    now_ms=self._now_ms,
+                )
+        if clean:
+            # From here on a crash must be noticed: the marker's removal has to be durable.
+            marker.unlink()
+            _fsync_dir(self.data_dir)
+
+    def _partition_dir(self, topic: str, partition: int) -> Path:
+        return self.data_dir / f"{topic}-{partition}"
+
+    def _topic_file(self, info: TopicInfo) -> Path:
+        return self.data_dir / TOPICS_DIR / f"{info.topic_id}.json"
+
+    def _write_topic(self, info: TopicInfo) -> None:
+        meta = {
+            "name": info.name,
+            "topic_id": str(info.topic_id),
+            "partitions": info.partitions,
+            "configs": info.config.overrides,
+        }
+        _write_atomically(self._topic_file(info), json.dumps(meta, sort_keys=True))
+
+    # -- catalog -------------------------------------------------------------------------
+
+    def _topic_config(self, configs: Mapping[str, Any] | None) -> TopicConfig:
+        try:
+            return TopicConfig(self.broker_config, configs)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+
+    def _topic(self, name: str) -> TopicInfo:
+        info = self.topics.get(name)
+        if info is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        return info
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, Any] | None = None,
+        *,
+        topic_id: uuid.UUID | None = None,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Create the partition directories, then commit the topic file.
+
+        Raises INVALID_TOPIC_EXCEPTION (bad name, or a '.'/'_' collision as Kafka reports it),
+        TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG.
+        """
+        validate_topic_name(name)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        collision_key = name.replace(".", "_")
+        for existing in self.topics:
+            if existing.replace(".", "_") == collision_key:
+                raise KafkaError(
+                    ErrorCode.invalid_topic_exception,
+                    f"topic {name!r} collides with existing topic {existing!r} ('.' and '_' are interchangeable in metric names)",
+                )
+        if partitions < 1:
+            raise KafkaError(ErrorCode.invalid_partitions, "number of partitions must be at least 1")
+        config = self._topic_config(configs)
+        info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, config)
+        if validate_only:
+            return info
+        new_logs = {
+            (name, p): Log(self._partition_dir(name, p), config, now_ms=self._now_ms) for p in range(partitions)
+        }
+        _fsync_dir(self.data_dir)
+        self._write_topic(info)
+        self.topics[name] = info
+        self.logs.update(new_logs)
+        return info
+
+    def delete_topic(self, name: str) -> None:
+        """Remove the topic file first (the commit point), then its partitions' data."""
+        info = self._topic(name)
+        self._topic_file(info).unlink()
+        _fsync_dir(self.data_dir / TOPICS_DIR)
+        del self.topics[name]
+        for partition in range(info.partitions):
+            self.logs.pop((name, partition)).delete()
+
+    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo:
+        """Grow a topic to `total` partitions; shrinking is INVALID_PARTITIONS, as in Kafka."""
+        info = self._topic(name)
+        if total <= info.partitions:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"topic {name!r} has {info.partitions} partitions; the new count must be larger, got {total}",
+            )
+        updated = info._replace(partitions=total)
+        if validate_only:
+            return updated
+        for p in range(info.partitions, total):
+            self.logs[(name, p)] = Log(self._partition_dir(name, p), info.config, now_ms=self._now_ms)
+        _fsync_dir(self.data_dir)
+        self._write_topic(updated)
+        self.topics[name] = updated
+        return updated
+
+    def alter_configs(self, name: str, overrides: Mapping[str, Any], *, validate_only: bool = False) -> TopicInfo:
+        """Replace the topic's config overrides (the full set, as AlterConfigs defines it)."""
+        info = self._topic(name)
+        config = self._topic_config(overrides)
+        if validate_only:
+            return info._replace(config=config)
+        updated = info._replace(config=config)
+        self._write_topic(updated)
+        self.topics[name] = updated
+        for partition in range(info.partitions):
+            self.logs[(name, partition)].config = config
+        return updated
+
+    def get_log(self, topic: str, partition: int) -> Log:
+        log_ = self.logs.get((topic, partition))
+        if log_ is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown partition {topic}-{partition}")
+        return log_
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        for info in self.topics.values():
+            if info.topic_id == topic_id:
+                return info
+        return None
+
+    # -- durability ----------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Persist every partition's recovery point and log start offset (call periodically:
+        log.flush.offset.checkpoint.interval.ms); a crash then rescans only what came after."""
+        write_offset_checkpoint(
+            self.data_dir / RECOVERY_POINT_FILE, {k: v.recovery_point for k, v in self.logs.items()}
+        )
+        write_offset_checkpoint(
+            self.data_dir / LOG_START_OFFSET_FILE, {k: v.log_start_offset for k, v in self.logs.items()}
+        )
+
+    def flush_all(self) -> None:
+        for log_ in self.logs.values():
+            log_.flush()
+
+    def close(self) -> None:
+        """Clean shutdown: close every log, checkpoint the exact log ends, then drop the marker."""
+        for log_ in self.logs.values():
+            log_.close()
+        self.checkpoint()
+        _write_atomically(self.data_dir / CLEAN_SHUTDOWN_FILE, "")

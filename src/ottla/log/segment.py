@@ -1,0 +1,283 @@
+"""One log segment: `<base offset>.log` plus its sparse `.index` and `.timeindex`.
+
+The `.log` holds already-validated, offset-assigned batches back to back. Appends are one
+`os.write` of the bytes the log patched; reads are `os.pread` of whole batches, never a decode.
+Files open lazily so a cleanly shut down broker can load thousands of segments without I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc, read_header
+from .index import OffsetIndex, TimeIndex
+
+__all__ = ["LogSegment", "segment_name"]
+
+# How much of the .log one pread takes while walking batch headers.
+_SCAN_CHUNK = 64 * 1024
+# Bigger chunks for recovery, which reads whole batches to check their CRCs.
+_RECOVERY_CHUNK = 4 * 1024 * 1024
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class LogSegment:
+    """A segment's files and its in-memory bookkeeping (size, max timestamp, index cadence)."""
+
+    def __init__(self, directory: Path, base_offset: int, *, index_max_bytes: int, index_interval_bytes: int):
+        name = segment_name(base_offset)
+        self.base_offset = base_offset
+        self.log_path = directory / f"{name}.log"
+        self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_bytes)
+        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_bytes)
+        self.index_interval_bytes = index_interval_bytes
+        self._fd = -1
+        self._size = 0
+        self._bytes_since_index = 0
+        # (max timestamp, base offset of the batch carrying it); loaded lazily from the time index.
+        self._max_timestamp: tuple[int, int] | None = None
+        self._first_timestamp: int | None = None
+
+    # -- files -------------------------------------------------------------------------------
+
+    def _open(self) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self._size = os.fstat(self._fd).st_size
+        return self._fd
+
+    @property
+    def size(self) -> int:
+        self._open()
+        return self._size
+
+    def flush(self) -> None:
+        """fsync the .log and both indexes."""
+        if self._fd >= 0:
+            os.fsync(self._fd)
+        if self.offset_index.is_open:
+            self.offset_index.flush()
+        if self.time_index.is_open:
+            self.time_index.flush()
+
+    def seal(self) -> None:
+        """The segment stops being active: record its final max timestamp, trim and fsync everything."""
+        if self._fd >= 0:
+            os.fsync(self._fd)
+        if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
+            self.time_index.maybe_append(*self._max_timestamp)
+        self.offset_index.close()
+        self.time_index.close()
+
+    def close(self) -> None:
+        self.seal()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.delete()
+        self.time_index.delete()
+        self.log_path.unlink(missing_ok=True)
+
+    # -- append ------------------------------------------------------------------------------
+
+    def append(self, data, headers: list[BatchHeader]) -> None:
+        """Write already patched batches in one write and add index entries every interval bytes."""
+        fd = self._open()
+        start = self._size
+        with memoryview(data) as view:
+            written = os.write(fd, view)
+            while written < len(view):  # regular files only write short on ENOSPC-like trouble
+                written += os.write(fd, view[written:])
+        max_ts = self.max_timestamp_and_offset()
+        for header in headers:
+            if header.max_timestamp > max_ts[0]:
+                max_ts = (header.max_timestamp, header.base_offset)
+            if self._bytes_since_index > self.index_interval_bytes:
+                self.offset_index.append(header.base_offset, start + header.position)
+                self.time_index.maybe_append(*max_ts)
+                self._bytes_since_index = 0
+            self._bytes_since_index += header.size
+        self._max_timestamp = max_ts
+        if self._first_timestamp is None and start == 0 and headers:
+            self._first_timestamp = headers[0].max_timestamp
+        self._size = start + len(data)
+
+    def indexes_full(self) -> bool:
+        self.offset_index.open(active=True)
+        self.time_index.open(active=True)
+        return self.offset_index.is_full or self.time_index.is_full
+
+    def max_timestamp_and_offset(self) -> tuple[int, int]:
+        """(largest batch max timestamp, base offset of that batch); (-1, base) when empty."""
+        if self._max_timestamp is None:
+            last = self.time_index.last_entry()
+            self._max_timestamp = last if last is not None else (-1, self.base_offset)
+        return self._max_timestamp
+
+    def first_batch_timestamp(self) -> int | None:
+        """Max timestamp of the first batch, which segment.ms measures the segment's age from."""
+        if self._first_timestamp is None and self.size >= HEADER_SIZE:
+            self._first_timestamp = read_header(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+        return self._first_timestamp
+
+    # -- read --------------------------------------------------------------------------------
+
+    def headers_from(self, position: int) -> Iterator[BatchHeader]:
+        """Headers of the batches from byte `position` on, read a chunk at a time.
+
+        The positions in the yielded headers are file positions.
+        """
+        fd = self._open()
+        end = self._size
+        while end - position >= HEADER_SIZE:
+            chunk = os.pread(fd, min(_SCAN_CHUNK, end - position), position)
+            offset = 0
+            while len(chunk) - offset >= HEADER_SIZE:
+                header = read_header(chunk, offset)
+                if header.batch_length + LOG_OVERHEAD < HEADER_SIZE:
+                    return
+                yield header._replace(position=position + offset)
+                offset += header.batch_length + LOG_OVERHEAD
+            position += offset
+
+    def read_batch(self, header: BatchHeader) -> bytes:
+        return os.pread(self._open(), header.size, header.position)
+
+    def find(self, offset: int) -> BatchHeader | None:
+        """Header of the first batch whose last offset is >= `offset`, or None past the end."""
+        _, position = self.offset_index.lookup(offset)
+        for header in self.headers_from(position):
+            if header.base_offset + header.last_offset_delta >= offset:
+                return header
+        return None
+
+    def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> bytes:
+        """Whole batches from `position`: at most `max_bytes` (but one batch at least when asked),
+        none whose last offset reaches `max_offset`."""
+        fd = self._open()
+        available = self._size - position
+        data = os.pread(fd, min(max_bytes, available), position)
+        end = 0
+        while len(data) - end >= HEADER_SIZE:
+            header = read_header(data, end)
+            if header.last_offset >= max_offset or end + header.size > len(data):
+                break
+            end += header.size
+        if end == 0 and min_one_batch and available >= HEADER_SIZE:
+            header = read_header(data if len(data) >= HEADER_SIZE else os.pread(fd, HEADER_SIZE, position))
+            if header.last_offset >= max_offset:
+                return b""
+            return data[: header.size] if len(data) >= header.size else os.pread(fd, header.size, position)
+        return data if end == len(data) else data[:end]
+
+    # -- truncation and recovery -------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int | None:
+        """Drop every batch whose last offset is >= `offset`; returns the base offset of the
+        first batch dropped, or None if nothing was."""
+        header = self.find(offset)
+        if header is None:
+            return None
+        os.ftruncate(self._fd, header.position)
+        self._size = header.position
+        self.offset_index.truncate_to(header.base_offset)
+        self.time_index.truncate_to(header.base_offset)
+        self._max_timestamp = None
+        self._first_timestamp = None
+        self._bytes_since_index = 0
+        if self._size:
+            self._rescan_max_timestamp()
+        return header.base_offset
+
+    def _rescan_max_timestamp(self) -> None:
+        last = self.time_index.last_entry()
+        max_ts = last if last is not None else (-1, self.base_offset)
+        _, position = self.offset_index.lookup(max_ts[1])
+        for header in self.headers_from(position):
+            if header.max_timestamp > max_ts[0]:
+                max_ts = (header.max_timestamp, header.base_offset)
+        self._max_timestamp = max_ts
+
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> tuple[int, int]:
+        """Validate every batch (length, magic, CRC, ascending offsets), rebuild both indexes,
+        and cut the file at the first bad batch. Returns (next offset, bytes truncated).
+        """
+        fd = self._open()
+        file_size = self._size
+        self.offset_index.open(active=True)
+        self.time_index.open(active=True)
+        self.offset_index.reset()
+        self.time_index.reset()
+        self._max_timestamp = (-1, self.base_offset)
+        self._first_timestamp = None
+        self._bytes_since_index = 0
+        self._size = 0
+        next_offset = self.base_offset
+        position = 0
+        valid = True
+        while valid and file_size - position >= HEADER_SIZE:
+            chunk = os.pread(fd, min(_RECOVERY_CHUNK, file_size - position), position)
+            offset = 0
+            while len(chunk) - offset >= HEADER_SIZE:
+                header = read_header(chunk, offset)
+                size = header.batch_length + LOG_OVERHEAD
+                if header.magic != 2 or size < HEADER_SIZE or position + offset + size > file_size:
+                    valid = False
+                    break
+                if offset + size > len(chunk):
+                    if offset == 0:  # a single batch bigger than the chunk
+                        chunk = os.pread(fd, size, position)
+                        continue
+                    break
+                if (
+                    header.base_offset < next_offset
+                    or header.last_offset_delta < 0
+                    or compute_crc(chunk, offset, size) != header.crc
+                ):
+                    valid = False
+                    break
+                header = header._replace(position=offset)
+                self._account(header, position)
+                if on_batch is not None:
+                    on_batch(header._replace(position=position + offset))
+                next_offset = header.base_offset + header.last_offset_delta + 1
+                offset += size
+            position += offset
+            if offset == 0:
+                break
+        truncated = file_size - position
+        if truncated:
+            os.ftruncate(fd, position)
+        self._size = position
+        return next_offset, truncated
+
+    def _account(self, header: BatchHeader, chunk_start: int) -> None:
+        """Index one recovered batch exactly as `append` would have."""
+        if header.max_timestamp > self._max_timestamp[0]:
+            self._max_timestamp = (header.max_timestamp, header.base_offset)
+        if self._first_timestamp is None:
+            self._first_timestamp = header.max_timestamp
+        if self._bytes_since_index > self.index_interval_bytes:
+            self.offset_index.append(header.base_offset, chunk_start + header.position)
+            self.time_index.maybe_append(*self._max_timestamp)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+
+    def rebuild_indexes(self) -> None:
+        """Recreate missing or damaged indexes of a segment below the recovery point."""
+        self.recover()
+        self.seal()
+
+    def indexes_sane(self) -> bool:
+        size = self.size
+        return self.offset_index.is_sane(size) and self.time_index.is_sane(size)

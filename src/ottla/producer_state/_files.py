@@ -1,0 +1,36 @@
+"""Crash-safe file replacement: a reader sees the old content or the new, never a mix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Persist a directory's entries, so a rename survives power loss, not just a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to a temp file, fsync it, rename it over `path`, fsync the directory.
+
+    When this returns the new content is durable; if the process dies earlier, `path` still
+    holds its previous content (a leftover temp file is all that remains of the attempt).
+    """
+    tmp = path.with_name(path.name + TEMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

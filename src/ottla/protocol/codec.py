@@ -1,0 +1,153 @@
+"""Kafka wire framing and request/response codecs, with no I/O inside (h11 style).
+
+`FrameDecoder` turns a byte stream into size-prefixed frames; `decode_request` turns a
+frame into a kio request entity; `encode_response` does the reverse. Everything that can
+go wrong raises a `ProtocolViolation` subclass telling the network layer what Kafka does:
+answer (ApiVersions with UNSUPPORTED_VERSION) or close the connection.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+_SIZE = struct.Struct(">i")
+_HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
+
+API_VERSIONS_KEY = 18
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the protocol; Kafka closes the connection."""
+
+
+class FrameTooLarge(ProtocolViolation):
+    pass
+
+
+class MalformedRequest(ProtocolViolation):
+    pass
+
+
+class UnknownApi(ProtocolViolation):
+    pass
+
+
+class UnsupportedApiVersion(ProtocolViolation):
+    """A known API at a version we do not serve. Only ApiVersions gets an answer."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int):
+        super().__init__(f"unsupported version {api_version} of API {api_key}")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+class FrameDecoder:
+    """Splits a TCP byte stream into Kafka frames (4-byte big-endian size, then payload)."""
+
+    __slots__ = ("_buffer", "_max_frame")
+
+    def __init__(self, max_frame_bytes: int):
+        self._buffer = bytearray()
+        self._max_frame = max_frame_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        position = 0
+        available = len(buffer)
+        while available - position >= 4:
+            (size,) = _SIZE.unpack_from(buffer, position)
+            if size < 0:
+                raise MalformedRequest(f"negative frame size {size}")
+            if size > self._max_frame:
+                raise FrameTooLarge(
+                    f"frame of {size} bytes exceeds socket.request.max.bytes ({self._max_frame})"
+                )
+            end = position + 4 + size
+            if end > available:
+                break
+            frames.append(bytes(buffer[position + 4 : end]))
+            position = end
+        if position:
+            del buffer[:position]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+
+@dataclass(slots=True)
+class DecodedRequest:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    header: Any
+    body: Any
+
+
+@cache
+def _request_codec(api_key: int, api_version: int):
+    schema = load_request_schema(api_key, api_version)
+    return schema, entity_reader(schema.__header_schema__), entity_reader(schema)
+
+
+@cache
+def response_schema(api_key: int, api_version: int):
+    return load_response_schema(api_key, api_version)
+
+
+@cache
+def _response_writers(api_key: int, api_version: int):
+    schema = response_schema(api_key, api_version)
+    return schema.__header_schema__, entity_writer(schema.__header_schema__), entity_writer(schema)
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    if len(frame) < _HEADER_PREFIX.size:
+        raise MalformedRequest(f"request of {len(frame)} bytes is shorter than a request header")
+    return _HEADER_PREFIX.unpack_from(frame, 0)
+
+
+def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> DecodedRequest:
+    """Parse one frame against the versions we serve (`supported`: api key -> (min, max))."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    versions = supported.get(api_key)
+    if versions is None:
+        raise UnknownApi(f"unknown API key {api_key}")
+    if not versions[0] <= api_version <= versions[1]:
+        raise UnsupportedApiVersion(api_key, api_version, correlation_id)
+    try:
+        _, read_header, read_body = _request_codec(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity):
+        raise UnsupportedApiVersion(api_key, api_version, correlation_id) from None
+    try:
+        header, header_size = read_header(frame, 0)
+        body, _ = read_body(frame, header_size)
+    except Exception as exc:  # kio raises several types on garbage; all mean the same here
+        raise MalformedRequest(f"cannot parse API {api_key} v{api_version}: {exc}") from None
+    # Bytes after the body are ignored, as Kafka's broker does: librdkafka's all-topics
+    # Metadata v12 request carries a few.
+    return DecodedRequest(api_key, api_version, correlation_id, header, body)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> bytes:
+    """Size-prefixed response frame; the header version follows the response schema."""
+    header_schema, write_header, write_body = _response_writers(api_key, api_version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    write_header(out, header_schema(correlation_id=correlation_id))
+    write_body(out, response)
+    frame = out.getbuffer()
+    _SIZE.pack_into(frame, 0, len(frame) - 4)
+    del frame
+    return out.getvalue()

@@ -1,0 +1,147 @@
+"""The broker: owns the logs, the coordinators and the network listener.
+
+The core it drives (LogManager, coordinators) is plain classes; this module adds the
+asyncio edges: the listener, the delayed-fetch waiters and the periodic duties
+(flush, producer-id expiry, coordinator timers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import uuid
+from pathlib import Path
+
+from ..config import BrokerConfig
+from ..log.manager import LogManager
+from .clock import now_ms
+from .handlers import load_handlers
+from .network import Connection
+
+log = logging.getLogger("ottla.broker")
+
+
+def _load_or_create_cluster_id(data_dir: Path, node_id: int) -> str:
+    """Kafka keeps the cluster id in meta.properties; a data dir belongs to one cluster."""
+    meta = data_dir / "meta.properties"
+    if meta.exists():
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+    cluster_id = uuid.uuid4().hex[:22]
+    tmp = meta.with_suffix(".tmp")
+    tmp.write_text(f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n")
+    os.replace(tmp, meta)
+    return cluster_id
+
+
+class Broker:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        config: BrokerConfig,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        advertised: tuple[str, int] | None = None,
+        node_id: int | None = None,
+    ):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.node_id = config["node.id"] if node_id is None else node_id
+        self.host = host
+        self.port = port
+        self._advertised = advertised
+        self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id)
+        self.handlers = load_handlers()
+        self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
+        self.connections: set[Connection] = set()
+        self.logs = LogManager(self.data_dir, config)
+        self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._duties: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return self._advertised or (self.host, self.port)
+
+    # lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
+        )
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        self._duties.append(loop.create_task(self._periodic_flush()))
+        log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
+                 self.node_id, self.host, self.port, *self.advertised, self.data_dir)
+
+    async def stop(self) -> None:
+        """Clean shutdown: stop accepting, drop connections, flush and checkpoint the logs."""
+        if self._server is not None:
+            self._server.close()
+        for task in self._duties:
+            task.cancel()
+        for connection in list(self.connections):
+            connection.close()
+        self.logs.close()
+        self._stopped.set()
+        log.info("broker %d stopped cleanly", self.node_id)
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
+        if self._server is None:
+            await self.start()
+        await self._stopped.wait()
+
+    async def _periodic_flush(self) -> None:
+        """Time-based duties of the log layer (flush.ms, segment.ms, checkpoints)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.logs.tick(now_ms())
+
+    def find_log(self, topic: str, partition: int):
+        """The partition's Log, or None when the topic or partition does not exist."""
+        return self.logs.logs.get((topic, partition))
+
+    # appends ----------------------------------------------------------------------
+    def append(self, topic: str, partition: int, records: bytes, *, now: int, origin: str = "client"):
+        """Append to a partition's log and wake the fetches waiting on it."""
+        result = self.find_log(topic, partition).append(records, now_ms=now, origin=origin)
+        if not result.duplicate:
+            self.notify_append(topic, partition)
+        return result
+
+    # delayed fetch ---------------------------------------------------------------
+    def notify_append(self, topic: str, partition: int) -> None:
+        waiters = self._data_waiters.pop((topic, partition), None)
+        if waiters:
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def wait_for_data(self, partitions: list[tuple[str, int]], timeout_s: float) -> None:
+        """Wait until any of `partitions` gets an append, or the timeout passes."""
+        if timeout_s <= 0:
+            return
+        future = asyncio.get_running_loop().create_future()
+        for key in partitions:
+            self._data_waiters.setdefault(key, []).append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for key in partitions:
+                waiters = self._data_waiters.get(key)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._data_waiters[key]

@@ -1,0 +1,28 @@
+"""What a handler knows about the request it serves, without any socket in sight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..protocol.codec import response_schema
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    broker: "Broker"
+    api_key: int
+    api_version: int
+    header: Any
+    connection_id: str
+
+    @property
+    def response_type(self) -> type:
+        return response_schema(self.api_key, self.api_version)
+
+    @property
+    def client_id(self) -> str | None:
+        return getattr(self.header, "client_id", None)

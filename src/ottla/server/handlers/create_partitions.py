@@ -1,0 +1,39 @@
+"""CreatePartitions: grow a topic (never shrink), validate_only."""
+
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+
+API_KEY = 37
+VERSIONS = (0, 3)
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    response_type = ctx.response_type
+    result_type = nested(response_type, "CreatePartitionsTopicResult")
+    results = []
+    for topic in request.topics:
+        error, message = ErrorCode.none, None
+        info = broker.logs.topics.get(topic.name)
+        try:
+            if info is None:
+                raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
+            if topic.count <= info.partitions:
+                raise KafkaError(ErrorCode.invalid_partitions,
+                                 f"Topic currently has {info.partitions} partitions, which is higher than or "
+                                 f"equal to the requested {topic.count}.")
+            if topic.assignments is not None:
+                if len(topic.assignments) != topic.count - info.partitions:
+                    raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                     "the number of assignments must match the number of new partitions")
+                if any(list(a.broker_ids) != [broker.node_id] for a in topic.assignments):
+                    raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                     f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
+            if not request.validate_only:
+                broker.logs.add_partitions(topic.name, topic.count)
+        except KafkaError as exc:
+            error, message = exc.code, exc.message
+        results.append(make(result_type, name=topic.name, error_code=error, error_message=message))
+    return make(response_type, throttle_time=timedelta(0), results=tuple(results))

@@ -1,0 +1,78 @@
+"""CreateTopics: partitions, replication factor (1 on a single node), per-topic configs, validate_only."""
+
+from datetime import timedelta
+
+from ...config import ConfigError, TopicConfig, validate_topic_configs
+from ...log.manager import validate_topic_name
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+from .describe_configs import SOURCE_CODES, topic_config_entries
+
+API_KEY = 19
+VERSIONS = (2, 7)
+
+
+def _plan(broker, topic) -> tuple[int, dict]:
+    """Check one CreatableTopic; returns (partition count, configs) or raises KafkaError."""
+    validate_topic_name(topic.name)
+    if topic.name in broker.logs.topics:
+        raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{topic.name}' already exists.")
+    if topic.assignments:
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise KafkaError(ErrorCode.invalid_request,
+                             "Both numPartitions or replicationFactor and replicasAssignments were set.")
+        indexes = sorted(a.partition_index for a in topic.assignments)
+        if indexes != list(range(len(indexes))):
+            raise KafkaError(ErrorCode.invalid_replica_assignment, "partitions must be numbered from 0 without gaps")
+        for assignment in topic.assignments:
+            if list(assignment.broker_ids) != [broker.node_id]:
+                raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                 f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
+        count = len(indexes)
+    else:
+        count = broker.config["num.partitions"] if topic.num_partitions == -1 else topic.num_partitions
+        if count <= 0:
+            raise KafkaError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+        factor = broker.config["default.replication.factor"] if topic.replication_factor == -1 else topic.replication_factor
+        if factor <= 0:
+            raise KafkaError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+        if factor > 1:
+            raise KafkaError(ErrorCode.invalid_replication_factor,
+                             f"Unable to replicate the partition {factor} time(s): The target replication factor "
+                             f"of {factor} cannot be reached because only 1 broker(s) are registered.")
+    try:
+        configs = validate_topic_configs({c.name: c.value for c in topic.configs})
+    except ConfigError as exc:
+        raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+    return count, configs
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    response_type = ctx.response_type
+    result_type = nested(response_type, "CreatableTopicResult")
+    config_type = nested(response_type, "CreatableTopicConfigs")
+    results = []
+    seen = set()
+    for topic in request.topics:
+        error, message, topic_id, count, configs_out = ErrorCode.none, None, None, -1, None
+        try:
+            if topic.name in seen:
+                raise KafkaError(ErrorCode.invalid_request, f"Topic '{topic.name}' appears more than once in the request")
+            seen.add(topic.name)
+            count, configs = _plan(broker, topic)
+            if not request.validate_only:
+                info = broker.logs.create_topic(topic.name, count, configs)
+                topic_id = info.topic_id
+                entries = topic_config_entries(info.config)
+            else:
+                entries = topic_config_entries(TopicConfig(broker.config, configs))
+            configs_out = None if config_type is None else tuple(make(config_type, name=name, value=value, read_only=False,
+                                     config_source=SOURCE_CODES[source], is_sensitive=False)
+                                for name, value, source in entries)
+        except KafkaError as exc:
+            error, message, count = exc.code, exc.message, -1
+        results.append(make(result_type, name=topic.name, topic_id=topic_id, error_code=error, error_message=message,
+                            topic_config_error_code=0, num_partitions=count,
+                            replication_factor=1 if error == ErrorCode.none else -1, configs=configs_out))
+    return make(response_type, throttle_time=timedelta(0), topics=tuple(results))

@@ -1,0 +1,44 @@
+"""DeleteTopics by name (all versions) or topic id (v6+)."""
+
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+
+API_KEY = 20
+VERSIONS = (1, 6)
+
+
+def _targets(ctx, request):
+    """(name, topic_id) pairs asked for; v6 names topics by name or id."""
+    if ctx.api_version >= 6:
+        return [(t.name, t.topic_id) for t in request.topics]
+    return [(name, None) for name in request.topic_names]
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    response_type = ctx.response_type
+    result_type = nested(response_type, "DeletableTopicResult")
+    results = []
+    for name, topic_id in _targets(ctx, request):
+        error, message = ErrorCode.none, None
+        if name is None and topic_id is not None:
+            info = broker.logs.topic_by_id(topic_id)
+            name = info.name if info else None
+            if name is None:
+                error = ErrorCode.unknown_topic_id
+        info = broker.logs.topics.get(name) if name is not None else None
+        if error == ErrorCode.none:
+            if not broker.config["delete.topic.enable"]:
+                error = ErrorCode.topic_deletion_disabled
+            elif info is None:
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                topic_id = info.topic_id
+                try:
+                    broker.logs.delete_topic(name)
+                except KafkaError as exc:
+                    error, message = exc.code, exc.message
+        results.append(make(result_type, name=name, topic_id=topic_id, error_code=error, error_message=message))
+    return make(response_type, throttle_time=timedelta(0), responses=tuple(results))

@@ -1,0 +1,84 @@
+"""Fetch: whole batches served from the segment files, long polling, size limits.
+
+Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
+cache is full: session id 0, so clients keep sending full fetch requests.
+"""
+
+import asyncio
+import time
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+
+API_KEY = 1
+VERSIONS = (4, 12)
+
+READ_COMMITTED = 1
+
+
+def _read_partitions(ctx, request, response_type):
+    broker = ctx.broker
+    topic_type = nested(response_type, "FetchableTopicResponse")
+    partition_type = nested(response_type, "PartitionData")
+    read_committed = request.isolation_level == READ_COMMITTED
+    remaining = request.max_bytes
+    total = 0
+    failed = False
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for wanted in topic.partitions:
+            log = broker.find_log(topic.topic, wanted.partition)
+            if log is None:
+                partitions.append(make(partition_type, partition_index=wanted.partition,
+                                       error_code=ErrorCode.unknown_topic_or_partition, high_watermark=-1,
+                                       last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
+                                       preferred_read_replica=-1, records=None))
+                failed = True
+                continue
+            high_watermark = log.high_watermark
+            stable = log.last_stable_offset
+            error, records, aborted = ErrorCode.none, b"", None
+            try:
+                data = log.read(
+                    wanted.fetch_offset,
+                    min(wanted.partition_max_bytes, max(remaining, 0)),
+                    max_offset=stable if read_committed else high_watermark,
+                    min_one_batch=total == 0,
+                )
+                records = data.records
+                if read_committed:
+                    aborted = ()
+            except KafkaError as exc:
+                error = exc.code
+                failed = True
+            remaining -= len(records)
+            total += len(records)
+            partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
+                                   high_watermark=high_watermark, last_stable_offset=stable,
+                                   log_start_offset=log.log_start_offset, aborted_transactions=aborted,
+                                   preferred_read_replica=-1, records=records))
+        topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
+    return topics, total, failed
+
+
+async def handle(ctx, request):
+    response_type = ctx.response_type
+    session_error = ErrorCode.none
+    if getattr(request, "session_id", 0) != 0:
+        session_error = ErrorCode.fetch_session_id_not_found
+    if session_error != ErrorCode.none:
+        return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
+    wait_s = request.max_wait.total_seconds()
+    deadline = time.monotonic() + wait_s
+    topics, total, failed = _read_partitions(ctx, request, response_type)
+    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    while total < request.min_bytes and keys and not failed:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        await ctx.broker.wait_for_data(keys, remaining)
+        topics, total, failed = _read_partitions(ctx, request, response_type)
+    return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
+                responses=tuple(topics))

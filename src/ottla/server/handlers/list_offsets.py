@@ -1,0 +1,51 @@
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp."""
+
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+
+API_KEY = 2
+VERSIONS = (1, 8)
+
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+READ_COMMITTED = 1
+
+
+def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
+    """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late."""
+    if timestamp == EARLIEST:
+        return log.log_start_offset, -1
+    if timestamp == LATEST:
+        return (log.last_stable_offset if read_committed else log.high_watermark), -1
+    if timestamp == MAX_TIMESTAMP:
+        found = log.max_timestamp_offset()
+    else:
+        found = log.offset_for_timestamp(timestamp)
+    return found if found is not None else (-1, -1)
+
+
+async def handle(ctx, request):
+    response_type = ctx.response_type
+    topic_type = nested(response_type, "ListOffsetsTopicResponse")
+    partition_type = nested(response_type, "ListOffsetsPartitionResponse")
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for wanted in topic.partitions:
+            log = ctx.broker.find_log(topic.name, wanted.partition_index)
+            error, offset, timestamp = ErrorCode.none, -1, -1
+            if log is None:
+                error = ErrorCode.unknown_topic_or_partition
+            elif wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
+                error = ErrorCode.unsupported_version
+            else:
+                try:
+                    offset, timestamp = _lookup(log, wanted.timestamp, read_committed)
+                except KafkaError as exc:
+                    error = exc.code
+            partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,
+                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1))
+        topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
+    return make(response_type, throttle_time=timedelta(0), topics=tuple(topics))

@@ -1,0 +1,68 @@
+"""Metadata: brokers, topics (with ids) and partition leaders; auto-creates topics when allowed."""
+
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+
+API_KEY = 3
+VERSIONS = (0, 12)
+
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+def _requested_names(ctx, request) -> list[str] | None:
+    """Topic names asked for, or None for all topics (v0 uses an empty list for that)."""
+    if request.topics is None or (ctx.api_version == 0 and not request.topics):
+        return None
+    names = []
+    for topic in request.topics:
+        name = getattr(topic, "name", None)
+        if name is None and getattr(topic, "topic_id", None) is not None:
+            info = ctx.broker.logs.topic_by_id(topic.topic_id)
+            name = info.name if info else None
+        names.append(name)
+    return names
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    response_type = ctx.response_type
+    broker_type = nested(response_type, "MetadataResponseBroker")
+    topic_type = nested(response_type, "MetadataResponseTopic")
+    partition_type = nested(response_type, "MetadataResponsePartition")
+    host, port = broker.advertised
+    names = _requested_names(ctx, request)
+    allow_create = getattr(request, "allow_auto_topic_creation", True) and broker.config["auto.create.topics.enable"]
+
+    topics = []
+    for name in names if names is not None else sorted(broker.logs.topics):
+        error = ErrorCode.none
+        info = broker.logs.topics.get(name) if name is not None else None
+        if info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
+            try:
+                info = broker.logs.create_topic(name, broker.config["num.partitions"], {})
+            except KafkaError as exc:
+                error = exc.code
+        if info is None:
+            topics.append(make(topic_type, error_code=error if error != ErrorCode.none else ErrorCode.unknown_topic_or_partition,
+                               name=name, topic_id=None, is_internal=False, partitions=(),
+                               topic_authorized_operations=-2147483648))
+            continue
+        partitions = tuple(
+            make(partition_type, error_code=ErrorCode.none, partition_index=p, leader_id=broker.node_id,
+                 leader_epoch=0, replica_nodes=(broker.node_id,), isr_nodes=(broker.node_id,), offline_replicas=())
+            for p in range(info.partitions)
+        )
+        topics.append(make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
+                           is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,
+                           topic_authorized_operations=-2147483648))
+    return make(
+        response_type,
+        throttle_time=timedelta(0),
+        brokers=(make(broker_type, node_id=broker.node_id, host=host, port=port, rack=None),),
+        cluster_id=broker.cluster_id,
+        controller_id=broker.node_id,
+        topics=tuple(topics),
+        cluster_authorized_operations=-2147483648,
+    )

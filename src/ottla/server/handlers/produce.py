@@ -1,0 +1,57 @@
+"""Produce: validate and append opaque batches; acks 0, 1 and -1 (all)."""
+
+import datetime
+from datetime import timedelta
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.build import make, nested
+from ..clock import now_ms
+from .metadata import INTERNAL_TOPICS
+
+API_KEY = 0
+VERSIONS = (3, 11)
+
+_UTC = datetime.timezone.utc
+
+
+def _append_time(ms: int):
+    return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, _UTC)
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    response_type = ctx.response_type
+    topic_type = nested(response_type, "TopicProduceResponse")
+    partition_type = nested(response_type, "PartitionProduceResponse")
+    acks = request.acks
+    timestamp = now_ms()
+    topics = []
+    for topic in request.topic_data:
+        name = topic.name
+        internal = name in INTERNAL_TOPICS
+        partitions = []
+        for data in topic.partition_data:
+            error, message = ErrorCode.none, None
+            base_offset, append_time, start_offset = -1, -1, -1
+            log = broker.find_log(name, data.index)
+            if acks not in (0, 1, -1):
+                error = ErrorCode.invalid_required_acks
+            elif internal:
+                error, message = ErrorCode.invalid_topic_exception, f"cannot append to internal topic {name}"
+            elif log is None:
+                error = ErrorCode.unknown_topic_or_partition
+            elif not data.records:
+                error, message = ErrorCode.invalid_record, "empty record set"
+            else:
+                try:
+                    result = broker.append(name, data.index, data.records, now=timestamp, origin="client")
+                    base_offset, append_time, start_offset = result.base_offset, result.log_append_time, result.log_start_offset
+                except KafkaError as exc:
+                    error, message = exc.code, exc.message
+            partitions.append(make(partition_type, index=data.index, error_code=error, base_offset=base_offset,
+                                   log_append_time=_append_time(append_time), log_start_offset=start_offset,
+                                   record_errors=(), error_message=message))
+        topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
+    if acks == 0:
+        return None
+    return make(response_type, responses=tuple(topics), throttle_time=timedelta(0), node_endpoints=())

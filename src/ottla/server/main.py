@@ -1,0 +1,71 @@
+"""`ottla serve`: run one broker in the foreground until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+from ..config import BrokerConfig, ConfigError
+from .broker import Broker
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} expects HOST:PORT, got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} expects HOST:PORT with a numeric port, got {text!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{what}: port {number} is out of range")
+    return host.strip("[]"), number
+
+
+def configure_logging(level: str) -> None:
+    """One line per event, key=value friendly, on stderr; quiet (WARNING) by default."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+
+
+def run(args) -> int:
+    configure_logging(args.log_level)
+    try:
+        overrides = BrokerConfig.parse_cli(args.config or [])
+        if args.node_id is not None:
+            overrides["node.id"] = str(args.node_id)
+        config = BrokerConfig(overrides)
+        host, port = parse_address(args.listen, "--listen")
+        advertised = parse_address(args.advertised, "--advertised") if args.advertised else None
+    except ConfigError as exc:
+        print(f"ottla serve: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        broker = Broker(args.data_dir, config, host=host, port=port, advertised=advertised)
+        await broker.start()
+        print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
+              file=sys.stderr, flush=True)
+        if args.ready_file:
+            _write_ready_file(args.ready_file, broker.host, broker.port)
+        await broker.serve_forever()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        print(f"ottla serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_ready_file(path: str, host: str, port: int) -> None:
+    """Embedders (ottla.testing) learn the bound port from this file once we accept connections."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(f"{host}:{port}\n")
+    os.replace(tmp, path)

@@ -1,0 +1,146 @@
+"""The asyncio network layer: connections, framing, ordered responses.
+
+Like Kafka's SocketServer, each connection handles one request at a time (pipelined
+requests queue up and their responses go out in order) while different connections
+proceed concurrently. Protocol violations close only the offending connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16
+
+from ..protocol.codec import (
+    API_VERSIONS_KEY,
+    FrameDecoder,
+    ProtocolViolation,
+    UnsupportedApiVersion,
+    decode_request,
+    encode_response,
+)
+from .context import RequestContext
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("ottla.network")
+
+_MAX_QUEUED_REQUESTS = 64
+_connection_ids = itertools.count(1)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, broker: "Broker"):
+        self.broker = broker
+        self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"])
+        self.pending: deque[bytes] = deque()
+        self.wakeup = asyncio.Event()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.transport: asyncio.Transport | None = None
+        self.worker: asyncio.Task | None = None
+        self.reading_paused = False
+        self.closed = False
+        self.id = f"c{next(_connection_ids)}"
+        self.peer = "?"
+
+    # asyncio callbacks -------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.broker.connections.add(self)
+        self.worker = asyncio.get_running_loop().create_task(self._serve())
+
+    def data_received(self, data: bytes):
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolViolation as exc:
+            self.close(f"protocol violation: {exc}")
+            return
+        if frames:
+            self.pending.extend(frames)
+            self.wakeup.set()
+            if len(self.pending) >= _MAX_QUEUED_REQUESTS and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.broker.connections.discard(self)
+        self.writable.set()
+        self.wakeup.set()
+        if self.worker is not None:
+            self.worker.cancel()
+
+    def pause_writing(self):
+        self.writable.clear()
+
+    def resume_writing(self):
+        self.writable.set()
+
+    # request processing ------------------------------------------------------------
+    def close(self, reason: str | None = None):
+        if reason:
+            log.warning("closing connection %s from %s: %s", self.id, self.peer, reason)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _serve(self):
+        handlers = self.broker.handlers
+        supported = self.broker.supported_versions
+        while not self.closed:
+            if not self.pending:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            frame = self.pending.popleft()
+            if self.reading_paused and len(self.pending) < _MAX_QUEUED_REQUESTS // 2:
+                self.reading_paused = False
+                self.transport.resume_reading()
+            try:
+                request = decode_request(frame, supported)
+            except UnsupportedApiVersion as exc:
+                if exc.api_key == API_VERSIONS_KEY:
+                    self._write(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, self._unsupported_api_versions()))
+                    continue
+                self.close(str(exc))
+                return
+            except ProtocolViolation as exc:
+                self.close(f"protocol violation: {exc}")
+                return
+            context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id)
+            try:
+                response = await handlers[request.api_key].handle(context, request.body)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("handler for API %d v%d failed; closing %s", request.api_key, request.api_version, self.id)
+                self.close()
+                return
+            if response is None:  # Produce with acks=0 has no response
+                continue
+            self._write(encode_response(request.api_key, request.api_version, request.correlation_id, response))
+            if not self.writable.is_set():
+                await self.writable.wait()
+
+    def _write(self, data: bytes):
+        if not self.closed:
+            self.transport.write(data)
+
+    def _unsupported_api_versions(self) -> ApiVersionsResponse:
+        return ApiVersionsResponse(
+            error_code=ErrorCode.unsupported_version,
+            api_keys=tuple(
+                ApiVersion(api_key=i16(key), min_version=i16(low), max_version=i16(high))
+                for key, (low, high) in sorted(self.broker.supported_versions.items())
+            ),
+        )

@@ -1,0 +1,371 @@
+"""Reading: batch and micro-batch readers over explicit offset ranges, one Spark task per range.
+
+The driver plans ranges from ListOffsets answers; with `read_committed` the "latest" offset Kafka
+returns is the last stable offset (LSO), so a range never reaches into an open transaction. An
+executor reads its range with an assigned consumer (no group membership, no commits) and stops when
+the consumer's position reaches the range end. It never waits to *see* offset `end - 1`: that
+offset may be a transaction marker or an aborted record, which a read_committed consumer skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from .options import EARLIEST, LATEST, OptionError, ReadOptions, TopicPartitionOffsets
+
+log = logging.getLogger(__name__)
+
+_ROWS_PER_ARROW_BATCH = 4096
+_METADATA_TIMEOUT_S = 30.0
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query must read are gone (deleted by retention, or the topic was recreated)."""
+
+
+def source_schema(include_headers: bool) -> StructType:
+    """The columns of Spark's Kafka source, in its order."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(StructType([
+            StructField("key", StringType()), StructField("value", BinaryType())]))))
+    return StructType(fields)
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    """Offsets [start, end) of one topic-partition: the unit of work of one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class Cluster:
+    """Driver-side metadata and offset look-ups, with the query's isolation level."""
+
+    def __init__(self, options: ReadOptions):
+        self._options = options
+        self._admin = AdminClient(options.client)
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """The subscribed topic-partitions, sorted; an absent topic or partition is an error."""
+        metadata = self._admin.list_topics(timeout=_METADATA_TIMEOUT_S)
+        existing = {name: sorted(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        sub = self._options.subscription
+        if sub.pattern is not None:
+            pattern = re.compile(sub.pattern)
+            # Like Kafka's consumers, a pattern never matches the broker's internal topics.
+            return sorted((t, p) for t, ps in existing.items()
+                          if not t.startswith("__") and pattern.fullmatch(t) for p in ps)
+        if sub.assigned:
+            missing = [tp for tp in sub.assigned if tp[1] not in existing.get(tp[0], ())]
+            if missing:
+                raise OptionError(f"option 'assign' names topic-partitions that do not exist: {missing}")
+            return list(sub.assigned)
+        missing = [t for t in sub.topics if t not in existing]
+        if missing:
+            raise OptionError(f"option 'subscribe' names unknown topic(s) {missing}")
+        return sorted((t, p) for t in sub.topics for p in existing[t])
+
+    def earliest(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return self._list_offsets(tps, OffsetSpec.earliest())
+
+    def latest(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """End offsets: the LSO under read_committed, the high watermark under read_uncommitted."""
+        return self._list_offsets(tps, OffsetSpec.latest())
+
+    def _list_offsets(self, tps, spec) -> dict[tuple[str, int], int]:
+        if not tps:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if self._options.read_committed else IsolationLevel.READ_UNCOMMITTED
+        futures = self._admin.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=level,
+                                           request_timeout=_METADATA_TIMEOUT_S)
+        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+    def resolve(self, wanted: TopicPartitionOffsets, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Replace the -2/-1 sentinels of an offsets JSON by real offsets."""
+        earliest = self.earliest([tp for tp in tps if wanted[tp] == EARLIEST])
+        latest = self.latest([tp for tp in tps if wanted[tp] == LATEST])
+        return {tp: earliest.get(tp, latest.get(tp, wanted[tp])) for tp in tps}
+
+
+def check_offsets_json(offsets: TopicPartitionOffsets, tps: Sequence[tuple[str, int]], name: str) -> None:
+    unknown = sorted(set(offsets) - set(tps))
+    if unknown:
+        raise OptionError(f"option {name!r} names topic-partitions outside the subscription: {unknown}")
+
+
+def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], options: ReadOptions) -> list[OffsetRange]:
+    """Cut [start, end) per topic-partition into tasks: `maxRecordsPerPartition` caps a task's offsets,
+    `minPartitions` asks for at least that many tasks (splitting the larger ranges more)."""
+    ranges = [(tp, starts[tp], ends[tp]) for tp in sorted(ends) if ends[tp] > starts[tp]]
+    total = sum(end - start for _, start, end in ranges)
+    out = []
+    for (topic, partition), start, end in ranges:
+        size = end - start
+        pieces = 1
+        if options.max_records_per_partition:
+            pieces = max(pieces, -(-size // options.max_records_per_partition))
+        if options.min_partitions:
+            pieces = max(pieces, -(-options.min_partitions * size // total))
+        pieces = min(pieces, size)
+        bounds = [start + size * i // pieces for i in range(pieces + 1)]
+        out += [OffsetRange(topic, partition, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    return out
+
+
+def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> Iterator:
+    """Yield Arrow record batches of the records of one offset range.
+
+    The range is done when the consumer position reaches `end`. The position moves past control
+    markers and, under read_committed, past aborted records; a partition EOF event tells the same
+    when the range ends exactly at the end of the log.
+    """
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    consumer = Consumer({
+        "group.id": "ottla-spark-reader",  # required by the client; never joined, nothing is committed
+        **options.client,
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+    })
+    tp = TopicPartition(rng.topic, rng.partition, rng.start)
+    consumer.assign([tp])
+    rows: list[tuple] = []
+    position = rng.start
+    last_progress = time.monotonic()
+    try:
+        while position < rng.end:
+            before = position
+            for msg in consumer.consume(num_messages=_ROWS_PER_ARROW_BATCH, timeout=1.0):
+                error = msg.error()
+                if error is None:
+                    if msg.offset() >= rng.end:
+                        position = rng.end
+                        break
+                    rows.append(_row(msg, options.include_headers))
+                    position = msg.offset() + 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, msg.offset())
+                elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    position = _skip_lost(consumer, rng, position, options, error)
+                elif error.fatal() or not error.retriable():
+                    raise KafkaException(error)
+            position = max(position, consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset)
+            if len(rows) >= _ROWS_PER_ARROW_BATCH:
+                yield _arrow_batch(rows, arrow_schema)
+                rows = []
+            if position > before:
+                last_progress = time.monotonic()
+            elif position < rng.end and time.monotonic() - last_progress > options.poll_timeout_s:
+                message = (f"{rng.topic}-{rng.partition}: stuck at offset {position} for "
+                           f"{options.poll_timeout_s:.0f}s while reading up to offset {rng.end}")
+                if options.fail_on_data_loss:
+                    raise DataLossError(message + "; set failOnDataLoss=false to skip the rest of the range")
+                log.warning("%s; skipping the rest of the range", message)
+                break
+        if rows:
+            yield _arrow_batch(rows, arrow_schema)
+    finally:
+        consumer.close()
+
+
+def _skip_lost(consumer, rng: OffsetRange, position: int, options: ReadOptions, error) -> int:
+    """Offsets below the log start were deleted: fail, or jump to the log start when allowed."""
+    low, _ = consumer.get_watermark_offsets(TopicPartition(rng.topic, rng.partition), timeout=_METADATA_TIMEOUT_S)
+    message = (f"{rng.topic}-{rng.partition}: offsets {position}..{min(low, rng.end)} are no longer available "
+               f"({error.str()})")
+    if options.fail_on_data_loss:
+        raise DataLossError(message + "; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipping them", message)
+    if low >= rng.end:
+        return rng.end
+    consumer.seek(TopicPartition(rng.topic, rng.partition, low))
+    return low
+
+
+def _row(msg, include_headers: bool) -> tuple:
+    timestamp_type, timestamp = msg.timestamp()
+    # confluent-kafka numbers the types 0 none, 1 create, 2 log-append; Spark uses Java's -1, 0, 1.
+    row = (msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(),
+           timestamp * 1000 if timestamp_type else None, timestamp_type - 1 if timestamp_type else -1)
+    if include_headers:
+        row += ([{"key": k, "value": v} for k, v in msg.headers() or ()],)
+    return row
+
+
+def _arrow_batch(rows: list[tuple], arrow_schema):
+    columns = zip(*rows)
+    return pa.RecordBatch.from_arrays([pa.array(column, type=f.type) for column, f in zip(columns, arrow_schema)],
+                                      schema=arrow_schema)
+
+
+def _read(partition: InputPartition, options: ReadOptions, schema: StructType) -> Iterator:
+    # Spark substitutes a single InputPartition(None) when there is nothing to read.
+    return read_range(partition, options, schema) if isinstance(partition, OffsetRange) else iter(())
+
+
+class BatchReader(DataSourceReader):
+    """`spark.read`: from `startingOffsets` (default earliest) to `endingOffsets` (default latest)."""
+
+    def __init__(self, options: ReadOptions, schema: StructType):
+        if options.starting == "latest":
+            raise OptionError("startingOffsets='latest' is not allowed for a batch read")
+        self._options = options
+        self._schema = schema
+
+    def partitions(self) -> list[OffsetRange]:
+        cluster = Cluster(self._options)
+        tps = cluster.partitions()
+        starts = _initial(cluster, tps, self._options.starting or "earliest", "startingOffsets")
+        ends = _initial(cluster, tps, self._options.ending or "latest", "endingOffsets")
+        for tp in tps:
+            if starts[tp] > ends[tp]:
+                raise OptionError(f"{tp[0]}-{tp[1]}: starting offset {starts[tp]} is after ending offset {ends[tp]}")
+        return plan(_check_retained(cluster, starts, self._options), ends, self._options)
+
+    def read(self, partition: InputPartition) -> Iterator:
+        return _read(partition, self._options, self._schema)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream`: offsets are Spark-Kafka style JSON, {"topic": {"partition": offset}}.
+
+    A micro-batch is planned from the offsets Spark logged, so a replay after a failure reads the
+    same ranges. Partitions that appear while the query runs are read from their log start.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType):
+        if options.ending is not None:
+            raise OptionError("option 'endingOffsets' applies to batch reads only")
+        self._options = options
+        self._schema = schema
+        self._cluster: Cluster | None = None
+        self._target: dict[tuple[str, int], int] | None = None
+        self._latest: dict[tuple[str, int], int] | None = None
+
+    @property
+    def cluster(self) -> Cluster:
+        """Created on first use, in the driver's long-lived source process, never on executors."""
+        if self._cluster is None:
+            self._cluster = Cluster(self._options)
+        return self._cluster
+
+    def initialOffset(self) -> dict:
+        tps = self.cluster.partitions()
+        return _to_json(_initial(self.cluster, tps, self._options.starting or "latest", "startingOffsets"))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self._options.max_offsets_per_trigger:
+            return ReadMaxRows(self._options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Pin the end of an availableNow run to what is readable now."""
+        self._target = self.cluster.latest(self.cluster.partitions())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = _from_json(start)
+        latest = self.cluster.latest(self.cluster.partitions())
+        self._latest = latest
+        for tp in sorted(set(begin) - set(latest)):
+            _data_loss(self._options, f"{tp[0]}-{tp[1]} no longer exists")
+        if self._target is not None:
+            latest = {tp: min(offset, self._target[tp]) for tp, offset in latest.items() if tp in self._target}
+        base = {**self.cluster.earliest([tp for tp in latest if tp not in begin]), **begin}
+        for tp, offset in latest.items():
+            if offset < base[tp]:
+                _data_loss(self._options, f"{tp[0]}-{tp[1]}: end offset {offset} is below offset {base[tp]}, "
+                                          "which was already read (was the topic recreated?)")
+                base[tp] = offset
+        if isinstance(limit, ReadMaxRows):
+            return _to_json(_admit(base, latest, limit.max_rows))
+        return _to_json(latest)
+
+    def reportLatestOffset(self) -> dict | None:
+        return _to_json(self._latest) if self._latest is not None else None
+
+    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        begin, finish = _from_json(start), _from_json(end)
+        new = [tp for tp in finish if tp not in begin]
+        return plan({**self.cluster.earliest(new), **begin}, finish, self._options)
+
+    def read(self, partition: InputPartition) -> Iterator:
+        return _read(partition, self._options, self._schema)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the offsets live in Spark's checkpoint, not in a consumer group."""
+
+
+def _initial(cluster: Cluster, tps, option, name: str) -> dict[tuple[str, int], int]:
+    if option == "earliest":
+        return cluster.earliest(tps)
+    if option == "latest":
+        return cluster.latest(tps)
+    check_offsets_json(option, tps, name)
+    default = EARLIEST if name == "startingOffsets" else LATEST
+    return cluster.resolve({tp: option.get(tp, default) for tp in tps}, tps)
+
+
+def _check_retained(cluster: Cluster, starts: dict, options: ReadOptions) -> dict:
+    earliest = cluster.earliest(list(starts))
+    for tp, offset in sorted(starts.items()):
+        if offset < earliest[tp]:
+            _data_loss(options, f"{tp[0]}-{tp[1]}: offsets {offset}..{earliest[tp]} were deleted")
+    return {tp: max(offset, earliest[tp]) for tp, offset in starts.items()}
+
+
+def _data_loss(options: ReadOptions, message: str) -> None:
+    if options.fail_on_data_loss:
+        raise DataLossError(message + "; set failOnDataLoss=false to continue without that data")
+    log.warning("%s; continuing (failOnDataLoss=false)", message)
+
+
+def _admit(base: dict, latest: dict, budget: int) -> dict:
+    """Spread `budget` offsets over the partitions in proportion to their backlog (largest remainder
+    first), so every trigger makes progress and no partition starves."""
+    backlog = {tp: max(latest[tp] - base[tp], 0) for tp in sorted(latest)}
+    total = sum(backlog.values())
+    if total <= budget:
+        return dict(latest)
+    shares = {tp: budget * lag // total for tp, lag in backlog.items()}
+    by_remainder = sorted(backlog, key=lambda tp: (-(budget * backlog[tp] % total), tp))
+    for tp in by_remainder[:budget - sum(shares.values())]:
+        shares[tp] += 1
+    return {tp: base[tp] + shares[tp] for tp in backlog}
+
+
+def _to_json(offsets: dict[tuple[str, int], int]) -> dict:
+    """Sorted, so equal offsets always serialize to the same JSON (Spark compares the strings)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def _from_json(offsets: dict) -> dict[tuple[str, int], int]:
+    return {(topic, int(partition)): offset for topic, partitions in offsets.items()
+            for partition, offset in partitions.items()}

@@ -1,0 +1,138 @@
+"""Real clients (confluent-kafka and kafka-python) against a real broker process."""
+
+import time
+from collections import defaultdict
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KPTopicPartition
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+def _create(bootstrap, name, partitions, config=None):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name].result(15)
+    return admin
+
+
+def _consume_all(bootstrap, topic, partitions, expected, isolation="read_uncommitted"):
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                         "isolation.level": isolation, "enable.partition.eof": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got = []
+    deadline = time.monotonic() + 90
+    while len(got) < expected and time.monotonic() < deadline:
+        for message in consumer.consume(1000, 1.0):
+            assert message.error() is None, message.error()
+            got.append(message)
+    consumer.close()
+    return got
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_confluent_roundtrip_with_keys_headers_and_compression(ottla_broker, codec):
+    topic, partitions, count = f"rt-{codec}", 4, 20_000
+    _create(ottla_broker.bootstrap, topic, partitions)
+    producer = Producer({"bootstrap.servers": ottla_broker.bootstrap, "compression.type": codec,
+                         "linger.ms": 5, "acks": "all"})
+    sent = defaultdict(list)
+    errors = []
+
+    def delivered(err, msg):
+        if err:
+            errors.append(err)
+        else:
+            sent[msg.partition()].append((msg.offset(), msg.key(), msg.value(), msg.headers()))
+
+    for i in range(count):
+        producer.produce(topic, key=f"k{i % 101}".encode(), value=f"value-{i}-".encode() * (1 + i % 5),
+                         headers=[("seq", str(i).encode()), ("codec", codec.encode())], on_delivery=delivered)
+        if i % 5000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert not errors
+    received = defaultdict(list)
+    for message in _consume_all(ottla_broker.bootstrap, topic, partitions, count):
+        received[message.partition()].append((message.offset(), message.key(), message.value(), message.headers()))
+    assert sum(map(len, received.values())) == count
+    for partition in range(partitions):
+        assert received[partition] == sent[partition]
+        offsets = [r[0] for r in received[partition]]
+        assert offsets == list(range(len(offsets)))  # dense, in order
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kafka_python_roundtrip(ottla_broker, codec):
+    topic, count = f"kp-{codec}", 5_000
+    _create(ottla_broker.bootstrap, topic, 3)
+    producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap, acks="all",
+                             compression_type=None if codec == "none" else codec, linger_ms=5)
+    futures = [producer.send(topic, key=f"k{i % 7}".encode(), value=f"v{i}".encode(),
+                             headers=[("i", str(i).encode())]) for i in range(count)]
+    producer.flush(60)
+    sent = defaultdict(list)
+    for i, future in enumerate(futures):
+        metadata = future.get(30)
+        sent[metadata.partition].append((metadata.offset, f"v{i}".encode()))
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=ottla_broker.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    consumer.assign([KPTopicPartition(topic, p) for p in range(3)])
+    consumer.seek_to_beginning()
+    received = defaultdict(list)
+    for message in consumer:
+        received[message.partition].append((message.offset, message.value))
+        assert dict(message.headers)["i"] == message.value[1:]
+        if sum(map(len, received.values())) == count:
+            break
+    consumer.close()
+    assert {p: sorted(v) for p, v in sent.items()} == dict(received)
+
+
+def test_list_offsets_by_timestamp_and_describe_and_delete(ottla_broker):
+    topic = "timed"
+    admin = _create(ottla_broker.bootstrap, topic, 1, {"retention.ms": "3600000", "segment.bytes": "1048576"})
+    producer = Producer({"bootstrap.servers": ottla_broker.bootstrap})
+    base = 1_700_000_000_000
+    for i in range(100):
+        producer.produce(topic, value=b"x", timestamp=base + i * 1000)
+    producer.flush(30)
+    consumer = Consumer({"bootstrap.servers": ottla_broker.bootstrap, "group.id": "unused"})
+    found = consumer.offsets_for_times([TopicPartition(topic, 0, base + 42_500)], 10)
+    assert found[0].offset == 43
+    found = consumer.offsets_for_times([TopicPartition(topic, 0, base + 10_000_000)], 10)
+    assert found[0].offset == -1  # no record that late: Kafka answers -1
+    assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 100)
+    consumer.close()
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["retention.ms"].value == "3600000"
+    assert configs["segment.bytes"].value == "1048576"
+    assert configs["cleanup.policy"].value == "delete"
+    assert configs["cleanup.policy"].is_default
+
+    admin.delete_topics([topic])[topic].result(10)
+    assert topic not in admin.list_topics(timeout=10).topics
+    assert not any(p.name.startswith(f"{topic}-") for p in ottla_broker.data_dir.iterdir())
+
+
+def test_create_topic_errors(ottla_broker):
+    from confluent_kafka import KafkaError
+    admin = _create(ottla_broker.bootstrap, "exists", 1)
+    cases = {
+        "exists": (NewTopic("exists", 1, 1), KafkaError.TOPIC_ALREADY_EXISTS),
+        "bad name": (NewTopic("bad/name", 1, 1), KafkaError.INVALID_TOPIC_EXCEPTION),
+        "zero partitions": (NewTopic("zero", 0, 1), KafkaError.INVALID_PARTITIONS),
+        "replication 3": (NewTopic("rf3", 1, 3), KafkaError.INVALID_REPLICATION_FACTOR),
+        "bad config": (NewTopic("badcfg", 1, 1, config={"cleanup.policy": "shred"}), KafkaError.INVALID_CONFIG),
+    }
+    for label, (new_topic, code) in cases.items():
+        with pytest.raises(Exception) as info:
+            admin.create_topics([new_topic])[new_topic.topic].result(10)
+        assert info.value.args[0].code() == code, label
+    listed = admin.list_topics(timeout=10).topics
+    assert set(listed) == {"exists"}

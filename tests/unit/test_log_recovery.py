@@ -1,0 +1,190 @@
+"""Crash recovery: files left as a crash leaves them, then damaged; reopen without a clean marker."""
+
+import logging
+import os
+import shutil
+
+import pytest
+
+from ottla.config import BrokerConfig, TopicConfig
+from ottla.log import Log
+from ottla.log.segment import LogSegment
+from ottla.records.batch import parse_batches
+from ottla.records.control import build_control_batch
+from ottla.records.records import Record, build_batch, iter_batches
+
+CFG = TopicConfig(BrokerConfig(), {"segment.bytes": 4_000, "index.interval.bytes": 256})
+
+
+def batch(i, n=2, **producer):
+    return build_batch([Record(b"key-%d" % i, b"value-%d-%d" % (i, j) * 8, (), 1_000 + i) for j in range(n)], **producer)
+
+
+def contents(log):
+    """(offset, value) of every record, read back through the fetch path."""
+    out, offset = [], log.log_start_offset
+    while offset < log.log_end_offset:
+        data = log.read(offset, 1 << 20, max_offset=log.log_end_offset).records
+        assert data
+        for _, records in iter_batches(data):
+            out += [(r.offset, r.value) for r in records if r.offset >= offset]
+        offset = out[-1][0] + 1
+    return out
+
+
+def crashed_copy(log, tmp_path, name="copy-0"):
+    """The partition directory as a crash leaves it: no close, nothing trimmed."""
+    target = tmp_path / name
+    shutil.copytree(log.directory, target)
+    return target
+
+
+@pytest.fixture
+def written(tmp_path):
+    log = Log(tmp_path / "orig-0", CFG)
+    for i in range(60):
+        log.append(batch(i), now_ms=0)
+    assert len(log.segments) >= 4
+    return log
+
+
+def segment_files(directory, suffix):
+    return sorted(p for p in directory.iterdir() if p.suffix == suffix)
+
+
+def test_untouched_crash_recovers_everything(written, tmp_path):
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 120
+    assert contents(recovered) == expected
+    assert [s.base_offset for s in recovered.segments] == [s.base_offset for s in written.segments]
+
+
+def test_torn_write_at_the_tail(written, tmp_path):
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    last = segment_files(directory, ".log")[-1]
+    os.truncate(last, last.stat().st_size - 7)  # the last batch lost its end
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 118
+    assert contents(recovered) == expected[:118]
+    assert recovered.append(batch(99), now_ms=0).base_offset == 118
+    assert [o for o, _ in contents(recovered)] == list(range(120))
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"\x00" * 4096, b"\x00" * 7 + b"\x77\x00\x00\x00", bytes(range(7, 107))],
+    ids=["preallocated-zeros", "torn-header", "junk"],
+)
+def test_garbage_after_the_last_batch(written, tmp_path, tail):
+    directory = crashed_copy(written, tmp_path)
+    with open(segment_files(directory, ".log")[-1], "ab") as f:
+        f.write(tail)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 120
+    assert recovered.append(batch(0), now_ms=0).base_offset == 120
+
+
+def test_corrupt_crc_in_an_older_segment_cuts_the_log_there(written, tmp_path):
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    second = segment_files(directory, ".log")[1]
+    headers = parse_batches(second.read_bytes())
+    victim = headers[3]
+    with open(second, "r+b") as f:
+        f.seek(victim.position + victim.size - 1)
+        byte = f.read(1)
+        f.seek(victim.position + victim.size - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == victim.base_offset
+    assert contents(recovered) == expected[: victim.base_offset]
+    assert len(recovered.segments) == 2  # later segments could not be trusted
+    assert len(segment_files(directory, ".log")) == 2
+    assert recovered.append(batch(0), now_ms=0).base_offset == victim.base_offset
+
+
+def test_deleted_index_below_the_recovery_point_is_rebuilt(written, tmp_path):
+    written.flush()
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    index = segment_files(directory, ".index")[0]
+    original = index.read_bytes()
+    assert original  # the sealed first segment had entries
+    index.unlink()
+    (directory / index.name.replace(".index", ".timeindex")).unlink()
+    recovered = Log(directory, CFG, recovery_point=written.recovery_point)
+    assert index.read_bytes() == original
+    assert contents(recovered) == expected
+
+
+@pytest.mark.parametrize("damage", ["zeros", "half-entry"])
+def test_garbled_index_is_rebuilt(written, tmp_path, damage):
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    index = segment_files(directory, ".index")[0]
+    original = index.read_bytes()
+    if damage == "zeros":
+        index.write_bytes(b"\x00" * len(original))
+    else:
+        index.write_bytes(original[:-3])
+    recovered = Log(directory, CFG, recovery_point=written.segments[-1].base_offset)
+    assert index.read_bytes() == original
+    assert contents(recovered) == expected
+
+
+def test_only_segments_from_the_recovery_point_are_scanned(written, tmp_path, monkeypatch):
+    directory = crashed_copy(written, tmp_path)
+    scanned = []
+    real = LogSegment.recover
+
+    def spy(self, *args, **kwargs):
+        scanned.append(self.base_offset)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "recover", spy)
+    bases = [s.base_offset for s in written.segments]
+    Log(directory, CFG, recovery_point=bases[2] + 1)
+    assert scanned == bases[2:]
+
+
+def test_preallocated_active_index_left_by_a_crash_is_rebuilt(written, tmp_path):
+    directory = crashed_copy(written, tmp_path)
+    active_index = segment_files(directory, ".index")[-1]
+    assert active_index.stat().st_size == 10485760 // 8 * 8 + 8  # still preallocated (plus the spare slot)
+    recovered = Log(directory, CFG, recovery_point=0)
+    recovered.close()
+    assert active_index.stat().st_size == recovered.segments[-1].offset_index.entries * 8
+    assert 0 < recovered.segments[-1].offset_index.entries < 20
+
+
+def test_recovery_logs_one_info_line_only_when_it_did_work(written, tmp_path, caplog):
+    directory = crashed_copy(written, tmp_path)
+    with caplog.at_level(logging.INFO, logger="ottla.log"):
+        recovered = Log(directory, CFG, recovery_point=0)
+    lines = [r for r in caplog.records if r.name == "ottla.log.log"]
+    assert len(lines) == 1 and lines[0].log_end_offset == 120
+    recovered.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ottla.log"):
+        Log(directory, CFG, recovery_point=120, clean_shutdown=True)
+    assert not caplog.records
+
+
+def test_producer_state_survives_a_crash(tmp_path):
+    log = Log(tmp_path / "p-0", CFG)
+    for i in range(40):  # rolls several times, so snapshots exist at some segment bases
+        log.append(batch(i, producer_id=5, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+    log.append(batch(99, producer_id=8, producer_epoch=0, base_sequence=0, is_transactional=True), now_ms=0)
+    log.append(batch(98, producer_id=6, producer_epoch=0, base_sequence=0, is_transactional=True), now_ms=0)
+    log.append(build_control_batch(8, 0, 0, False, 0), now_ms=0, origin="coordinator")
+    assert log.last_stable_offset == 82
+    directory = crashed_copy(log, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 85
+    assert recovered.last_stable_offset == 82  # producer 6's transaction is still open
+    retry = recovered.append(batch(39, producer_id=5, producer_epoch=0, base_sequence=78), now_ms=0)
+    assert retry.duplicate and retry.base_offset == 78
+    assert recovered.append(batch(40, producer_id=5, producer_epoch=0, base_sequence=80), now_ms=0).base_offset == 85

@@ -1,0 +1,92 @@
+"""The sans-I/O codec: framing and request decoding without sockets."""
+
+import io
+import struct
+
+import pytest
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+
+from ottla.protocol.codec import (
+    FrameDecoder,
+    FrameTooLarge,
+    MalformedRequest,
+    UnknownApi,
+    UnsupportedApiVersion,
+    decode_request,
+    encode_response,
+)
+
+SUPPORTED = {18: (0, 4), 3: (0, 12)}
+
+
+def _frame(request, api_key, version, correlation_id=7):
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(request_api_key=api_key, request_api_version=version,
+                                                    correlation_id=correlation_id, client_id="test"))
+    entity_writer(type(request))(out, request)
+    return out.getvalue()
+
+
+def test_decoder_splits_frames_across_arbitrary_chunks():
+    payloads = [b"a" * 10, b"", b"b" * 3000, b"c"]
+    stream = b"".join(struct.pack(">i", len(p)) + p for p in payloads)
+    decoder = FrameDecoder(1 << 20)
+    frames = []
+    for i in range(0, len(stream), 7):
+        frames += decoder.feed(stream[i:i + 7])
+    assert frames == payloads
+    assert decoder.buffered == 0
+
+
+def test_decoder_rejects_negative_and_oversized_sizes():
+    with pytest.raises(MalformedRequest):
+        FrameDecoder(100).feed(struct.pack(">i", -5))
+    with pytest.raises(FrameTooLarge):
+        FrameDecoder(100).feed(struct.pack(">i", 101))
+    assert FrameDecoder(100).feed(struct.pack(">i", 100)) == []  # waits for the body
+
+
+def test_decode_flexible_request_roundtrip():
+    request = MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="orders"),),
+                              allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    decoded = decode_request(_frame(request, 3, 12), SUPPORTED)
+    assert (decoded.api_key, decoded.api_version, decoded.correlation_id) == (3, 12, 7)
+    assert decoded.body == request
+    assert decoded.header.client_id == "test"
+
+
+def test_unknown_api_and_unsupported_version():
+    request = ApiVersionsRequest(client_software_name="x", client_software_version="1")
+    with pytest.raises(UnknownApi):
+        decode_request(_frame(request, 18, 3), {3: (0, 12)})
+    with pytest.raises(UnsupportedApiVersion) as info:
+        decode_request(_frame(request, 18, 3), {18: (0, 2)})
+    assert info.value.correlation_id == 7
+
+
+def test_truncated_body_is_malformed_and_trailing_bytes_are_ignored():
+    request = MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="orders"),),
+                              allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    frame = _frame(request, 3, 12)
+    with pytest.raises(MalformedRequest):
+        decode_request(frame[:-3], SUPPORTED)
+    with pytest.raises(MalformedRequest):
+        decode_request(b"\x00\x03", SUPPORTED)
+    # Kafka's broker ignores bytes after the body, and librdkafka relies on it.
+    assert decode_request(frame + b"\x01\x00\x00", SUPPORTED).body == request
+
+
+def test_encode_response_uses_header_v0_for_api_versions():
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.schema.errors import ErrorCode
+    import datetime
+
+    response = ApiVersionsResponse(error_code=ErrorCode.none, api_keys=(), throttle_time=datetime.timedelta(0))
+    frame = encode_response(18, 3, 42, response)
+    size, correlation_id = struct.unpack_from(">ii", frame)
+    assert size == len(frame) - 4 and correlation_id == 42
+    body, body_size = entity_reader(ApiVersionsResponse)(frame, 8)  # header v0: no tagged fields
+    assert body == response and 8 + body_size == len(frame)
