@@ -28,7 +28,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rss_mb(pid: int) -> tuple[float, float]:
+def rss_mib(pid: int) -> tuple[float, float]:
     """(current RSS, peak RSS) of a process in MiB, from /proc/<pid>/status."""
     values = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

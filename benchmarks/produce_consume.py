@@ -51,11 +51,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, progress, rss_mb  # noqa: E402
+from brokerproc import Children, Mock, Ottla, progress, rss_mib  # noqa: E402
 
 # Records per case and repetitions (the median is reported).
 PRESETS = {
-    "quick": {100: 600_000, 1024: 100_000, "repeat": 1},
+    "quick": {100: 400_000, 1024: 80_000, "repeat": 1},
     "full": {100: 3_000_000, 1024: 500_000, "repeat": 3},
 }
 TARGET_RATIO = 0.60
@@ -100,8 +100,8 @@ def _values(size: int) -> list[bytes]:
 
 def role_python_produce(args: argparse.Namespace) -> dict:
     values = _values(args.size)
-    producer = Producer({"bootstrap.servers": args.bootstrap, "acks": args.acks, "log_level": 0})
     started = time.perf_counter()
+    producer = Producer({"bootstrap.servers": args.bootstrap, "acks": args.acks, "log_level": 0})
     for i in range(args.records):
         value = values[i % VALUE_POOL]
         while True:
@@ -357,12 +357,16 @@ def main() -> None:
     args.records_1k = args.records_1k or preset[1024]
     args.repeat = args.repeat or preset["repeat"]
     generators = args.generators.split(",")
+    if set(generators) - {"python", "kcat"}:
+        parser.error(f"unknown generator in {args.generators!r}; use python, kcat")
     if "kcat" in generators and shutil.which("kcat") is None:
         parser.error("kcat not found (scripts/install-system-deps.sh installs it), or use --generators python")
 
     results: list[Result] = []
     broker_rss = None
-    with Children() as children, tempfile.TemporaryDirectory(prefix="ottla-bench-") as tmp:
+    ottla = None
+    # Children are stopped before their temp dir goes away.
+    with tempfile.TemporaryDirectory(prefix="ottla-bench-") as tmp, Children() as children:
         workdir = Path(tmp)
         mock = Mock(children)
         targets = [Target("mock", mock.bootstrap, mock.create_topic, mock.proc.pid)]
@@ -378,21 +382,28 @@ def main() -> None:
             targets.append(Target("ottla", ottla.bootstrap, _admin_create_topic(ottla.bootstrap), ottla.proc.pid))
         progress("targets: " + ", ".join(f"{t.name} at {t.bootstrap}" for t in targets))
 
+        load_before = os.getloadavg()[0]
         started = time.monotonic()
-        for size in dict.fromkeys(size for size, _ in args.cases):
-            acks_list = [acks for s, acks in args.cases if s == size]
-            for generator in generators:
-                results += run_size(children, targets, workdir, args, size, acks_list, generator)
+        try:
+            for size in dict.fromkeys(size for size, _ in args.cases):
+                acks_list = [acks for s, acks in args.cases if s == size]
+                for generator in generators:
+                    results += run_size(children, targets, workdir, args, size, acks_list, generator)
+        except Exception:
+            if ottla is not None and ottla.proc.poll() is not None:
+                progress(f"ottla exited with code {ottla.proc.returncode}; its log ends:\n{ottla.log_tail()}")
+            raise
         elapsed = time.monotonic() - started
-        broker_rss = {t.name: rss_mb(t.pid) for t in targets if t.pid is not None}
+        broker_rss = {t.name: rss_mib(t.pid) for t in targets if t.pid is not None}
 
     print(render(results, "mock"))
     print()
     for name, (rss, peak) in broker_rss.items():
         print(f"- RSS of {name} after the run: {rss:.0f} MiB (peak {peak:.0f} MiB)")
-    print(f"- {os.cpu_count()} CPUs; confluent-kafka {confluent_kafka.version()[0]} "
+    print(f"- {os.cpu_count()} CPUs; confluent-kafka {confluent_kafka.__version__} "
           f"(librdkafka {confluent_kafka.libversion()[0]}); {_kcat_version()}; run took {elapsed:.0f}s")
-    print(f"- {args.partitions} partitions per topic; median of {args.repeat} run(s) per row")
+    print(f"- {args.partitions} partitions per topic; median of {args.repeat} run(s) per row; load average"
+          f" {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other work on the machine skews results)")
     print(f"- command: {shlex.join(['python', 'benchmarks/produce_consume.py', *sys.argv[1:]])}")
     if args.json:
         args.json.write_text(json.dumps(

@@ -10,7 +10,6 @@ leader for DescribeProducers and WriteTxnMarkers.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import socket
 import struct
@@ -21,8 +20,11 @@ from typing import Any, Iterable
 
 from kio.index import load_payload_module, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+
+from .protocol.build import make
 
 __all__ = [
     "AdminProtocolClient",
@@ -54,16 +56,13 @@ CLIENT_VERSIONS = {
     LIST_TRANSACTIONS: (0, 2),
 }
 
-_API_NAMES = {
-    METADATA: "Metadata",
-    FIND_COORDINATOR: "FindCoordinator",
-    WRITE_TXN_MARKERS: "WriteTxnMarkers",
-    DESCRIBE_PRODUCERS: "DescribeProducers",
-    DESCRIBE_TRANSACTIONS: "DescribeTransactions",
-    LIST_TRANSACTIONS: "ListTransactions",
-}
-
 TRANSACTION_KEY_TYPE = 1
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name for an API key, e.g. DescribeProducers for 61."""
+    snake = api_key_map.get(api_key)
+    return "".join(part.title() for part in snake.split("_")) if snake else f"API {api_key}"
 
 
 class ProtocolClientError(Exception):
@@ -73,13 +72,11 @@ class ProtocolClientError(Exception):
 class BrokerUnreachable(ProtocolClientError):
     def __init__(self, address: str, reason: str):
         super().__init__(f"cannot reach broker at {address} ({reason})")
-        self.address = address
 
 
 class UnsupportedByBroker(ProtocolClientError):
     def __init__(self, api_key: int, address: str):
-        super().__init__(f"broker at {address} does not support {_API_NAMES.get(api_key, api_key)}")
-        self.api_key = api_key
+        super().__init__(f"broker at {address} does not support {api_name(api_key)}")
 
 
 class BrokerError(ProtocolClientError):
@@ -114,15 +111,8 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
-    topic: str
     partition: int
     leader: int
-
-
-def _entity(cls: type, **values: Any) -> Any:
-    """Build `cls` from the values it has fields for: versions differ only by adding fields."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in values.items() if key in names})
 
 
 @cache
@@ -138,7 +128,7 @@ def _codec(api_key: int, version: int):
             entity_reader(response.__header_schema__), entity_reader(response))
 
 
-def _split_address(address: str) -> tuple[str, int]:
+def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not port.isdigit():
         raise ProtocolClientError(f"bad broker address {address!r} (want HOST:PORT)")
@@ -175,9 +165,9 @@ class BrokerConnection:
         return min(high, offered[1])
 
     def request(self, api_key: int, build) -> Any:
-        """Send `build(module, version)` at the negotiated version and return the response."""
+        """Send `build(schema_module)` at the negotiated version and return the response."""
         version = self.version_for(api_key)
-        return self.send(api_key, version, build(_request_module(api_key, version), version))
+        return self.send(api_key, version, build(_request_module(api_key, version)))
 
     def send(self, api_key: int, version: int, body: Any) -> Any:
         header_schema, write_header, write_body, read_header, read_body = _codec(api_key, version)
@@ -196,9 +186,10 @@ class BrokerConnection:
             payload = self._receive_frame()
         except socket.timeout:
             raise ProtocolClientError(f"broker at {self.address} did not answer "
-                                      f"{_API_NAMES.get(api_key, api_key)} in time") from None
+                                      f"{api_name(api_key)} in time") from None
         except OSError as exc:
-            raise BrokerUnreachable(self.address, exc.strerror or str(exc)) from None
+            raise ProtocolClientError(f"lost the connection to broker at {self.address} "
+                                      f"({exc.strerror or exc})") from None
         header, offset = read_header(payload, 0)
         if header.correlation_id != correlation_id:
             raise ProtocolClientError(f"broker at {self.address} answered correlation id "
@@ -228,7 +219,7 @@ class BrokerConnection:
             failed = response.error_code == ErrorCode.unsupported_version
         except ProtocolClientError:
             raise
-        except Exception:  # kio cannot parse a v0-shaped answer as v3
+        except Exception:  # kio fails in several ways on a v0-shaped answer read as v3
             failed = True
         if failed:
             response = self.send(API_VERSIONS, 0, _request_module(API_VERSIONS, 0).ApiVersionsRequest())
@@ -272,10 +263,15 @@ class AdminProtocolClient:
         failure: BrokerUnreachable | None = None
         for address in self._bootstrap:
             try:
-                return self._connect(*_split_address(address))
+                return self._connect(*split_address(address))
             except BrokerUnreachable as exc:
                 failure = exc
         raise failure or ProtocolClientError("no bootstrap servers given")
+
+    def missing_apis(self, api_keys: Iterable[int]) -> list[str]:
+        """Names of the APIs among `api_keys` that the broker does not offer at all."""
+        offered = self._any_connection().versions
+        return [api_name(key) for key in api_keys if key not in offered]
 
     def _node_connection(self, node_id: int) -> BrokerConnection:
         if node_id not in self._nodes:
@@ -289,12 +285,12 @@ class AdminProtocolClient:
         """Partition leaders of `topics` (all topics if None); also learns the brokers."""
         names = None if topics is None else list(topics)
 
-        def build(module, version):
+        def build(module):
             requested = None if names is None else tuple(
-                _entity(module.MetadataRequestTopic, name=name, topic_id=None) for name in names)
-            return _entity(module.MetadataRequest, topics=requested, allow_auto_topic_creation=False,
-                           include_cluster_authorized_operations=False,
-                           include_topic_authorized_operations=False)
+                make(module.MetadataRequestTopic, name=name, topic_id=None) for name in names)
+            return make(module.MetadataRequest, topics=requested, allow_auto_topic_creation=False,
+                        include_cluster_authorized_operations=False,
+                        include_topic_authorized_operations=False)
 
         response = self._any_connection().request(METADATA, build)
         self._nodes = {b.node_id: Node(b.node_id, b.host, b.port) for b in response.brokers}
@@ -305,7 +301,7 @@ class AdminProtocolClient:
             if topic.error_code != ErrorCode.none:
                 raise BrokerError(topic.error_code, f"topic {topic.name!r}")
             result[topic.name] = sorted(
-                (PartitionInfo(topic.name, p.partition_index, p.leader_id) for p in topic.partitions),
+                (PartitionInfo(p.partition_index, p.leader_id) for p in topic.partitions),
                 key=lambda info: info.partition)
         return result
 
@@ -320,12 +316,12 @@ class AdminProtocolClient:
                 if info.leader < 0:
                     raise BrokerError(ErrorCode.leader_not_available, f"{topic}-{partition}")
                 return info.leader
-        raise BrokerError(ErrorCode.unknown_topic_or_partition, f"{topic}-{partition}")
+        raise ProtocolClientError(f"topic {topic!r} has no partition {partition}")
 
     def find_transaction_coordinator(self, transactional_id: str) -> Node:
-        def build(module, version):
-            return _entity(module.FindCoordinatorRequest, key=transactional_id,
-                           coordinator_keys=(transactional_id,), key_type=TRANSACTION_KEY_TYPE)
+        def build(module):
+            return make(module.FindCoordinatorRequest, key=transactional_id,
+                        coordinator_keys=(transactional_id,), key_type=TRANSACTION_KEY_TYPE)
 
         response = self._any_connection().request(FIND_COORDINATOR, build)
         answer = response.coordinators[0] if hasattr(response, "coordinators") else response
@@ -339,9 +335,9 @@ class AdminProtocolClient:
         """Every broker coordinates some transactions, so ask them all and merge."""
         state_filters, producer_id_filters = tuple(states), tuple(producer_ids)
 
-        def build(module, version):
-            return _entity(module.ListTransactionsRequest, state_filters=state_filters,
-                           producer_id_filters=producer_id_filters)
+        def build(module):
+            return make(module.ListTransactionsRequest, state_filters=state_filters,
+                        producer_id_filters=producer_id_filters)
 
         listings = []
         for node in self.brokers():
@@ -355,7 +351,7 @@ class AdminProtocolClient:
         """The coordinator that owns `transactional_id`, and its view of the transaction."""
         coordinator = self.find_transaction_coordinator(transactional_id)
 
-        def build(module, version):
+        def build(module):
             return module.DescribeTransactionsRequest(transactional_ids=(transactional_id,))
 
         response = self._connect(coordinator.host, coordinator.port).request(DESCRIBE_TRANSACTIONS, build)
@@ -375,13 +371,13 @@ class AdminProtocolClient:
                 by_leader.setdefault(info.leader, []).append(info.partition)
         missing = (wanted or set()) - {info.partition for info in infos}
         if missing:
-            raise BrokerError(ErrorCode.unknown_topic_or_partition, f"{topic}-{min(missing)}")
+            raise ProtocolClientError(f"topic {topic!r} has no partition {min(missing)}")
         result: dict[int, tuple[Any, ...]] = {}
         for leader, indexes in by_leader.items():
             if leader < 0:
                 raise BrokerError(ErrorCode.leader_not_available, f"{topic}-{indexes[0]}")
 
-            def build(module, version, indexes=tuple(indexes)):
+            def build(module, indexes=tuple(indexes)):
                 return module.DescribeProducersRequest(
                     topics=(module.TopicRequest(name=topic, partition_indexes=indexes),))
 
@@ -401,9 +397,9 @@ class AdminProtocolClient:
         This is what `kafka-transactions.sh abort` does for a hanging transaction whose
         coordinator has lost track of it: the partition leader takes the marker directly.
         """
-        def build(module, version):
+        def build(module):
             marker_topic = module.WritableTxnMarkerTopic(name=topic, partition_indexes=(partition,))
-            return module.WriteTxnMarkersRequest(markers=(_entity(
+            return module.WriteTxnMarkersRequest(markers=(make(
                 module.WritableTxnMarker, producer_id=producer_id, producer_epoch=producer_epoch,
                 transaction_result=False, topics=(marker_topic,), coordinator_epoch=coordinator_epoch),))
 

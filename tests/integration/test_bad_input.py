@@ -59,7 +59,8 @@ def guarded(ottla_broker, raw_connection):
     roundtrip(bystander, MetadataRequest(topics=None, allow_auto_topic_creation=False,
                                          include_topic_authorized_operations=False))
     from confluent_kafka.admin import AdminClient, NewTopic
-    AdminClient({"bootstrap.servers": ottla_broker.bootstrap}).create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
+    admin = AdminClient({"bootstrap.servers": ottla_broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
     assert _produce(bystander, _batch([b"first"])).error_code == ErrorCode.none
     before = _disk_state(ottla_broker.data_dir)
     yield ottla_broker, bystander

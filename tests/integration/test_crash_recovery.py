@@ -32,8 +32,8 @@ def _read_partition(bootstrap, partition, timeout=60):
 
 def test_acknowledged_records_survive_kill_9(ottla_broker_factory):
     broker = ottla_broker_factory({"log.segment.bytes": 256 * 1024})
-    AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
-        [NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(10)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(10)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 2,
                          "message.timeout.ms": 120000, "retry.backoff.ms": 100,
                          "reconnect.backoff.max.ms": 500})
@@ -81,7 +81,8 @@ def test_acknowledged_records_survive_kill_9(ottla_broker_factory):
 
 def test_torn_last_batch_is_cut_on_restart(ottla_broker_factory):
     broker = ottla_broker_factory()
-    AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(10):
         producer.produce(TOPIC, value=f"r{i}".encode(), partition=0)

@@ -76,7 +76,6 @@ def spark():
     session = (SparkSession.builder.master("local[2,3]").appName("ottla-spark-tests")
                .config("spark.sql.shuffle.partitions", 2)
                .config("spark.ui.enabled", False)
-               .config("spark.sql.streaming.stopTimeout", 30_000)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     ottla.spark.register(session)

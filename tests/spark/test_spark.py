@@ -18,7 +18,7 @@ pyspark = pytest.importorskip("pyspark")
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from pyspark import TaskContext  # noqa: E402
 from pyspark.cloudpickle import register_pickle_by_value  # noqa: E402
-from pyspark.errors import PySparkException  # noqa: E402
+from pyspark.errors import PySparkException, StreamingQueryException  # noqa: E402
 from pyspark.sql.datasource import CaseInsensitiveDict, DataSourceStreamArrowWriter  # noqa: E402
 from pyspark.sql.functions import col, lit  # noqa: E402
 from py4j.protocol import Py4JJavaError  # noqa: E402
@@ -98,6 +98,9 @@ def test_bad_options_fail_at_query_start(spark, kafka):
     no_topic = spark.range(3).select(col("id").cast("string").alias("value"))
     assert "'topic'" in _failure(
         lambda: no_topic.write.format("ottla").options(**read_options(kafka)).mode("append").save())
+    stream = spark.readStream.format("rate").load().select(lit(1).alias("value"))
+    assert "column 'value' must be string or binary" in _failure(lambda: stream.writeStream.format("ottla").options(
+        **read_options(kafka, topic=name)).option("checkpointLocation", "/nonexistent").start().awaitTermination(60))
 
 
 # --- batch ---------------------------------------------------------------------------------------------
@@ -111,13 +114,13 @@ def test_batch_write_then_read_with_headers_offsets_and_split_ranges(spark, kafk
     df.write.format("ottla").options(**read_options(kafka, topic=name)).mode("append").save()
 
     out = (spark.read.format("ottla")
-           .options(**read_options(kafka, subscribe=name, includeHeaders="true", maxRecordsPerPartition="3"))
+           .options(**read_options(kafka, subscribe=name, includeHeaders="true", maxRecordsPerPartition="4"))
            .load())
-    assert out.rdd.getNumPartitions() >= 40 // 3
-    got = {(r.key.decode(), r.value.decode(), r.partition, r.headers[0].value.decode()) for r in out.collect()}
-    assert got == {(k, v, p, h.decode()) for k, v, p, [(_, h)] in rows}
-    assert out.select("topic").distinct().collect()[0].topic == name
-    assert out.filter(col("timestampType") != 0).count() == 0
+    assert out.rdd.getNumPartitions() >= 40 // 4
+    got = out.collect()
+    assert {(r.key.decode(), r.value.decode(), r.partition, r.headers[0].value.decode()) for r in got} == {
+        (k, v, p, h.decode()) for k, v, p, [(_, h)] in rows}
+    assert {(r.topic, r.timestampType) for r in got} == {(name, 0)}  # 0: CreateTime
 
     offsets = json.dumps({name: {"0": 2}}), json.dumps({name: {"0": 5}})
     window = (spark.read.format("ottla")
@@ -255,8 +258,11 @@ def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[st
                  .options(**read_options(kafka, topic=sink, deliveryGuarantee=guarantee, faults=json.dumps(faults)))
                  .option("checkpointLocation", str(tmp_path / f"checkpoint-{guarantee}"))
                  .trigger(availableNow=True).start())
-        query.awaitTermination(180)
-        return query.exception()
+        try:
+            assert query.awaitTermination(180), "the query did not finish"
+        except StreamingQueryException as failure:
+            return failure
+        return None
 
     error = run({"fail_after_commit": [1, 0], "crash_before_commit": [2, 1], "fail_spark_commit": 3})
     assert error is not None and "before Spark's commit log" in str(error)

@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
 from ottla.config import BrokerConfig, TopicConfig
 from ottla.errors import ErrorCode, KafkaError
@@ -214,19 +214,19 @@ def test_offset_for_timestamp(tmp_path):
     for i in range(40):
         log.append(batch(2, ts=1_000 + 10 * i), now_ms=0)  # offsets 2i, 2i+1 at 1000+10i, 1001+10i
     assert len(log.segments) > 2
-    assert log.offset_for_timestamp(0) == (1_000, 0)
-    assert log.offset_for_timestamp(1_001) == (1_001, 1)
-    assert log.offset_for_timestamp(1_002) == (1_010, 2)
-    assert log.offset_for_timestamp(1_255) == (1_260, 52)
-    assert log.offset_for_timestamp(1_391) == (1_391, 79)
+    assert log.offset_for_timestamp(0) == (0, 1_000)
+    assert log.offset_for_timestamp(1_001) == (1, 1_001)
+    assert log.offset_for_timestamp(1_002) == (2, 1_010)
+    assert log.offset_for_timestamp(1_255) == (52, 1_260)
+    assert log.offset_for_timestamp(1_391) == (79, 1_391)
     assert log.offset_for_timestamp(1_392) is None
 
 
 def test_offset_for_timestamp_with_out_of_order_timestamps(log):
     for ts in (500, 100, 900, 300):
         log.append(batch(1, ts=ts), now_ms=0)
-    assert log.offset_for_timestamp(200) == (500, 0)
-    assert log.offset_for_timestamp(600) == (900, 2)
+    assert log.offset_for_timestamp(200) == (0, 500)
+    assert log.offset_for_timestamp(600) == (2, 900)
 
 
 def test_max_timestamp_offset(tmp_path):
@@ -235,7 +235,7 @@ def test_max_timestamp_offset(tmp_path):
     for ts in (100, 5_000, 300, 400, 200):
         log.append(build_batch([Record(b"k", b"v" * 50, (), ts), Record(b"k", b"v", (), ts - 1)]), now_ms=0)
     assert len(log.segments) > 1
-    assert log.max_timestamp_offset() == (5_000, 2)
+    assert log.max_timestamp_offset() == (2, 5_000)
 
 
 def test_truncate_to_drops_whole_batches_and_appends_continue(tmp_path):
@@ -298,10 +298,127 @@ def test_close_and_clean_reopen(tmp_path):
     assert offsets_in(reopened.read(33, 1 << 20, max_offset=60).records)[:2] == [32, 33]
     assert reopened.append(batch(2, producer_id=1, epoch=0, seq=60), now_ms=0).base_offset == 60
     assert reopened.append(batch(2, producer_id=1, epoch=0, seq=60), now_ms=0).duplicate
-    assert reopened.offset_for_timestamp(29) == (29, 57)  # batch 56-57 holds timestamps 28, 29
+    assert reopened.offset_for_timestamp(29) == (57, 29)  # batch 56-57 holds timestamps 28, 29
 
 
 def test_delete_removes_the_directory(log):
     log.append(batch(1), now_ms=0)
     log.delete()
     assert not log.directory.exists()
+
+
+def test_read_committed_lists_aborted_transactions_across_segments(tmp_path):
+    size = len(batch(2))
+    log = Log(tmp_path / "t-0", config(segment_bytes=4 * size))
+    log.append(batch(2, producer_id=1, epoch=0, seq=0, txn=True), now_ms=0)  # 0-1, aborted later
+    log.append(batch(2, producer_id=2, epoch=0, seq=0, txn=True), now_ms=0)  # 2-3, committed
+    log.append(batch(2), now_ms=0)  # 4-5
+    log.append(build_control_batch(2, 0, 0, True, 0), now_ms=0, origin="coordinator")  # 6 commit
+    log.append(batch(2), now_ms=0)  # 7-8, a new segment
+    log.append(build_control_batch(1, 0, 0, False, 0), now_ms=0, origin="coordinator")  # 9 abort
+    assert [s.base_offset for s in log.segments] == [0, 7]
+    assert log.last_stable_offset == 10
+    data = log.read(0, 1 << 20, max_offset=10, with_aborted=True)
+    assert offsets_in(data.records)[:2] == [0, 1]
+    assert [(t.producer_id, t.first_offset, t.last_offset) for t in data.aborted_transactions] == [(1, 0, 9)]
+    assert log.read(0, 1 << 20, max_offset=10).aborted_transactions is None
+    assert log.read(10, 1 << 20, max_offset=10, with_aborted=True).aborted_transactions == []
+    # the entry lives with the ABORT marker's segment
+    assert (tmp_path / "t-0" / "00000000000000000007.txnindex").stat().st_size == 34
+    log.truncate_to(9)
+    assert log.read(0, 1 << 20, max_offset=9, with_aborted=True).aborted_transactions == []
+    assert log.last_stable_offset == 0  # producer 1's transaction is open again
+
+
+def test_flush_if_due(tmp_path):
+    log = Log(tmp_path / "t-0", config(flush_ms=1_000), now_ms=0)
+    log.append(batch(1), now_ms=100)
+    log.flush_if_due(900)
+    assert log.recovery_point == 0
+    log.flush_if_due(1_000)
+    assert log.recovery_point == 1
+
+
+def test_a_failed_write_leaves_no_torn_batch(log, monkeypatch):
+    log.append(batch(1), now_ms=0)
+    real_write = os.write
+
+    def disk_full(fd, data):
+        real_write(fd, bytes(data[:10]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(KafkaError) as e:
+        log.append(batch(1), now_ms=0)
+    assert e.value.code == ErrorCode.kafka_storage_error
+    monkeypatch.undo()
+    assert log.log_end_offset == 1 and log.active_segment.size == len(batch(1))
+    assert log.append(batch(1), now_ms=0).base_offset == 1
+    assert offsets_in(log.read(0, 1 << 20, max_offset=2).records) == [0, 1]
+
+
+def test_retention_by_time_deletes_old_segments_only(tmp_path):
+    size = len(batch(1))
+    log = Log(tmp_path / "t-0", config(segment_bytes=2 * size, retention_ms=1_000))
+    for ts in (100, 200, 300, 400, 5_000, 5_100, 5_200):
+        log.append(batch(1, ts=ts), now_ms=0)
+    assert [s.base_offset for s in log.segments] == [0, 2, 4, 6]
+    assert log.apply_retention(now_ms=5_500) == 2  # segments ending at 200 and 400
+    assert log.log_start_offset == 4 and [s.base_offset for s in log.segments] == [4, 6]
+    assert not (tmp_path / "t-0" / "00000000000000000000.log").exists()
+    with pytest.raises(KafkaError):
+        log.read(3, 100, max_offset=7)
+    assert offsets_in(log.read(4, 1 << 20, max_offset=7).records) == [4, 5]
+    assert log.apply_retention(now_ms=1_000_000) == 1  # never the active segment
+    assert [s.base_offset for s in log.segments] == [6]
+
+
+def test_retention_by_size(tmp_path):
+    size = len(batch(1))
+    log = Log(tmp_path / "t-0", config(segment_bytes=2 * size, retention_bytes=3 * size))
+    for _ in range(7):
+        log.append(batch(1), now_ms=0)
+    assert log.apply_retention(now_ms=0) == 2  # 7 batches -> keep the newest 3 or more
+    assert log.log_start_offset == 4 and sum(s.size for s in log.segments) == 3 * size
+
+
+def test_compacted_topics_are_not_deleted_by_retention(tmp_path):
+    log = Log(tmp_path / "t-0", config(segment_bytes=200, retention_ms=0, cleanup_policy="compact"))
+    for _ in range(4):
+        log.append(batch(1), now_ms=0)
+    assert log.apply_retention(now_ms=10**12) == 0
+
+
+def test_delete_records_before(tmp_path):
+    size = len(batch(2))
+    log = Log(tmp_path / "t-0", config(segment_bytes=2 * size))
+    for _ in range(4):
+        log.append(batch(2), now_ms=0)
+    assert log.delete_records_before(5) == 5
+    assert [s.base_offset for s in log.segments] == [4]
+    assert offsets_in(log.read(5, 1 << 20, max_offset=8).records) == [4, 5, 6, 7]
+    assert log.delete_records_before(3) == 5  # never backwards
+    with pytest.raises(KafkaError) as e:
+        log.delete_records_before(9)
+    assert e.value.code == ErrorCode.offset_out_of_range
+
+
+def test_lookups_that_scan_across_read_chunks(tmp_path):
+    log = Log(tmp_path / "t-0", config(index_interval_bytes=100_000_000))  # no index entries at all
+    for i in range(300):
+        log.append(batch(1, value=bytes([i % 256]) * (700 + i)), now_ms=0)
+    assert log.active_segment.offset_index.entries == 0 and log.active_segment.size > 4 * 64 * 1024
+    for target in (0, 91, 92, 93, 150, 299):
+        [(_, records)] = list(iter_batches(log.read(target, 1, max_offset=300).records))
+        assert records[0].offset == target and records[0].value == bytes([target % 256]) * (700 + target)
+
+
+def test_recovery_of_a_batch_larger_than_the_scan_chunk(tmp_path):
+    cfg = config(max_message_bytes=8_000_000)
+    log = Log(tmp_path / "t-0", cfg)
+    log.append(batch(1), now_ms=0)
+    log.append(batch(1, value=os.urandom(5_000_000)), now_ms=0)
+    log.append(batch(1), now_ms=0)
+    recovered = Log(tmp_path / "t-0", cfg, recovery_point=0)  # as after a crash: full scan
+    assert recovered.log_end_offset == 3
+    assert offsets_in(recovered.read(1, 100, max_offset=3).records) == [1]

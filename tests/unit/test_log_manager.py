@@ -1,7 +1,6 @@
 """LogManager: the topic catalog, checkpoints, clean-shutdown fast path and crash restart."""
 
 import json
-import os
 import uuid
 
 import pytest
@@ -35,7 +34,12 @@ def test_create_topic(manager, tmp_path):
     assert isinstance(info.topic_id, uuid.UUID)
     assert all((tmp_path / f"orders-{p}").is_dir() for p in range(3))
     meta = json.loads((tmp_path / ".topics" / f"{info.topic_id}.json").read_text())
-    assert meta == {"name": "orders", "topic_id": str(info.topic_id), "partitions": 3, "configs": {"retention.ms": 1000}}
+    assert meta == {
+        "name": "orders",
+        "topic_id": str(info.topic_id),
+        "partitions": 3,
+        "configs": {"retention.ms": 1000},
+    }
     assert manager.get_log("orders", 2).log_end_offset == 0
     assert manager.topic_by_id(info.topic_id) is info
 
@@ -188,3 +192,14 @@ def test_a_thousand_partitions_reopen_without_touching_segments(tmp_path, monkey
     assert log.append(batch(), now_ms=0).base_offset == 3
     reopened.close()
     assert read_offset_checkpoint(tmp_path / "recovery-point-offset-checkpoint")[("many", 7)] == 4
+
+
+def test_tick_checkpoints_on_its_interval(tmp_path):
+    broker = BrokerConfig({"log.flush.offset.checkpoint.interval.ms": 1_000})
+    manager = LogManager(tmp_path, broker, clock=lambda: 0)
+    manager.create_topic("t", 1, {"flush.ms": 10})
+    manager.get_log("t", 0).append(batch(2), now_ms=0)
+    manager.tick(500)
+    assert not (tmp_path / "recovery-point-offset-checkpoint").exists()
+    manager.tick(1_000)
+    assert read_offset_checkpoint(tmp_path / "recovery-point-offset-checkpoint") == {("t", 0): 2}

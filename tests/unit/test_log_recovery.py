@@ -17,7 +17,8 @@ CFG = TopicConfig(BrokerConfig(), {"segment.bytes": 4_000, "index.interval.bytes
 
 
 def batch(i, n=2, **producer):
-    return build_batch([Record(b"key-%d" % i, b"value-%d-%d" % (i, j) * 8, (), 1_000 + i) for j in range(n)], **producer)
+    records = [Record(b"key-%d" % i, b"value-%d-%d" % (i, j) * 8, (), 1_000 + i) for j in range(n)]
+    return build_batch(records, **producer)
 
 
 def contents(log):
@@ -188,3 +189,24 @@ def test_producer_state_survives_a_crash(tmp_path):
     retry = recovered.append(batch(39, producer_id=5, producer_epoch=0, base_sequence=78), now_ms=0)
     assert retry.duplicate and retry.base_offset == 78
     assert recovered.append(batch(40, producer_id=5, producer_epoch=0, base_sequence=80), now_ms=0).base_offset == 85
+
+
+def test_transaction_index_is_rebuilt_by_recovery(tmp_path):
+    log = Log(tmp_path / "x-0", CFG)
+    for i in range(30):  # transaction i: offsets 3i, 3i+1, marker 3i+2; every third one commits
+        log.append(batch(i, producer_id=1, producer_epoch=0, base_sequence=2 * i, is_transactional=True), now_ms=0)
+        log.append(build_control_batch(1, 0, 0, i % 3 == 0, 0), now_ms=0, origin="coordinator")
+
+    def aborted(log):
+        return [t for segment in log.segments for t in segment.txn_index.entries]
+
+    expected = aborted(log)
+    assert [(t.first_offset, t.last_offset) for t in expected] == [(3 * i, 3 * i + 2) for i in range(30) if i % 3]
+    directory = crashed_copy(log, tmp_path)
+    for path in directory.glob("*.txnindex"):
+        path.unlink()
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert aborted(recovered) == expected
+    fetched = recovered.read(0, 1 << 20, max_offset=90, with_aborted=True)
+    end = recovered.segments[1].base_offset
+    assert fetched.aborted_transactions == [t for t in expected if t.first_offset < end]

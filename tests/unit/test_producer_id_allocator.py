@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from ottla.errors import ErrorCode, KafkaError
 from ottla.producer_state import (
     FileProducerIdBlockStore,
     ProducerIdBlock,
@@ -25,7 +26,6 @@ from ottla.producer_state.authorizer import (
     Operation,
     require_idempotent_write,
 )
-from ottla.errors import ErrorCode, KafkaError
 
 
 def test_blocks_follow_each_other_from_zero(tmp_path):

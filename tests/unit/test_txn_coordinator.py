@@ -207,12 +207,6 @@ def test_empty_transactional_id_is_invalid_request(h):
     assert h.init(tid="").error is E.invalid_request
 
 
-def test_null_transactional_id_is_an_idempotent_producer(h):
-    assert h.init(tid=None) == InitProducerIdResult(E.none, 1000, 0)
-    assert h.init(tid=None) == InitProducerIdResult(E.none, 1001, 0)
-    assert not any(h.store.records.values())
-
-
 def test_not_coordinator_for_unloaded_partition():
     h = Harness(load=False)
     assert h.init().error is E.not_coordinator
@@ -731,3 +725,15 @@ def test_rolled_forward_completion_is_stamped_with_the_load_time():
     new = Harness(old.store, load=False)
     new.load_all(coordinator_epoch=1, now=NOW + 60_000)
     assert (new.store.last(TID).state, new.store.last(TID).last_update_ms) == (TxnState.COMPLETE_ABORT, NOW + 60_000)
+
+
+def test_a_store_that_raises_does_not_leave_the_id_blocked(h):
+    pid, epoch = h.ready()
+
+    def broken(*args):
+        raise RuntimeError("disk on fire")
+    h.store.append, working = broken, h.store.append
+    with pytest.raises(RuntimeError):
+        h.add(pid, epoch)
+    h.store.append = working
+    assert h.add(pid, epoch) is E.none

@@ -17,13 +17,14 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
 from ..errors import ErrorCode, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
+    TIMESTAMP_TYPE_BIT,
     BatchHeader,
     parse_batches,
     set_base_offset,
@@ -34,8 +35,9 @@ from ..records.batch import (
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
 from .segment import LogSegment
+from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
 
-__all__ = ["Log", "AppendResult", "FetchData", "TimestampOffset"]
+__all__ = ["Log", "AppendResult", "FetchData", "OffsetAndTimestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,13 @@ class FetchData(NamedTuple):
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int
+    # read_committed only: aborted transactions overlapping the returned batches
+    aborted_transactions: list[AbortedTxn] | None = None
 
 
-class TimestampOffset(NamedTuple):
-    timestamp: int
+class OffsetAndTimestamp(NamedTuple):
     offset: int
+    timestamp: int
 
 
 class Log:
@@ -106,7 +110,7 @@ class Log:
     def _load(self, recovery_point: int | None, clean_shutdown: bool) -> None:
         bases = []
         for name in os.listdir(self.directory):
-            stem, dot, suffix = name.partition(".")
+            stem, _, suffix = name.partition(".")
             if suffix == "log" and stem.isdigit():
                 bases.append(int(stem))
         bases.sort()
@@ -117,31 +121,50 @@ class Log:
             self._leo = self.log_start_offset
             self.recovery_point = self._leo
             return
+        self.log_start_offset = max(self.log_start_offset, bases[0])
         if clean_shutdown and recovery_point is not None and recovery_point >= bases[-1]:
             # Clean shutdown flushed everything and checkpointed the exact log end.
             self._leo = recovery_point
             self.recovery_point = recovery_point
         else:
             self._recover(recovery_point or 0)
-        self.log_start_offset = max(self.log_start_offset, bases[0])
 
     def _recover(self, recovery_point: int) -> None:
         """Re-validate everything from the segment holding the recovery point and cut the log
-        at the first torn or corrupt batch; indexes of older segments are rebuilt if damaged."""
+        at the first torn or corrupt batch (Kafka's LogLoader after an unclean shutdown).
+
+        Producer state is reloaded up to the first scanned segment and then fed every batch
+        the scan accepts, which also rebuilds the scanned segments' transaction indexes.
+        Older segments were fsynced, so only damaged offset/time indexes are rebuilt there; a
+        damaged transaction index needs producer state, so the scan starts at its segment.
+        """
         first = max(0, bisect.bisect_right(self._bases, recovery_point) - 1)
+        for i, segment in enumerate(self._segments[:first]):
+            try:
+                segment.txn_index.sanity_check()
+            except CorruptIndexError:
+                first = i
+                break
         for segment in self._segments[:first]:
             if not segment.indexes_sane():
                 log.info("rebuilding indexes of %s", segment.log_path)
                 segment.rebuild_indexes()
+
+        self._leo = self._segments[first].base_offset
+        state = ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
+        state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
+        self._producer_state = state
+
         scanned_bytes = truncated_bytes = 0
-        next_offset = self._segments[first].base_offset
+        next_offset = self._leo
         keep = len(self._segments)
         for i in range(first, len(self._segments)):
             segment = self._segments[i]
             if segment.base_offset < next_offset:  # overlaps what precedes it: unusable
                 keep = i
                 break
-            next_offset, truncated = segment.recover()
+            segment.txn_index.reset()
+            next_offset, truncated = segment.recover(self._replay_into(state, segment))
             scanned_bytes += segment.size + truncated
             truncated_bytes += truncated
             if truncated:  # nothing after a torn or corrupt batch can be trusted
@@ -152,14 +175,10 @@ class Log:
             segment.delete()
         del self._segments[keep:]
         del self._bases[keep:]
-        active = self._segments[-1]
-        active.offset_index.open(active=True)
-        active.time_index.open(active=True)
         for segment in self._segments[first:-1]:
             segment.seal()
         self._leo = next_offset
         self.recovery_point = next_offset
-        self._producer_state = self._load_producer_state()
         if scanned_bytes or truncated_bytes:
             log.info(
                 "recovered log %s: scanned %d bytes in %d segments, truncated %d bytes, log end offset %d",
@@ -168,15 +187,29 @@ class Log:
                 keep - first,
                 truncated_bytes,
                 self._leo,
-                extra={"partition_dir": self.directory.name, "scanned_bytes": scanned_bytes,
-                       "truncated_bytes": truncated_bytes, "log_end_offset": self._leo},
+                extra={
+                    "partition_dir": self.directory.name,
+                    "scanned_bytes": scanned_bytes,
+                    "truncated_bytes": truncated_bytes,
+                    "log_end_offset": self._leo,
+                },
             )
+
+    @staticmethod
+    def _replay_into(state: ProducerStateManager, segment: LogSegment):
+        def on_batch(header: BatchHeader, chunk, position: int) -> None:
+            item = header
+            if header.is_control:
+                item = ControlBatch(header, read_end_txn_marker(chunk, header._replace(position=position)))
+            completed = state.apply(state.validate([item], header.max_timestamp, origin="recovery"))
+            for txn in aborted_entries(completed, state.first_unstable_offset()):
+                segment.txn_index.append(txn)
+
+        return on_batch
 
     def _add_segment(self, base_offset: int) -> LogSegment:
         segment = self._new_segment(base_offset)
-        segment.offset_index.open(active=True)
-        segment.time_index.open(active=True)
-        segment.size  # creates the .log
+        segment.create()
         self._segments.append(segment)
         self._bases.append(base_offset)
         return segment
@@ -266,14 +299,19 @@ class Log:
         for header in headers:
             if origin == "replication":
                 if header.base_offset < next_offset:
-                    raise KafkaError(ErrorCode.invalid_record, f"replicated batch at {header.base_offset} is below the log end {next_offset}")
+                    raise KafkaError(
+                        ErrorCode.invalid_record,
+                        f"replicated batch at {header.base_offset} is below the log end {next_offset}",
+                    )
             else:
                 set_base_offset(buf, header.position, next_offset)
                 set_partition_leader_epoch(buf, header.position, leader_epoch)
                 header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
                 if log_append_time >= 0:
                     set_log_append_time(buf, header.position, header.size, log_append_time)
-                    header = header._replace(max_timestamp=log_append_time, attributes=header.attributes | 0x08)
+                    header = header._replace(
+                        max_timestamp=log_append_time, attributes=header.attributes | TIMESTAMP_TYPE_BIT
+                    )
             assigned.append(header)
             next_offset = header.last_offset + 1
         first_offset = assigned[0].base_offset
@@ -295,10 +333,14 @@ class Log:
                 self.log_start_offset,
                 True,
             )
-        self.active_segment.append(buf, assigned)
+        segment = self.active_segment
+        segment.append(buf, assigned)
         self._leo = next_offset
         self.high_watermark = next_offset
-        state.apply(plan)
+        completed = state.apply(plan)
+        if completed:
+            for txn in aborted_entries(completed, state.first_unstable_offset()):
+                segment.txn_index.append(txn)
 
         self._unflushed_messages += sum(h.records_count for h in assigned)
         if (
@@ -340,9 +382,18 @@ class Log:
 
     # -- read ----------------------------------------------------------------------------
 
-    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int, min_one_batch: bool = True) -> FetchData:
+    def read(
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int,
+        min_one_batch: bool = True,
+        with_aborted: bool = False,
+    ) -> FetchData:
         """Whole batches from the one holding `fetch_offset`, none reaching `max_offset` (the HW
         or LSO, exclusive); at least one batch even over `max_bytes` when `min_one_batch`.
+        `with_aborted` (read_committed) also lists the aborted transactions the data overlaps.
 
         Like Kafka, one fetch reads from one segment; the client asks again for the rest.
         """
@@ -352,18 +403,35 @@ class Log:
                 f"offset {fetch_offset} is outside [{self.log_start_offset}, {self._leo}]",
             )
         records = b""
+        aborted = [] if with_aborted else None
         if fetch_offset < max_offset:
             i = max(0, bisect.bisect_right(self._bases, fetch_offset) - 1)
-            for segment in self._segments[i:]:
+            for j in range(i, len(self._segments)):
+                segment = self._segments[j]
                 if segment.base_offset >= max_offset:
                     break
                 header = segment.find(fetch_offset)
-                if header is not None:
-                    records = segment.read(header.position, max_bytes, max_offset, min_one_batch)
-                    break
-        return FetchData(records, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+                if header is None:
+                    continue
+                records = segment.read(header.position, max_bytes, max_offset, min_one_batch)
+                if with_aborted and records:
+                    upper = self._bases[j + 1] if j + 1 < len(self._bases) else self._leo
+                    aborted = self._collect_aborted(j, fetch_offset, upper)
+                break
+        return FetchData(records, self.high_watermark, self.last_stable_offset, self.log_start_offset, aborted)
 
-    def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
+    def _collect_aborted(self, first_segment: int, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """A transaction's entry sits in the segment of its ABORT marker, which may come after
+        the fetched one, so later segments are searched until the index says it is complete."""
+        aborted = []
+        for segment in self._segments[first_segment:]:
+            result = segment.txn_index.collect_aborted(fetch_offset, upper_bound)
+            aborted += result.aborted
+            if result.complete:
+                break
+        return aborted
+
+    def offset_for_timestamp(self, timestamp: int) -> OffsetAndTimestamp | None:
         """ListOffsets by time: the first record with a timestamp >= `timestamp`, or None."""
         for segment in self._segments:
             if segment.max_timestamp_and_offset()[0] < timestamp:
@@ -377,10 +445,10 @@ class Log:
                     continue
                 for record in self._records_of(segment, header):
                     if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
-                        return TimestampOffset(record.timestamp, record.offset)
+                        return OffsetAndTimestamp(record.offset, record.timestamp)
         return None
 
-    def max_timestamp_offset(self) -> TimestampOffset | None:
+    def max_timestamp_offset(self) -> OffsetAndTimestamp | None:
         """ListOffsets MAX_TIMESTAMP (-3): the first record carrying the largest timestamp; None if empty."""
         best = None
         for segment in self._segments:
@@ -393,8 +461,8 @@ class Log:
         header = segment.find(batch_offset)
         for record in self._records_of(segment, header):
             if record.timestamp == timestamp:
-                return TimestampOffset(timestamp, record.offset)
-        return TimestampOffset(timestamp, header.base_offset)
+                return OffsetAndTimestamp(record.offset, timestamp)
+        return OffsetAndTimestamp(header.base_offset, timestamp)
 
     @staticmethod
     def _records_of(segment: LogSegment, header: BatchHeader):
@@ -402,6 +470,51 @@ class Log:
         return decode_batch(data, header._replace(position=0))
 
     # -- truncation, flush, lifecycle ----------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: raise the log start offset to `offset` (at most the HW) and drop the
+        segments wholly below it. Returns the new log start offset."""
+        if offset > self.high_watermark or offset < 0:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range,
+                f"cannot delete records before {offset}: high watermark is {self.high_watermark}",
+            )
+        if offset > self.log_start_offset:
+            self._advance_log_start(offset)
+        return self.log_start_offset
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete the oldest segments past retention.ms or beyond retention.bytes, like Kafka:
+        oldest first, stopping at the first one that must stay, never the active segment and
+        never data above the HW. Returns how many segments went."""
+        config = self.config
+        if "delete" not in config["cleanup.policy"]:
+            return 0
+        retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
+        excess = sum(s.size for s in self._segments) - retention_bytes if retention_bytes >= 0 else 0
+        deleted = 0
+        for segment, next_base in zip(self._segments, self._bases[1:]):
+            if next_base > self.high_watermark:
+                break
+            largest = segment.max_timestamp_and_offset()[0]
+            if largest < 0:  # no record timestamps: fall back to the file's age, as Kafka does
+                largest = int(segment.log_path.stat().st_mtime * 1000)
+            expired = retention_ms >= 0 and now_ms - largest > retention_ms
+            oversized = excess - segment.size >= 0 and retention_bytes >= 0
+            if not (expired or oversized):
+                break
+            excess -= segment.size
+            deleted += 1
+        if deleted:
+            self._advance_log_start(self._bases[deleted])
+        return deleted
+
+    def _advance_log_start(self, offset: int) -> None:
+        self.log_start_offset = offset
+        while len(self._segments) > 1 and self._bases[1] <= offset:
+            self._segments.pop(0).delete()
+            self._bases.pop(0)
+        self.producer_state.on_log_start_offset(offset)
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of
@@ -446,6 +559,16 @@ class Log:
         self._unflushed_messages = 0
         if now_ms is not None:
             self._last_flush_ms = now_ms
+
+    def flush_if_due(self, now_ms: int) -> None:
+        """flush.ms for a partition that stopped receiving appends; called by the manager's tick."""
+        if self._leo > self.recovery_point and now_ms - self._last_flush_ms >= self.config["flush.ms"]:
+            self.flush(now_ms)
+
+    def remove_expired_producers(self, now_ms: int) -> None:
+        """producer.id.expiration.ms; a state not loaded yet is expired when it is."""
+        if self._producer_state is not None:
+            self._producer_state.remove_expired(now_ms)
 
     def close(self) -> None:
         """Flush, trim the indexes, snapshot producer state: the next start needs no recovery."""

@@ -21,9 +21,10 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ..config import BrokerConfig, TopicConfig
 from ..errors import ConfigError, ErrorCode, KafkaError
@@ -40,6 +41,10 @@ TOPICS_DIR = ".topics"
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _PARTITION_DIR = re.compile(r"(.+)-(\d+)")
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class TopicInfo(NamedTuple):
@@ -113,12 +118,15 @@ def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
 class LogManager:
     """Owns every Log under `data_dir` and the durable topic catalog."""
 
-    def __init__(self, data_dir: Path | str, broker_config: BrokerConfig, *, now_ms: int = 0):
+    def __init__(
+        self, data_dir: Path | str, broker_config: BrokerConfig, *, clock: Callable[[], int] = _wall_clock_ms
+    ):
         self.data_dir = Path(data_dir)
         self.broker_config = broker_config
         self.topics: dict[str, TopicInfo] = {}
         self.logs: dict[tuple[str, int], Log] = {}
-        self._now_ms = now_ms
+        self._clock = clock
+        self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -159,7 +167,7 @@ class LogManager:
                     recovery_point=recovery_points.get(key),
                     log_start_offset=start_offsets.get(key, 0),
                     clean_shutdown=clean,
-                    now_ms=self._now_ms,
+                    now_ms=self._clock(),
                 )
         if clean:
             # From here on a crash must be noticed: the marker's removal has to be durable.
@@ -217,7 +225,8 @@ class LogManager:
             if existing.replace(".", "_") == collision_key:
                 raise KafkaError(
                     ErrorCode.invalid_topic_exception,
-                    f"topic {name!r} collides with existing topic {existing!r} ('.' and '_' are interchangeable in metric names)",
+                    f"topic {name!r} collides with existing topic {existing!r} "
+                    "('.' and '_' are interchangeable in metric names)",
                 )
         if partitions < 1:
             raise KafkaError(ErrorCode.invalid_partitions, "number of partitions must be at least 1")
@@ -226,7 +235,8 @@ class LogManager:
         if validate_only:
             return info
         new_logs = {
-            (name, p): Log(self._partition_dir(name, p), config, now_ms=self._now_ms) for p in range(partitions)
+            (name, p): Log(self._partition_dir(name, p), config, now_ms=self._clock())
+            for p in range(partitions)
         }
         _fsync_dir(self.data_dir)
         self._write_topic(info)
@@ -255,7 +265,7 @@ class LogManager:
         if validate_only:
             return updated
         for p in range(info.partitions, total):
-            self.logs[(name, p)] = Log(self._partition_dir(name, p), info.config, now_ms=self._now_ms)
+            self.logs[(name, p)] = Log(self._partition_dir(name, p), info.config, now_ms=self._clock())
         _fsync_dir(self.data_dir)
         self._write_topic(updated)
         self.topics[name] = updated
@@ -297,6 +307,23 @@ class LogManager:
         write_offset_checkpoint(
             self.data_dir / LOG_START_OFFSET_FILE, {k: v.log_start_offset for k, v in self.logs.items()}
         )
+
+    def tick(self, now_ms: int) -> None:
+        """Time-driven duties, called about once a second: flush.ms, the recovery-point
+        checkpoint (log.flush.offset.checkpoint.interval.ms), retention and producer id expiry."""
+        for log_ in self.logs.values():
+            log_.flush_if_due(now_ms)
+        if now_ms - self._last_checkpoint_ms >= self.broker_config["log.flush.offset.checkpoint.interval.ms"]:
+            self.checkpoint()
+            self._last_checkpoint_ms = now_ms
+        if now_ms - self._last_expiry_check_ms >= self.broker_config["producer.id.expiration.check.interval.ms"]:
+            for log_ in self.logs.values():
+                log_.remove_expired_producers(now_ms)
+            self._last_expiry_check_ms = now_ms
+        if now_ms - self._last_retention_check_ms >= self.broker_config["log.retention.check.interval.ms"]:
+            for log_ in self.logs.values():
+                log_.apply_retention(now_ms)
+            self._last_retention_check_ms = now_ms
 
     def flush_all(self) -> None:
         for log_ in self.logs.values():

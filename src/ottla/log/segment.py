@@ -8,11 +8,14 @@ Files open lazily so a cleanly shut down broker can load thousands of segments w
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..errors import ErrorCode, KafkaError
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc, read_header
 from .index import OffsetIndex, TimeIndex
+from .txn_index import TransactionIndex, index_path
 
 __all__ = ["LogSegment", "segment_name"]
 
@@ -20,6 +23,15 @@ __all__ = ["LogSegment", "segment_name"]
 _SCAN_CHUNK = 64 * 1024
 # Bigger chunks for recovery, which reads whole batches to check their CRCs.
 _RECOVERY_CHUNK = 4 * 1024 * 1024
+
+_BASE_AND_LENGTH = struct.Struct(">qi")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23
+
+
+def _last_offset(buf, position: int) -> int:
+    base_offset = _BASE_AND_LENGTH.unpack_from(buf, position)[0]
+    return base_offset + _LAST_OFFSET_DELTA.unpack_from(buf, position + _LAST_OFFSET_DELTA_AT)[0]
 
 
 def segment_name(base_offset: int) -> str:
@@ -42,6 +54,14 @@ class LogSegment:
         # (max timestamp, base offset of the batch carrying it); loaded lazily from the time index.
         self._max_timestamp: tuple[int, int] | None = None
         self._first_timestamp: int | None = None
+        self._txn_index: TransactionIndex | None = None
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        """Opened on first use: most segments never hold an aborted transaction."""
+        if self._txn_index is None:
+            self._txn_index = TransactionIndex(index_path(self.log_path.parent, self.base_offset), self.base_offset)
+        return self._txn_index
 
     # -- files -------------------------------------------------------------------------------
 
@@ -51,15 +71,23 @@ class LogSegment:
             self._size = os.fstat(self._fd).st_size
         return self._fd
 
+    def create(self) -> None:
+        """Create the .log and empty index files; indexes are mapped only once they get entries."""
+        self._open()
+        for path in (self.offset_index.path, self.time_index.path):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+
     @property
     def size(self) -> int:
         self._open()
         return self._size
 
     def flush(self) -> None:
-        """fsync the .log and both indexes."""
+        """fsync the .log and its indexes."""
         if self._fd >= 0:
             os.fsync(self._fd)
+        if self._txn_index is not None:
+            self._txn_index.flush()
         if self.offset_index.is_open:
             self.offset_index.flush()
         if self.time_index.is_open:
@@ -69,6 +97,8 @@ class LogSegment:
         """The segment stops being active: record its final max timestamp, trim and fsync everything."""
         if self._fd >= 0:
             os.fsync(self._fd)
+        if self._txn_index is not None:
+            self._txn_index.flush()
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
         self.offset_index.close()
@@ -76,6 +106,8 @@ class LogSegment:
 
     def close(self) -> None:
         self.seal()
+        if self._txn_index is not None:
+            self._txn_index.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -86,6 +118,7 @@ class LogSegment:
             self._fd = -1
         self.offset_index.delete()
         self.time_index.delete()
+        self.txn_index.delete()
         self.log_path.unlink(missing_ok=True)
 
     # -- append ------------------------------------------------------------------------------
@@ -94,10 +127,14 @@ class LogSegment:
         """Write already patched batches in one write and add index entries every interval bytes."""
         fd = self._open()
         start = self._size
-        with memoryview(data) as view:
-            written = os.write(fd, view)
-            while written < len(view):  # regular files only write short on ENOSPC-like trouble
-                written += os.write(fd, view[written:])
+        try:
+            with memoryview(data) as view:
+                written = os.write(fd, view)
+                while written < len(view):  # regular files only write short when the disk fills
+                    written += os.write(fd, view[written:])
+        except OSError as exc:
+            os.ftruncate(fd, start)  # never leave a torn batch behind a live log
+            raise KafkaError(ErrorCode.kafka_storage_error, f"write to {self.log_path} failed: {exc}") from exc
         max_ts = self.max_timestamp_and_offset()
         for header in headers:
             if header.max_timestamp > max_ts[0]:
@@ -163,22 +200,33 @@ class LogSegment:
 
     def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> bytes:
         """Whole batches from `position`: at most `max_bytes` (but one batch at least when asked),
-        none whose last offset reaches `max_offset`."""
+        none whose last offset reaches `max_offset`.
+
+        Only base offsets and lengths are unpacked per batch: base offsets ascend, so just the
+        last batch kept can straddle `max_offset`, and only its last offset is checked.
+        """
         fd = self._open()
         available = self._size - position
         data = os.pread(fd, min(max_bytes, available), position)
+        length = len(data)
         end = 0
-        while len(data) - end >= HEADER_SIZE:
-            header = read_header(data, end)
-            if header.last_offset >= max_offset or end + header.size > len(data):
+        last = -1
+        while length - end >= HEADER_SIZE:
+            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end)
+            size = batch_length + LOG_OVERHEAD
+            if base_offset >= max_offset or size < HEADER_SIZE or end + size > length:
                 break
-            end += header.size
+            last = end
+            end += size
+        if last >= 0 and _last_offset(data, last) >= max_offset:
+            end = last
         if end == 0 and min_one_batch and available >= HEADER_SIZE:
-            header = read_header(data if len(data) >= HEADER_SIZE else os.pread(fd, HEADER_SIZE, position))
-            if header.last_offset >= max_offset:
+            first = data if length >= HEADER_SIZE else os.pread(fd, HEADER_SIZE, position)
+            if _last_offset(first, 0) >= max_offset:
                 return b""
-            return data[: header.size] if len(data) >= header.size else os.pread(fd, header.size, position)
-        return data if end == len(data) else data[:end]
+            size = _BASE_AND_LENGTH.unpack_from(first, 0)[1] + LOG_OVERHEAD
+            return data[:size] if length >= size else os.pread(fd, size, position)
+        return data if end == length else data[:end]
 
     # -- truncation and recovery -------------------------------------------------------------
 
@@ -192,6 +240,7 @@ class LogSegment:
         self._size = header.position
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)
+        self.txn_index.truncate_to(header.base_offset)
         self._max_timestamp = None
         self._first_timestamp = None
         self._bytes_since_index = 0
@@ -208,9 +257,12 @@ class LogSegment:
                 max_ts = (header.max_timestamp, header.base_offset)
         self._max_timestamp = max_ts
 
-    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> tuple[int, int]:
-        """Validate every batch (length, magic, CRC, ascending offsets), rebuild both indexes,
-        and cut the file at the first bad batch. Returns (next offset, bytes truncated).
+    def recover(self, on_batch: Callable[[BatchHeader, bytes, int], None] | None = None) -> tuple[int, int]:
+        """Validate every batch (length, magic, CRC, ascending offsets), rebuild the offset and
+        time indexes, and cut the file at the first bad batch. Returns (next offset, bytes cut).
+
+        `on_batch(header, chunk, position_in_chunk)` sees each intact batch in order (the
+        header carries its file position), so the log can rebuild producer state alongside.
         """
         fd = self._open()
         file_size = self._size
@@ -249,7 +301,7 @@ class LogSegment:
                 header = header._replace(position=offset)
                 self._account(header, position)
                 if on_batch is not None:
-                    on_batch(header._replace(position=position + offset))
+                    on_batch(header._replace(position=position + offset), chunk, offset)
                 next_offset = header.base_offset + header.last_offset_delta + 1
                 offset += size
             position += offset

@@ -166,7 +166,9 @@ def decode_batch(buf, header: BatchHeader | None = None) -> list[Record]:
     try:
         return _decode_records(data, header)
     except (IndexError, ValueError, UnicodeDecodeError) as exc:
-        raise KafkaError(ErrorCode.corrupt_message, f"malformed record in batch at offset {header.base_offset}: {exc}") from None
+        raise KafkaError(
+            ErrorCode.corrupt_message, f"malformed record in batch at offset {header.base_offset}: {exc}"
+        ) from None
 
 
 def _decode_bytes(data, position: int) -> tuple[bytes | None, int]:

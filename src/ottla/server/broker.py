@@ -15,7 +15,10 @@ import uuid
 from pathlib import Path
 
 from ..config import BrokerConfig
+from ..coordinator.group.service import GroupService
 from ..log.manager import LogManager
+from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
+from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
 from .handlers import load_handlers
 from .network import Connection
@@ -60,6 +63,9 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
+        self.authorizer = AllowAllAuthorizer()
+        self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
+        self.groups = GroupService(self, now_ms)
         self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -72,6 +78,7 @@ class Broker:
     # lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        await self.groups.start()
         self._server = await loop.create_server(
             lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
         )
@@ -87,6 +94,7 @@ class Broker:
             self._server.close()
         for task in self._duties:
             task.cancel()
+        self.groups.stop()
         for connection in list(self.connections):
             connection.close()
         self.logs.close()

@@ -24,5 +24,10 @@ class RequestContext:
         return response_schema(self.api_key, self.api_version)
 
     @property
+    def principal(self) -> str:
+        """Without SASL every client is Kafka's anonymous user."""
+        return "User:ANONYMOUS"
+
+    @property
     def client_id(self) -> str | None:
         return getattr(self.header, "client_id", None)

@@ -52,10 +52,7 @@ class ReadOptions:
     include_headers: bool
     fail_on_data_loss: bool
     poll_timeout_s: float
-
-    @property
-    def read_committed(self) -> bool:
-        return self.client.get("isolation.level", "read_committed") == "read_committed"
+    read_committed: bool
 
 
 @dataclass(frozen=True)
@@ -93,12 +90,14 @@ def client_config(options: Mapping[str, str], owned: set[str]) -> dict[str, str]
 def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     _reject_unknown(options, _READ_OPTIONS)
     client = client_config(options, _READER_OWNED)
-    client.setdefault("isolation.level", "read_committed")
-    if client["isolation.level"] not in ("read_committed", "read_uncommitted"):
+    # Kept apart from the client settings: the driver's admin client would warn about a consumer property.
+    isolation = client.pop("isolation.level", "read_committed")
+    if isolation not in ("read_committed", "read_uncommitted"):
         raise OptionError("option 'kafka.isolation.level' must be 'read_committed' or 'read_uncommitted', "
-                          f"not {client['isolation.level']!r}")
+                          f"not {isolation!r}")
     return ReadOptions(
         client=client,
+        read_committed=isolation == "read_committed",
         subscription=_subscription(options),
         starting=_offsets_option(options, "startingOffsets", allowed=("earliest", "latest"),
                                  sentinels=(EARLIEST, LATEST)),

@@ -142,6 +142,8 @@ def _write_exactly_once(batches: Iterator, options: WriteOptions) -> TaskResult:
     try:
         done = marker.committed([TopicPartition(options.marker_topic, 0)], options.timeout_s)[0].offset
         if done > batch_id:
+            for _ in batches:  # Spark streams the input to the worker; read it all before returning
+                pass
             return TaskResult(partition, 0, already_written=True)
         producer.begin_transaction()
         try:

@@ -148,6 +148,7 @@ def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> It
     consumer = Consumer({
         "group.id": "ottla-spark-reader",  # required by the client; never joined, nothing is committed
         **options.client,
+        "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "error",
@@ -160,7 +161,9 @@ def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> It
     try:
         while position < rng.end:
             before = position
-            for msg in consumer.consume(num_messages=_ROWS_PER_ARROW_BATCH, timeout=1.0):
+            # Ask for no more than the range still holds: consume() returns as soon as it has that many.
+            wanted = min(_ROWS_PER_ARROW_BATCH, rng.end - position)
+            for msg in consumer.consume(num_messages=wanted, timeout=0.5):
                 error = msg.error()
                 if error is None:
                     if msg.offset() >= rng.end:

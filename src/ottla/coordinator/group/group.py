@@ -261,15 +261,10 @@ class Group:
 
     def init_next_generation(self, now_ms: int) -> None:
         self.generation_id += 1
-        if self.members:
-            self.protocol_name = self.select_protocol()
-            self.subscribed_topics = self._compute_subscribed_topics()
-            self.transition_to(GroupState.COMPLETING_REBALANCE, now_ms)
-        else:
-            self.protocol_name = None
-            self.subscribed_topics = self._compute_subscribed_topics()
-            self.transition_to(GroupState.EMPTY, now_ms)
+        self.protocol_name = self.select_protocol() if self.members else None
+        self.subscribed_topics = self.compute_subscribed_topics()
         self.pending_sync_members.clear()
+        self.transition_to(GroupState.COMPLETING_REBALANCE if self.members else GroupState.EMPTY, now_ms)
 
     def current_member_metadata(self) -> tuple[JoinedMember, ...]:
         """What the leader's JoinGroup response lists: every member's metadata for the chosen protocol."""
@@ -279,7 +274,7 @@ class Group:
             for m in self.members.values()
         )
 
-    def _compute_subscribed_topics(self) -> set[str] | None:
+    def compute_subscribed_topics(self) -> set[str] | None:
         """What the members consume, so offsets of those topics are neither expired nor deleted."""
         if self.protocol_type != CONSUMER_PROTOCOL_TYPE:
             return None

@@ -187,7 +187,7 @@ class TransactionCoordinator:
         for transactional_id, value in decode_records(records).items():
             part.txns[transactional_id] = TxnMetadata.from_log(transactional_id, value)
         part.loading = False
-        log.info("loaded %d transactional ids from %s-%d (coordinator epoch %d)",
+        log.debug("loaded %d transactional ids from %s-%d (coordinator epoch %d)",
                  len(part.txns), TRANSACTION_STATE_TOPIC, part.index, part.coordinator_epoch)
         for meta in list(part.txns.values()):
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
@@ -204,17 +204,14 @@ class TransactionCoordinator:
 
     # InitProducerId -----------------------------------------------------------------
 
-    def init_producer_id(self, transactional_id: str | None, timeout_ms: int,
+    def init_producer_id(self, transactional_id: str, timeout_ms: int,
                          expected: tuple[int, int] | None, now_ms: int,
                          respond: Callable[[InitProducerIdResult], None]) -> None:
         """Hand out the producer id and a new epoch for `transactional_id`.
 
         `expected` is the (producer id, epoch) a KIP-360 client already holds, or None.
-        A null id is an idempotent producer: a fresh producer id at epoch 0, nothing stored.
+        (Idempotent producers, without a transactional id, never reach the coordinator.)
         """
-        if transactional_id is None:
-            respond(InitProducerIdResult(ErrorCode.none, self._next_producer_id(), 0))
-            return
         if not transactional_id:
             respond(InitProducerIdResult(ErrorCode.invalid_request))
             return
@@ -421,7 +418,12 @@ class TransactionCoordinator:
                 del part.txns[meta.transactional_id]
             on_done(ErrorCode.none)
 
-        self._store.append(part.index, encode_key(meta.transactional_id), value, durable)
+        try:
+            self._store.append(part.index, encode_key(meta.transactional_id), value, durable)
+        except BaseException:
+            # A store that fails without calling back must not leave the id blocked forever.
+            meta.abandon(snapshot)
+            raise
 
     # Timers ---------------------------------------------------------------------------
 

@@ -19,6 +19,19 @@ HANDLER_MODULES = [
     "incremental_alter_configs",
     "alter_configs",
     "describe_cluster",
+    "init_producer_id",
+    "describe_producers",
+    "find_coordinator",
+    "join_group",
+    "sync_group",
+    "heartbeat",
+    "leave_group",
+    "offset_commit",
+    "offset_fetch",
+    "list_groups",
+    "describe_groups",
+    "delete_groups",
+    "offset_delete",
 ]
 
 

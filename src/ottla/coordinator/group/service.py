@@ -1,0 +1,159 @@
+"""The asyncio edge of the group coordinator: `__consumer_offsets` as its store, and its timer.
+
+`GroupCoordinator` is a pure state machine; this module creates the compacted internal
+topic, hands the coordinator the topic's partitions as its `OffsetsStore`, loads them at
+start, runs `poll` on a short tick, and gives handlers a future to await for replies that
+wait (JoinGroup, SyncGroup, commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+from ...errors import ErrorCode, KafkaError
+from ...records.control import ABORT, COMMIT, control_type
+from ...records.records import Record, build_batch, iter_batches
+from .api import OnDurable, StoredRecord, StoredTxnMarker
+from .coordinator import GroupCoordinator
+from .records import OFFSETS_TOPIC
+
+if TYPE_CHECKING:
+    from ...server.broker import Broker
+
+log = logging.getLogger("ottla.group")
+
+_LOAD_CHUNK_BYTES = 1 << 20
+# Timers need no more precision than this: Kafka's own delayed operations are best effort.
+_TICK_S = 0.05
+
+
+def reply_future() -> tuple[asyncio.Future, Callable[[Any], None]]:
+    """A future and the `on_complete` callback that resolves it.
+
+    The callback ignores a future already done (its request was cancelled when the client
+    went away): the coordinator carries on with everyone else's replies either way.
+    """
+    future = asyncio.get_running_loop().create_future()
+
+    def resolve(value: Any) -> None:
+        if not future.done():
+            future.set_result(value)
+    return future, resolve
+
+
+class OffsetsLogStore:
+    """`OffsetsStore` over the broker's `__consumer_offsets` logs.
+
+    One node holds the only copy, so durable means fsynced; appends made in the same turn
+    of the event loop share one fsync per partition before anyone is answered.
+    """
+
+    def __init__(self, broker: "Broker", clock: Callable[[], int]):
+        self._broker = broker
+        self._clock = clock
+        self._waiting: dict[int, list[tuple[OnDurable, int]]] = {}
+
+    def append(self, partition: int, records: Sequence[tuple[bytes, bytes | None]], on_durable: OnDurable,
+               *, producer_id: int = -1, producer_epoch: int = -1) -> None:
+        now = self._clock()
+        batch = build_batch([Record(key, value, (), now) for key, value in records], producer_id=producer_id,
+                            producer_epoch=producer_epoch, is_transactional=producer_id >= 0, now_ms=now)
+        try:
+            result = self._broker.append(OFFSETS_TOPIC, partition, batch, now=now, origin="coordinator")
+        except KafkaError as exc:
+            on_durable(exc.code, -1)
+            return
+        if not self._waiting:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._waiting.setdefault(partition, []).append((on_durable, result.base_offset))
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for partition, callbacks in waiting.items():
+            error = ErrorCode.none
+            try:
+                self._broker.logs.get_log(OFFSETS_TOPIC, partition).flush(self._clock())
+            except KafkaError as exc:
+                error = exc.code
+            except OSError:
+                log.exception("fsync of %s-%d failed", OFFSETS_TOPIC, partition)
+                error = ErrorCode.kafka_storage_error
+            for on_durable, base_offset in callbacks:
+                on_durable(error, base_offset if error == ErrorCode.none else -1)
+
+    def load(self, partition: int) -> Iterator[StoredRecord | StoredTxnMarker]:
+        partition_log = self._broker.logs.get_log(OFFSETS_TOPIC, partition)
+        end = partition_log.log_end_offset
+        offset = partition_log.log_start_offset
+        while offset < end:
+            data = partition_log.read(offset, _LOAD_CHUNK_BYTES, max_offset=end).records
+            batches = list(iter_batches(data))
+            if not batches:
+                break
+            for header, records in batches:
+                if header.is_control:
+                    kind = control_type(records[0].key) if records else None
+                    if kind in (ABORT, COMMIT):
+                        yield StoredTxnMarker(header.base_offset, header.producer_id, kind == COMMIT)
+                else:
+                    producer_id = header.producer_id if header.is_transactional else -1
+                    for record in records:
+                        if record.key is not None:
+                            yield StoredRecord(record.offset, record.key, record.value, producer_id)
+                offset = header.last_offset + 1
+
+
+class GroupService:
+    """Creates `__consumer_offsets`, loads every partition (one node leads them all) and
+    runs the coordinator's timers."""
+
+    def __init__(self, broker: "Broker", clock: Callable[[], int]):
+        self._broker = broker
+        self._clock = clock
+        self.coordinator = GroupCoordinator(broker.config, OffsetsLogStore(broker, clock))
+        self._timer: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        config = self._broker.config
+        logs = self._broker.logs
+        if OFFSETS_TOPIC not in logs.topics:
+            logs.create_topic(OFFSETS_TOPIC, config["offsets.topic.num.partitions"], {
+                "cleanup.policy": "compact",
+                "compression.type": "producer",
+                "segment.bytes": config["offsets.topic.segment.bytes"],
+            })
+        partitions = logs.topics[OFFSETS_TOPIC].partitions
+        if partitions != self.coordinator.num_partitions:
+            # Kafka refuses too: groups would be looked up in the wrong partitions.
+            raise RuntimeError(f"{OFFSETS_TOPIC} has {partitions} partitions but "
+                               f"offsets.topic.num.partitions is {self.coordinator.num_partitions}")
+        for partition in range(partitions):
+            self.coordinator.load_partition(partition, self._clock())
+        log.info("loaded %d groups from %s", len(self.coordinator.list_groups().groups), OFFSETS_TOPIC)
+        self._timer = asyncio.get_running_loop().create_task(self._run_timer())
+
+    async def _run_timer(self) -> None:
+        while True:
+            try:
+                self.coordinator.poll(self._clock())
+            except Exception:
+                # A bug must not stop every other group's session and rebalance timers for good.
+                log.exception("group coordinator timer failed")
+            await asyncio.sleep(_TICK_S)
+
+    def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int] | None = None) -> None:
+        """A COMMIT/ABORT marker is in these `__consumer_offsets` partitions (None: all of them)."""
+        if partitions is None:
+            partitions = range(self.coordinator.num_partitions)
+        self.coordinator.complete_txn(producer_id=producer_id, partitions=partitions, commit=commit,
+                                      now_ms=self._clock())
+
+    def stop(self) -> None:
+        """Answer waiting members NOT_COORDINATOR so they find the coordinator again after a restart."""
+        if self._timer is not None:
+            self._timer.cancel()
+        now = self._clock()
+        for partition in range(self.coordinator.num_partitions):
+            self.coordinator.unload_partition(partition, now)

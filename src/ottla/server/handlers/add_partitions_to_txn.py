@@ -1,0 +1,52 @@
+"""AddPartitionsToTxn (client versions): enlist partitions in the producer's transaction.
+
+Versions 4+ batch several transactions and are for brokers (KIP-890 verification); on one
+node the produce path asks the coordinator directly, so they are not served.
+"""
+
+from datetime import timedelta
+
+from ...coordinator.transaction.handler_support import answer_later, authorized
+from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
+from ...protocol.build import make, nested
+from ..clock import now_ms
+
+API_KEY = 24
+VERSIONS = (0, 3)
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    transactional_id = request.v3_and_below_transactional_id
+    wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
+    if not authorized(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+        errors = {tp: ErrorCode.transactional_id_authorization_failed for tp in wanted}
+    else:
+        # Kafka adds nothing when any partition is refused: those get their error, the
+        # others OPERATION_NOT_ATTEMPTED.
+        refused = {tp: ErrorCode.topic_authorization_failed for tp in wanted
+                   if not authorized(ctx, Operation.WRITE, ResourceType.TOPIC, tp[0])}
+        refused.update({tp: ErrorCode.unknown_topic_or_partition for tp in wanted
+                        if tp not in refused and broker.find_log(*tp) is None})
+        if refused:
+            errors = {tp: refused.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
+        else:
+            future, respond = answer_later()
+            broker.transactions.coordinator.add_partitions(
+                transactional_id, request.v3_and_below_producer_id, request.v3_and_below_producer_epoch,
+                wanted, now_ms(), respond)
+            error = await future
+            if error is ErrorCode.producer_fenced and ctx.api_version < 2:
+                error = ErrorCode.invalid_producer_epoch
+            errors = {tp: error for tp in wanted}
+
+    response_type = ctx.response_type
+    topic_type = nested(response_type, "AddPartitionsToTxnTopicResult")
+    partition_type = nested(response_type, "AddPartitionsToTxnPartitionResult")
+    by_topic: dict[str, list] = {}
+    for (topic, partition), error in errors.items():
+        by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition,
+                                                   partition_error_code=error))
+    return make(response_type, throttle_time=timedelta(0), results_by_topic_v3_and_below=tuple(
+        make(topic_type, name=topic, results_by_partition=tuple(results)) for topic, results in by_topic.items()))

@@ -1,0 +1,67 @@
+"""OffsetCommit: answered per partition once the offsets are durable in `__consumer_offsets`."""
+
+from datetime import timedelta
+
+from ...coordinator.group import OffsetCommit
+from ...coordinator.group.service import reply_future
+from ...errors import ErrorCode
+from ...protocol.build import make, nested
+from ..clock import now_ms
+
+API_KEY = 8
+# v0-v1 were removed in Kafka 4.0 (KIP-896). v2-v4 carry a retention time; v6 the leader
+# epoch; v7 static members; v9 GROUP_ID_NOT_FOUND for unknown groups; v10 topic ids.
+VERSIONS = (2, 10)
+
+_MS = timedelta(milliseconds=1)
+
+
+def topic_name(broker, topic, by_id: bool) -> str | None:
+    """The topic's name, resolving v10+ topic ids; None for an id no topic has."""
+    if not by_id:
+        return topic.name
+    info = broker.logs.topic_by_id(topic.topic_id)
+    return info.name if info is not None else None
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    by_id = ctx.api_version >= 10
+    topics = [(topic, topic_name(broker, topic, by_id)) for topic in request.topics]
+    offsets = {
+        (name, p.partition_index): OffsetCommit(p.committed_offset, getattr(p, "committed_leader_epoch", -1),
+                                                p.committed_metadata)
+        for topic, name in topics if name is not None
+        for p in topic.partitions if broker.find_log(name, p.partition_index) is not None
+    }
+    results = {}
+    if offsets:
+        retention = getattr(request, "retention_time", None)
+        future, respond = reply_future()
+        broker.groups.coordinator.commit_offsets(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            generation_id=request.generation_id_or_member_epoch,
+            offsets=offsets,
+            now_ms=now_ms(),
+            on_complete=respond,
+            retention_ms=-1 if retention is None else retention // _MS,
+        )
+        results = await future
+
+    response_type = ctx.response_type
+    topic_type = nested(response_type, "OffsetCommitResponseTopic")
+    partition_type = nested(response_type, "OffsetCommitResponsePartition")
+    unknown = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+    response_topics = []
+    for topic, name in topics:
+        partitions = []
+        for p in topic.partitions:
+            error = results.get((name, p.partition_index), unknown)
+            if error == ErrorCode.group_id_not_found and ctx.api_version < 9:
+                error = ErrorCode.illegal_generation
+            partitions.append(make(partition_type, partition_index=p.partition_index, error_code=error))
+        response_topics.append(make(topic_type, name=getattr(topic, "name", None),
+                                    topic_id=getattr(topic, "topic_id", None), partitions=tuple(partitions)))
+    return make(response_type, throttle_time=timedelta(0), topics=tuple(response_topics))

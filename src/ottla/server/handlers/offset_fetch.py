@@ -1,0 +1,73 @@
+"""OffsetFetch: committed offsets of one group (v1-v7) or several (v8+)."""
+
+from datetime import timedelta
+
+from ...errors import ErrorCode
+from ...protocol.build import make, nested
+from .offset_commit import topic_name
+
+API_KEY = 9
+# v0 was removed in Kafka 4.0 (KIP-896). v2: all partitions (null topics) and a group
+# error; v7: require_stable (KIP-447); v8: several groups; v10: topic ids.
+VERSIONS = (1, 10)
+
+
+def _fetch_group(ctx, group_id: str, requested, require_stable: bool, types: tuple) -> tuple[ErrorCode, tuple]:
+    """(group error, response topics) for one group; `requested` None asks for every partition."""
+    broker = ctx.broker
+    topic_type, partition_type = types
+    by_id = ctx.api_version >= 10
+    wanted = None
+    if requested is not None:
+        wanted = [(topic, topic_name(broker, topic, by_id)) for topic in requested]
+    partitions = None if wanted is None else [
+        (name, index) for topic, name in wanted if name is not None for index in topic.partition_indexes]
+    result = broker.groups.coordinator.fetch_offsets(group_id=group_id, partitions=partitions,
+                                                     require_stable=require_stable)
+    if result.error != ErrorCode.none and ctx.api_version >= 2:
+        return result.error, ()
+
+    def answer(name, index):
+        if result.error != ErrorCode.none:  # v1 has no group error: each partition carries it
+            return make(partition_type, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
+                        metadata="", error_code=result.error)
+        if name is None:
+            return make(partition_type, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
+                        metadata="", error_code=ErrorCode.unknown_topic_id)
+        fetched = result.offsets[(name, index)]
+        return make(partition_type, partition_index=index, committed_offset=fetched.offset,
+                    committed_leader_epoch=fetched.leader_epoch, metadata=fetched.metadata,
+                    error_code=fetched.error)
+
+    topics = []
+    if wanted is not None:
+        for topic, name in wanted:
+            topics.append(make(topic_type, name=getattr(topic, "name", None), topic_id=getattr(topic, "topic_id", None),
+                               partitions=tuple(answer(name, index) for index in topic.partition_indexes)))
+    else:
+        by_topic: dict[str, list[int]] = {}
+        for name, index in result.offsets:
+            by_topic.setdefault(name, []).append(index)
+        for name, indexes in by_topic.items():
+            info = broker.logs.topics.get(name)
+            if by_id and info is None:
+                continue  # a deleted topic has no id to report it under
+            topics.append(make(topic_type, name=name, topic_id=info.topic_id if info else None,
+                               partitions=tuple(answer(name, index) for index in sorted(indexes))))
+    return ErrorCode.none, tuple(topics)
+
+
+async def handle(ctx, request):
+    response_type = ctx.response_type
+    require_stable = getattr(request, "require_stable", False)
+    if ctx.api_version >= 8:
+        group_type = nested(response_type, "OffsetFetchResponseGroup")
+        types = (nested(response_type, "OffsetFetchResponseTopics"), nested(response_type, "OffsetFetchResponsePartitions"))
+        groups = []
+        for group in request.groups:
+            error, topics = _fetch_group(ctx, group.group_id, group.topics, require_stable, types)
+            groups.append(make(group_type, group_id=group.group_id, topics=topics, error_code=error))
+        return make(response_type, throttle_time=timedelta(0), groups=tuple(groups))
+    types = (nested(response_type, "OffsetFetchResponseTopic"), nested(response_type, "OffsetFetchResponsePartition"))
+    error, topics = _fetch_group(ctx, request.group_id, request.topics, require_stable, types)
+    return make(response_type, throttle_time=timedelta(0), topics=topics, error_code=error)

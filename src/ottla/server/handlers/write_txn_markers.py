@@ -1,0 +1,75 @@
+"""WriteTxnMarkers: the transaction coordinator asks a partition leader to end a transaction.
+
+Each marker becomes a COMMIT or ABORT control batch in every listed partition. The log's
+producer state checks it (a stale producer epoch is INVALID_PRODUCER_EPOCH, a stale
+coordinator epoch TRANSACTION_COORDINATOR_FENCED), then moves the LSO and indexes aborts.
+For `__consumer_offsets` the group coordinator is told too: the transaction's offsets become
+visible (commit) or are dropped (abort). Admin tools send it as well (KIP-664's abort of a
+hanging transaction), which is why the request needs ClusterAction.
+"""
+
+from ...coordinator.transaction.handler_support import authorized
+from ...errors import ErrorCode, KafkaError
+from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
+from ...protocol.build import make, nested
+from ...records.control import build_control_batch
+from ..clock import now_ms
+
+API_KEY = 27
+# v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
+VERSIONS = (1, 1)
+
+GROUP_METADATA_TOPIC = "__consumer_offsets"
+
+
+async def handle(ctx, request):
+    if not authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
+        return _response(ctx, [(marker.producer_id, [(topic.name, index, ErrorCode.cluster_authorization_failed)
+                                                     for topic in marker.topics for index in topic.partition_indexes])
+                               for marker in request.markers])
+    return write_markers(ctx, request)
+
+
+def write_markers(ctx, request):
+    """The request's work without the ACL check: the local coordinator calls it directly."""
+    broker = ctx.broker
+    results = []
+    for marker in request.markers:
+        commit = marker.transaction_result
+        offsets_partitions = []
+        outcomes = []
+        for topic in marker.topics:
+            for index in topic.partition_indexes:
+                error = ErrorCode.none
+                if broker.find_log(topic.name, index) is None:
+                    error = ErrorCode.unknown_topic_or_partition
+                else:
+                    now = now_ms()
+                    batch = build_control_batch(marker.producer_id, marker.producer_epoch,
+                                                marker.coordinator_epoch, commit, now)
+                    try:
+                        broker.append(topic.name, index, batch, now=now, origin="coordinator")
+                        if topic.name == GROUP_METADATA_TOPIC:
+                            offsets_partitions.append(index)
+                    except KafkaError as exc:
+                        error = exc.code
+                outcomes.append((topic.name, index, error))
+        if offsets_partitions:
+            broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)
+        results.append((marker.producer_id, outcomes))
+    return _response(ctx, results)
+
+
+def _response(ctx, results):
+    response_type = ctx.response_type
+    marker_type = nested(response_type, "WritableTxnMarkerResult")
+    topic_type = nested(response_type, "WritableTxnMarkerTopicResult")
+    partition_type = nested(response_type, "WritableTxnMarkerPartitionResult")
+    markers = []
+    for producer_id, outcomes in results:
+        by_topic: dict[str, list] = {}
+        for topic, index, error in outcomes:
+            by_topic.setdefault(topic, []).append(make(partition_type, partition_index=index, error_code=error))
+        markers.append(make(marker_type, producer_id=producer_id, topics=tuple(
+            make(topic_type, name=topic, partitions=tuple(partitions)) for topic, partitions in by_topic.items())))
+    return make(response_type, markers=tuple(markers))
