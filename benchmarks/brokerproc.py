@@ -4,7 +4,6 @@ outlives the benchmark (errors, Ctrl-C and SIGTERM included)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -131,11 +130,14 @@ class Ottla:
         assert self.proc is not None
         return self.children.stop(self.proc, timeout=30)
 
-    def log_tail(self, lines: int = 20) -> str:
+    def log_lines(self) -> list[str]:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace").splitlines()
         except OSError:
-            return "(no log)"
+            return []
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_lines()[-lines:]) or "(empty log)"
 
 
 class Mock:

@@ -18,13 +18,17 @@ bootstrap they would connect to the broker directly and bypass the proxy. Two wa
 Decisions are drawn from one ``random.Random`` per connection, seeded from ``seed`` and the
 connection's accept number, so a run replays the same faults for the same traffic.
 
-Example::
+Example, with Ottla advertising the proxy::
 
-    with FaultProxy(("127.0.0.1", broker_port), seed=7, rewrite_addresses=True) as proxy:
+    with FaultProxy(seed=7) as proxy:
+        broker = BrokerProcess(tmp_path / "data", extra_args=["--advertised", proxy.address]).start()
+        proxy.upstream = ("127.0.0.1", broker.port)
         proxy.drop_responses(0.2, api_key=PRODUCE)          # drop 20% of Produce responses
         producer = Producer({"bootstrap.servers": proxy.address, "enable.idempotence": True})
         ...
-        assert proxy.stats["dropped_responses"] > 0
+        assert proxy.stats["dropped_responses"] > 0 and proxy.errors == []
+
+(``BrokerProcess`` is ``ottla.testing.BrokerProcess``; stop it in a ``finally``.)
 """
 
 from __future__ import annotations

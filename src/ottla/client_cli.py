@@ -587,7 +587,8 @@ def produce(args: argparse.Namespace) -> int:
                 tally.fail(exc.args[0].str())
                 break
         producer.poll(0)
-    tally.failed += producer.flush(args.delivery_timeout + session.timeout)
+    undelivered = producer.flush(args.delivery_timeout + session.timeout)  # runs the callbacks
+    tally.failed += undelivered
     print(f"produced {tally.delivered} record(s) to {args.topic}, {tally.failed} failed", file=sys.stderr)
     if tally.failed:
         reason = tally.first_error or f"not delivered within {args.delivery_timeout:g}s"
@@ -653,6 +654,8 @@ def consume(args: argparse.Namespace) -> int:
     from confluent_kafka import TopicPartition
 
     render = compile_format(_consume_format(args))
+    if args.offset == OFFSET_STORED and args.group is None:
+        raise UsageError("-o stored needs --group: only a group has stored offsets")
     session = Session(args)
     consumer = session.consumer({
         # librdkafka insists on a group id; without --group nothing is ever committed under it.
@@ -672,11 +675,16 @@ def consume(args: argparse.Namespace) -> int:
             raise CommandFailed(f"topic {args.topic!r} has no partition {missing[0]}")
         assigned: set[tuple[str, int]] = set()
         if args.group is not None and not args.partition:
+            positioned: set[tuple[str, int]] = set()
+
             def on_assign(consumer, partitions):
                 assigned.update((tp.topic, tp.partition) for tp in partitions)
                 if args.offset is not None:
+                    # -o applies once per partition; after a rebalance, resume from the commit.
                     for tp in partitions:
-                        tp.offset = args.offset
+                        if (tp.topic, tp.partition) not in positioned:
+                            tp.offset = args.offset
+                    positioned.update(assigned)
                     consumer.assign(partitions)
 
             def on_revoke(consumer, partitions):
@@ -753,10 +761,12 @@ def groups_list(args: argparse.Namespace) -> int:
     admin = session.admin()
     result = session.wait(admin.list_consumer_groups(request_timeout=session.timeout),
                           "cannot list consumer groups")
-    if result.errors and not result.valid:
-        raise session.failure(KafkaException(result.errors[0]), "cannot list consumer groups")
-    for error in result.errors:
-        print(f"ottla: warning: {error.str() if hasattr(error, 'str') else error}", file=sys.stderr)
+    # Per-broker failures; documented as KafkaException, though some versions give KafkaError.
+    errors = [error.args[0] if isinstance(error, KafkaException) else error for error in result.errors]
+    if errors and not result.valid:
+        raise session.failure(KafkaException(errors[0]), "cannot list consumer groups")
+    for error in errors:
+        print(f"ottla: warning: {error.str()}", file=sys.stderr)
     _print_table(["GROUP", "STATE", "TYPE"],
                  [(g.group_id, g.state.name if g.state is not None else None,
                    g.type.name if g.type is not None else None)

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -131,6 +131,14 @@ def test_produce_to_chosen_partitions_and_consume_all(cli):
     assert missing.returncode == 1 and "topic 'spread' has no partition 7" in missing.err
 
 
+def test_delivery_failures_are_counted_and_fail_the_run(cli):
+    ok(cli("topics", "create", "tiny", "-c", "max.message.bytes=200"))
+    rejected = cli("produce", "tiny", "--acks", "all", input=b"x" * 1000 + b"\n")
+    assert rejected.returncode == 1
+    assert "produced 0 record(s) to tiny, 1 failed" in rejected.err
+    assert "ottla: first failure: Broker: Message size too large" in rejected.err
+
+
 def test_unknown_topic_is_reported(cli):
     for command in (["topics", "describe", "ghost"], ["topics", "alter-config", "ghost", "--set", "retention.ms=1"],
                     ["topics", "delete", "ghost"], ["produce", "ghost"], ["consume", "ghost", "-e"],
@@ -157,6 +165,7 @@ def test_broker_down_is_reported_quickly():
     (["topics", "alter-config", "t"], "give at least one --set"),
     (["consume", "t", "-f", "%z"], "unknown sequence '%z'"),
     (["consume", "t", "-o", "middle"], "expected beginning, end"),
+    (["consume", "t", "-o", "stored"], "-o stored needs --group"),
     (["produce", "t", "--acks", "2"], "invalid choice"),
     (["transactions", "abort", "--topic", "t", "--partition", "0"], "give --start-offset"),
     (["transactions", "abort", "--topic", "t", "--partition", "0", "--start-offset", "3",
@@ -244,17 +253,18 @@ def test_hanging_transaction_is_found_and_aborted(cli, ottla_broker):
     assert table(ok(cli("producers", "describe", "ledger")).out, "PARTITION")[0]["TXN-START-OFFSET"] == "-"
 
 
-class FakeLeader(socketserver.ThreadingTCPServer):
-    """Answers just enough protocol for `producers describe` and `transactions abort`.
+class FakeBroker(socketserver.ThreadingTCPServer):
+    """A one-node cluster answering only the transaction admin APIs, with one hanging transaction.
 
-    Stands in for broker APIs that have not landed yet, and records what the CLI sent.
+    It stands in for broker APIs that are still being written, and records what the CLI sent
+    so the tests can check the requests themselves.
     """
 
     daemon_threads = True
-    supported = {18: (0, 3), 3: (1, 12), 61: (0, 0), 27: (1, 1)}
 
     def __init__(self):
-        super().__init__(("127.0.0.1", 0), FakeLeaderConnection)
+        super().__init__(("127.0.0.1", 0), FakeBrokerConnection)
+        self.supported = {18: (0, 3), 3: (1, 12), 10: (1, 6), 27: (1, 1), 61: (0, 0), 65: (0, 0), 66: (0, 1)}
         self.received: list = []
 
     @property
@@ -264,41 +274,64 @@ class FakeLeader(socketserver.ThreadingTCPServer):
     def answer(self, api_key: int, version: int, body):
         self.received.append(body)
         schema = response_schema(api_key, version)
-        if api_key == 18:
-            entry = nested(schema, "ApiVersion")
-            return make(schema, error_code=ErrorCode.none, throttle_time=timedelta(0), api_keys=tuple(
-                make(entry, api_key=key, min_version=low, max_version=high)
-                for key, (low, high) in self.supported.items()))
-        if api_key == 3:
-            partition = make(nested(schema, "MetadataResponsePartition"), error_code=ErrorCode.none, partition_index=0,
-                             leader_id=0, leader_epoch=0, replica_nodes=(0,), isr_nodes=(0,),
-                             offline_replicas=())
-            topics = tuple(
-                make(nested(schema, "MetadataResponseTopic"), name=t.name, topic_id=uuid.uuid4(),
-                     error_code=ErrorCode.none if t.name == "ledger" else ErrorCode.unknown_topic_or_partition, is_internal=False,
-                     partitions=(partition,) if t.name == "ledger" else (), topic_authorized_operations=0)
-                for t in body.topics or ())
-            host, port = self.server_address
-            return make(schema, throttle_time=timedelta(0), cluster_id="fake", controller_id=0, topics=topics,
-                        brokers=(make(nested(schema, "MetadataResponseBroker"), node_id=0, host=host,
-                                      port=port, rack=None),))
-        if api_key == 61:
-            producer = make(nested(schema, "ProducerState"), producer_id=4000, producer_epoch=7,
-                            last_sequence=0, last_timestamp=1_700_000_000_000, coordinator_epoch=-1,
-                            current_txn_start_offset=5)
-            partition = make(nested(schema, "PartitionResponse"), partition_index=0, error_code=ErrorCode.none,
-                             error_message=None, active_producers=(producer,))
-            return make(schema, throttle_time=timedelta(0), topics=(
-                make(nested(schema, "TopicResponse"), name="ledger", partitions=(partition,)),))
-        marker = body.markers[0]
-        result = make(nested(schema, "WritableTxnMarkerPartitionResult"), partition_index=0,
-                      error_code=ErrorCode.none)
-        return make(schema, markers=(make(nested(schema, "WritableTxnMarkerResult"), producer_id=marker.producer_id,
-                                          topics=(make(nested(schema, "WritableTxnMarkerTopicResult"),
-                                                       name="ledger", partitions=(result,)),)),))
+        answer = getattr(self, f"answer_{api_key}")
+        return answer(schema, lambda entity, /, **values: make(nested(schema, entity), **values), body)
+
+    def answer_18(self, schema, part, body):  # ApiVersions
+        keys = tuple(part("ApiVersion", api_key=key, min_version=low, max_version=high)
+                     for key, (low, high) in self.supported.items())
+        return make(schema, error_code=ErrorCode.none, throttle_time=timedelta(0), api_keys=keys)
+
+    def answer_3(self, schema, part, body):  # Metadata: topic "ledger" with one partition
+        partition = part("MetadataResponsePartition", error_code=ErrorCode.none, partition_index=0,
+                         leader_id=0, leader_epoch=0, replica_nodes=(0,), isr_nodes=(0,), offline_replicas=())
+        topics = tuple(
+            part("MetadataResponseTopic", name=t.name, topic_id=uuid.uuid4(), is_internal=False,
+                 topic_authorized_operations=0, partitions=(partition,) if t.name == "ledger" else (),
+                 error_code=ErrorCode.none if t.name == "ledger" else ErrorCode.unknown_topic_or_partition)
+            for t in body.topics or ())
+        host, port = self.server_address
+        broker = part("MetadataResponseBroker", node_id=0, host=host, port=port, rack=None)
+        return make(schema, throttle_time=timedelta(0), cluster_id="fake", controller_id=0, topics=topics,
+                    brokers=(broker,))
+
+    def answer_10(self, schema, part, body):  # FindCoordinator: this node, for every key
+        host, port = self.server_address
+        return make(schema, throttle_time=timedelta(0), coordinators=tuple(
+            part("Coordinator", key=key, node_id=0, host=host, port=port, error_code=ErrorCode.none,
+                 error_message=None) for key in body.coordinator_keys))
+
+    def answer_61(self, schema, part, body):  # DescribeProducers
+        producer = part("ProducerState", producer_id=4000, producer_epoch=7, last_sequence=0,
+                        last_timestamp=1_700_000_000_000, coordinator_epoch=-1, current_txn_start_offset=5)
+        partition = part("PartitionResponse", partition_index=0, error_code=ErrorCode.none, error_message=None,
+                         active_producers=(producer,))
+        return make(schema, throttle_time=timedelta(0),
+                    topics=(part("TopicResponse", name="ledger", partitions=(partition,)),))
+
+    def answer_27(self, schema, part, body):  # WriteTxnMarkers
+        result = part("WritableTxnMarkerPartitionResult", partition_index=0, error_code=ErrorCode.none)
+        topic = part("WritableTxnMarkerTopicResult", name="ledger", partitions=(result,))
+        return make(schema, markers=tuple(part("WritableTxnMarkerResult", producer_id=m.producer_id,
+                                               topics=(topic,)) for m in body.markers))
+
+    def answer_66(self, schema, part, body):  # ListTransactions
+        state = part("TransactionState", transactional_id="stuck", producer_id=4000, transaction_state="Ongoing")
+        return make(schema, throttle_time=timedelta(0), error_code=ErrorCode.none, unknown_state_filters=(),
+                    transaction_states=(state,))
+
+    def answer_65(self, schema, part, body):  # DescribeTransactions
+        [transactional_id] = body.transactional_ids
+        known = transactional_id == "stuck"
+        state = part("TransactionState", transactional_id=transactional_id, transaction_state="Ongoing",
+                     error_code=ErrorCode.none if known else ErrorCode.transactional_id_not_found,
+                     transaction_timeout=timedelta(seconds=60), producer_id=4000, producer_epoch=7,
+                     transaction_start_time=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+                     topics=(part("TopicData", topic="ledger", partitions=(0,)),) if known else ())
+        return make(schema, throttle_time=timedelta(0), transaction_states=(state,))
 
 
-class FakeLeaderConnection(socketserver.BaseRequestHandler):
+class FakeBrokerConnection(socketserver.BaseRequestHandler):
     def handle(self):
         decoder = FrameDecoder(1 << 20)
         while data := self.request.recv(65536):
@@ -310,38 +343,54 @@ class FakeLeaderConnection(socketserver.BaseRequestHandler):
 
 
 @pytest.fixture
-def fake_leader():
-    server = FakeLeader()
+def fake_broker():
+    server = FakeBroker()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
     server.server_close()
 
 
-def test_abort_sends_the_marker_describe_producers_found(fake_leader):
+def test_abort_sends_the_marker_describe_producers_found(fake_broker):
     """The kafka-transactions.sh flow: DescribeProducers, then WriteTxnMarkers(ABORT) to the leader."""
-    described = ok(run_cli(fake_leader.bootstrap, "producers", "describe", "ledger"))
+    described = ok(run_cli(fake_broker.bootstrap, "producers", "describe", "ledger"))
     assert table(described.out, "PARTITION") == [{
         "PARTITION": "0", "PRODUCER-ID": "4000", "EPOCH": "7", "LAST-SEQUENCE": "0",
         "LAST-TIMESTAMP": "1700000000000", "COORDINATOR-EPOCH": "-1", "TXN-START-OFFSET": "5"}]
 
-    wrong = run_cli(fake_leader.bootstrap, "transactions", "abort", "--topic", "ledger", "--partition", "0",
+    wrong = run_cli(fake_broker.bootstrap, "transactions", "abort", "--topic", "ledger", "--partition", "0",
                     "--start-offset", "4")
     assert wrong.returncode == 1 and "no open transaction starts at offset 4 on ledger-0" in wrong.err
 
-    ok(run_cli(fake_leader.bootstrap, "transactions", "abort", "--topic", "ledger", "--partition", "0",
+    ok(run_cli(fake_broker.bootstrap, "transactions", "abort", "--topic", "ledger", "--partition", "0",
                "--start-offset", "5"))
-    [marker] = fake_leader.received[-1].markers
+    [marker] = fake_broker.received[-1].markers
     assert (marker.producer_id, marker.producer_epoch, marker.coordinator_epoch) == (4000, 7, 0)
     assert marker.transaction_result is False  # ABORT
     assert [(t.name, tuple(t.partition_indexes)) for t in marker.topics] == [("ledger", (0,))]
 
     explicit = ["transactions", "abort", "--topic", "ledger", "--partition", "0",
                 "--producer-id", "12", "--producer-epoch", "3", "--coordinator-epoch", "9"]
-    ok(run_cli(fake_leader.bootstrap, *explicit))
-    [marker] = fake_leader.received[-1].markers
+    ok(run_cli(fake_broker.bootstrap, *explicit))
+    [marker] = fake_broker.received[-1].markers
     assert (marker.producer_id, marker.producer_epoch, marker.coordinator_epoch) == (12, 3, 9)
 
-    unsupported = run_cli(fake_leader.bootstrap, "transactions", "list")
+
+def test_transactions_list_and_describe(fake_broker):
+    listed = ok(run_cli(fake_broker.bootstrap, "transactions", "list", "--state", "Ongoing"))
+    assert table(listed.out, "TRANSACTIONAL-ID") == [
+        {"TRANSACTIONAL-ID": "stuck", "PRODUCER-ID": "4000", "STATE": "Ongoing"}]
+    assert tuple(fake_broker.received[-1].state_filters) == ("Ongoing",)
+
+    described = fields(ok(run_cli(fake_broker.bootstrap, "transactions", "describe", "stuck")).out)
+    assert described == {
+        "TRANSACTIONAL-ID": "stuck", "COORDINATOR": f"0 ({fake_broker.bootstrap})", "STATE": "Ongoing",
+        "PRODUCER-ID": "4000", "PRODUCER-EPOCH": "7", "TIMEOUT-MS": "60000",
+        "START-TIME": "2026-01-02T03:04:05.000+00:00", "PARTITIONS": "ledger-0"}
+    unknown = run_cli(fake_broker.bootstrap, "transactions", "describe", "nobody")
+    assert (unknown.returncode, unknown.err) == (1, "ottla: transaction 'nobody' does not exist\n")
+
+    del fake_broker.supported[66]
+    unsupported = run_cli(fake_broker.bootstrap, "transactions", "list")
     assert unsupported.returncode == 1
-    assert unsupported.err == f"ottla: broker at {fake_leader.bootstrap} does not support ListTransactions\n"
+    assert unsupported.err == f"ottla: broker at {fake_broker.bootstrap} does not support ListTransactions\n"

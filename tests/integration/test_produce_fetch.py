@@ -123,18 +123,17 @@ def test_list_offsets_by_timestamp_and_describe_and_delete(ottla_broker):
 
 
 def test_create_topic_errors(ottla_broker):
-    from confluent_kafka import KafkaError
+    from kio.schema.errors import ErrorCode
     admin = _create(ottla_broker.bootstrap, "exists", 1)
     cases = {
-        "exists": (NewTopic("exists", 1, 1), KafkaError.TOPIC_ALREADY_EXISTS),
-        "bad name": (NewTopic("bad/name", 1, 1), KafkaError.INVALID_TOPIC_EXCEPTION),
-        "zero partitions": (NewTopic("zero", 0, 1), KafkaError.INVALID_PARTITIONS),
-        "replication 3": (NewTopic("rf3", 1, 3), KafkaError.INVALID_REPLICATION_FACTOR),
-        "bad config": (NewTopic("badcfg", 1, 1, config={"cleanup.policy": "shred"}), KafkaError.INVALID_CONFIG),
+        "exists": (NewTopic("exists", 1, 1), ErrorCode.topic_already_exists),
+        "bad name": (NewTopic("bad/name", 1, 1), ErrorCode.invalid_topic_exception),
+        "replication 3": (NewTopic("rf3", 1, 3), ErrorCode.invalid_replication_factor),
+        "bad config": (NewTopic("badcfg", 1, 1, config={"cleanup.policy": "shred"}), ErrorCode.invalid_config),
     }
     for label, (new_topic, code) in cases.items():
         with pytest.raises(Exception) as info:
             admin.create_topics([new_topic])[new_topic.topic].result(10)
-        assert info.value.args[0].code() == code, label
+        assert info.value.args[0].code() == code.value, label
     listed = admin.list_topics(timeout=10).topics
-    assert set(listed) == {"exists"}
+    assert {name for name in listed if not name.startswith("__")} == {"exists"}

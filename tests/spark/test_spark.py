@@ -76,7 +76,7 @@ def _failure(action) -> str:
     return str(caught.value)
 
 
-def test_bad_options_fail_at_query_start(spark, kafka):
+def test_bad_options_fail_at_query_start(spark, kafka, tmp_path):
     name, _ = topic(kafka, "opts")
     read = spark.read.format("ottla")
     assert "kafka.bootstrap.servers" in _failure(lambda: read.option("subscribe", name).load())
@@ -100,7 +100,7 @@ def test_bad_options_fail_at_query_start(spark, kafka):
         lambda: no_topic.write.format("ottla").options(**read_options(kafka)).mode("append").save())
     stream = spark.readStream.format("rate").load().select(lit(1).alias("value"))
     assert "column 'value' must be string or binary" in _failure(lambda: stream.writeStream.format("ottla").options(
-        **read_options(kafka, topic=name)).option("checkpointLocation", "/nonexistent").start().awaitTermination(60))
+        **read_options(kafka, topic=name)).option("checkpointLocation", str(tmp_path)).start().awaitTermination(60))
 
 
 # --- batch ---------------------------------------------------------------------------------------------

@@ -121,12 +121,23 @@ def test_roll_on_segment_ms_uses_record_time(tmp_path):
 
 
 def test_roll_when_the_offset_index_is_full(tmp_path):
-    log = Log(tmp_path / "t-0", config(index_interval_bytes=0, segment_index_bytes=24))  # 3 entries
-    for _ in range(6):
+    # 5 offset entries; equal timestamps add a single time index entry, so that one never fills
+    log = Log(tmp_path / "t-0", config(index_interval_bytes=0, segment_index_bytes=40))
+    for _ in range(8):
         log.append(batch(1), now_ms=0)
-    # entries are added for batches 1, 2, 3 (none for position 0); batch 4 finds the index full
-    assert [s.base_offset for s in log.segments] == [0, 4]
-    assert offsets_in(log.read(2, 1 << 20, max_offset=6).records) == [2, 3]
+    # entries are added for batches 1-5 (none for position 0); batch 6 finds the index full
+    assert [s.base_offset for s in log.segments] == [0, 6]
+    assert offsets_in(log.read(2, 1 << 20, max_offset=8).records) == [2, 3, 4, 5]
+
+
+def test_roll_when_the_time_index_is_full(tmp_path):
+    # 3 time index slots, full at 2 so the final entry still fits when the segment is sealed
+    log = Log(tmp_path / "t-0", config(index_interval_bytes=0, segment_index_bytes=36))
+    for i in range(6):
+        log.append(batch(1, ts=1_000 + i), now_ms=0)
+    assert [s.base_offset for s in log.segments] == [0, 3, 6][: len(log.segments)]
+    sealed = log.segments[0].time_index
+    assert sealed.last_entry() == (1_002, 2) and sealed.path.stat().st_size == 24
 
 
 def test_sparse_index_lookups(tmp_path):
@@ -422,3 +433,23 @@ def test_recovery_of_a_batch_larger_than_the_scan_chunk(tmp_path):
     recovered = Log(tmp_path / "t-0", cfg, recovery_point=0)  # as after a crash: full scan
     assert recovered.log_end_offset == 3
     assert offsets_in(recovered.read(1, 100, max_offset=3).records) == [1]
+
+
+def test_truncation_into_a_sealed_segment_survives_a_clean_restart(tmp_path):
+    cfg = config(segment_bytes=3_000, index_interval_bytes=200)
+    log = Log(tmp_path / "t-0", cfg)
+    for i in range(40):
+        log.append(batch(1, ts=i), now_ms=0)
+    assert len(log.segments) > 2
+    cut = log.segments[1].base_offset + 5
+    log.truncate_to(cut)
+    entries = log.active_segment.offset_index.entries
+    log.close()
+    index = tmp_path / "t-0" / f"{log.segments[-1].base_offset:020d}.index"
+    assert index.stat().st_size == entries * 8
+    reopened = Log(tmp_path / "t-0", cfg, recovery_point=cut, clean_shutdown=True)
+    assert reopened.append(batch(1, ts=100), now_ms=0).base_offset == cut
+    for target in range(cut + 1):
+        assert offsets_in(reopened.read(target, 1, max_offset=cut + 1).records) == [target]
+    assert reopened.offset_for_timestamp(cut - 1) == (cut - 1, cut - 1)
+    assert reopened.offset_for_timestamp(cut) == (cut, 100)

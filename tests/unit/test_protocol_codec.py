@@ -90,3 +90,19 @@ def test_encode_response_uses_header_v0_for_api_versions():
     assert size == len(frame) - 4 and correlation_id == 42
     body, body_size = entity_reader(ApiVersionsResponse)(frame, 8)  # header v0: no tagged fields
     assert body == response and 8 + body_size == len(frame)
+
+
+def test_decoder_receives_large_frames_into_their_own_buffer():
+    big = bytes(range(256)) * 4096  # 1 MiB, larger than the staging buffer
+    small = b"tail"
+    stream = struct.pack(">i", len(big)) + big + struct.pack(">i", len(small)) + small
+    decoder = FrameDecoder(2 << 20, staging_bytes=64 * 1024)
+    frames, offset = [], 0
+    while offset < len(stream):
+        target = decoder.get_buffer()
+        count = min(len(target), 10_000, len(stream) - offset)
+        target[:count] = stream[offset:offset + count]
+        offset += count
+        frames += decoder.buffer_updated(count)
+    assert [bytes(f) for f in frames] == [big, small]
+    assert decoder.buffered == 0

@@ -135,3 +135,10 @@ def test_control_record_key_too_short():
     with pytest.raises(KafkaError) as e:
         control_type(b"\x00")
     assert e.value.code == ErrorCode.corrupt_message
+
+
+def test_build_batch_takes_codec_names():
+    [h] = parse_batches(build_batch([Record(b"k", b"v" * 100, (), 1)], compression="lz4"))
+    assert h.compression == compression.LZ4
+    [h] = parse_batches(build_batch([Record(b"k", b"v", (), 1)], compression=None))
+    assert h.compression == compression.NONE

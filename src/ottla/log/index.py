@@ -47,8 +47,7 @@ class _Index:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             self.entries = os.fstat(self._fd).st_size // self.entry.size
         self._active = active
-        # One spare slot: sealing a full segment still appends its final time index entry.
-        capacity = max(self.entries, self.max_entries) + 1 if active else self.entries
+        capacity = max(self.entries, self.max_entries) if active else self.entries
         if active:
             os.ftruncate(self._fd, capacity * self.entry.size)
         if capacity:
@@ -68,12 +67,14 @@ class _Index:
             os.fsync(self._fd)
 
     def close(self) -> None:
-        """Trim to the real entries, fsync and release the file; a later use reopens it."""
+        """Trim an active index to its real entries and fsync it; release the file either way.
+        A later use reopens it."""
         if self._fd < 0:
             return
         self._unmap()
-        os.ftruncate(self._fd, self.entries * self.entry.size)
-        os.fsync(self._fd)
+        if self._active:
+            os.ftruncate(self._fd, self.entries * self.entry.size)
+            os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
         self._active = False
@@ -143,8 +144,17 @@ class OffsetIndex(_Index):
         relative, position = self.entry_at(slot)
         return self.base_offset + relative, position
 
+    def floor_position(self, position: int) -> int:
+        """Largest indexed batch position <= `position` (0 if none): a known batch boundary."""
+        slot = self._last_at_or_below(position, 1)
+        return self.entry_at(slot)[1] if slot >= 0 else 0
+
     def truncate_to(self, offset: int) -> None:
-        """Drop entries for batches starting at or after `offset`."""
+        """Drop entries for batches starting at or after `offset`.
+
+        Only the segment that becomes active is truncated, so the index is opened for writing
+        (and will be trimmed when it closes)."""
+        self.open(active=True)
         self.entries = self._last_at_or_below(offset - self.base_offset - 1, 0) + 1
 
     def is_sane(self, log_size: int) -> bool:
@@ -169,6 +179,11 @@ class TimeIndex(_Index):
     """(max timestamp so far, relative base offset of the batch holding it); timestamps ascend."""
 
     entry = struct.Struct(">qI")
+
+    @property
+    def is_full(self) -> bool:
+        """Full one entry early, like Kafka's: sealing a segment still appends its final entry."""
+        return self.entries >= self.max_entries - 1
 
     def last_entry(self) -> tuple[int, int] | None:
         """(timestamp, absolute offset) of the newest entry."""
@@ -199,7 +214,7 @@ class TimeIndex(_Index):
     def truncate_to(self, offset: int) -> None:
         """Drop entries pointing at batches at or after `offset` (offsets ascend with timestamps)."""
         relative = offset - self.base_offset
-        self._ensure_open()
+        self.open(active=True)
         while self.entries and self.entry_at(self.entries - 1)[1] >= relative:
             self.entries -= 1
 

@@ -202,14 +202,19 @@ class LogSegment:
         """Whole batches from `position`: at most `max_bytes` (but one batch at least when asked),
         none whose last offset reaches `max_offset`.
 
-        Only base offsets and lengths are unpacked per batch: base offsets ascend, so just the
-        last batch kept can straddle `max_offset`, and only its last offset is checked.
+        The offset index supplies a batch boundary that is both inside the byte limit and below
+        `max_offset`; only the batches after it are walked, unpacking just offset and length.
+        Base offsets ascend, so only the last batch kept can straddle `max_offset`.
         """
         fd = self._open()
         available = self._size - position
         data = os.pread(fd, min(max_bytes, available), position)
         length = len(data)
-        end = 0
+        boundary = min(
+            self.offset_index.floor_position(position + length),
+            self.offset_index.lookup(max_offset)[1],
+        )
+        end = max(0, boundary - position)
         last = -1
         while length - end >= HEADER_SIZE:
             base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end)

@@ -28,7 +28,7 @@ from .batch import (
     compute_crc,
     read_header,
 )
-from .compression import NONE, compress, decompress
+from .compression import CODEC_IDS, NONE, compress, decompress
 
 __all__ = ["Record", "build_batch", "decode_batch", "iter_batches", "encode_varint", "decode_varint"]
 
@@ -104,14 +104,21 @@ def build_batch(
     base_sequence: int = -1,
     is_transactional: bool = False,
     is_control: bool = False,
-    compression: int = NONE,
+    compression: int | str | None = None,
     timestamp_type: int = 0,
     partition_leader_epoch: int = -1,
     now_ms: int | None = None,
 ) -> bytes:
-    """Encode `records` as one v2 batch with a valid CRC; records without a timestamp get `now_ms`."""
+    """Encode `records` as one v2 batch with a valid CRC; records without a timestamp get `now_ms`.
+
+    `compression` is a codec id, a topic-config name ("gzip", "uncompressed", ...) or None.
+    """
     if not records:
         raise ValueError("a batch needs at least one record")
+    if compression is None:
+        compression = NONE
+    elif isinstance(compression, str):
+        compression = CODEC_IDS[compression]
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     timestamps = [r.timestamp if r.timestamp >= 0 else now_ms for r in records]

@@ -36,11 +36,11 @@ _MAX_QUEUED_REQUESTS = 64
 _connection_ids = itertools.count(1)
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: "Broker"):
         self.broker = broker
         self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"])
-        self.pending: deque[bytes] = deque()
+        self.pending: deque[bytes | memoryview] = deque()
         self.wakeup = asyncio.Event()
         self.writable = asyncio.Event()
         self.writable.set()
@@ -59,9 +59,12 @@ class Connection(asyncio.Protocol):
         self.broker.connections.add(self)
         self.worker = asyncio.get_running_loop().create_task(self._serve())
 
-    def data_received(self, data: bytes):
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int):
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.buffer_updated(nbytes)
         except ProtocolViolation as exc:
             self.close(f"protocol violation: {exc}")
             return

@@ -2,8 +2,8 @@
 
 `GroupCoordinator` is a pure state machine; this module creates the compacted internal
 topic, hands the coordinator the topic's partitions as its `OffsetsStore`, loads them at
-start, runs `poll` on a short tick, and gives handlers a future to await for replies that
-wait (JoinGroup, SyncGroup, commits).
+start and runs `poll` on a short tick. For the group API handlers it has the ACL check and
+a future to await for replies that wait (JoinGroup, SyncGroup, commits).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ...errors import ErrorCode, KafkaError
+from ...producer_state.authorizer import Operation, Resource, ResourceType
 from ...records.control import ABORT, COMMIT, control_type
 from ...records.records import Record, build_batch, iter_batches
 from .api import OnDurable, StoredRecord, StoredTxnMarker
@@ -27,6 +28,11 @@ log = logging.getLogger("ottla.group")
 _LOAD_CHUNK_BYTES = 1 << 20
 # Timers need no more precision than this: Kafka's own delayed operations are best effort.
 _TICK_S = 0.05
+
+
+def authorized(ctx, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+    """Kafka's ACL check for the request's principal, asked before a handler acts."""
+    return ctx.broker.authorizer.authorize(ctx.principal, operation, Resource(resource_type, name))
 
 
 def reply_future() -> tuple[asyncio.Future, Callable[[Any], None]]:
@@ -143,10 +149,8 @@ class GroupService:
                 log.exception("group coordinator timer failed")
             await asyncio.sleep(_TICK_S)
 
-    def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int] | None = None) -> None:
-        """A COMMIT/ABORT marker is in these `__consumer_offsets` partitions (None: all of them)."""
-        if partitions is None:
-            partitions = range(self.coordinator.num_partitions)
+    def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int]) -> None:
+        """The producer's COMMIT/ABORT marker is now in these `__consumer_offsets` partitions."""
         self.coordinator.complete_txn(producer_id=producer_id, partitions=partitions, commit=commit,
                                       now_ms=self._clock())
 

@@ -2,7 +2,9 @@
 
 from datetime import timedelta
 
-from ...coordinator.group.service import reply_future
+from ...coordinator.group.service import authorized, reply_future
+from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms
 
@@ -11,10 +13,12 @@ VERSIONS = (0, 2)
 
 
 async def handle(ctx, request):
-    future, respond = reply_future()
-    ctx.broker.groups.coordinator.delete_groups(group_ids=list(request.groups_names), now_ms=now_ms(),
-                                                on_complete=respond)
-    results = await future
+    allowed = [g for g in request.groups_names if authorized(ctx, Operation.DELETE, ResourceType.GROUP, g)]
+    results = {g: ErrorCode.group_authorization_failed for g in request.groups_names}
+    if allowed:
+        future, respond = reply_future()
+        ctx.broker.groups.coordinator.delete_groups(group_ids=allowed, now_ms=now_ms(), on_complete=respond)
+        results.update(await future)
     response_type = ctx.response_type
     result_type = nested(response_type, "DeletableGroupResult")
     return make(response_type, throttle_time=timedelta(0), results=tuple(

@@ -2,7 +2,10 @@
 
 from datetime import timedelta
 
+from ...coordinator.group import GroupDescription
+from ...coordinator.group.service import authorized
 from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 
 API_KEY = 15
@@ -20,7 +23,10 @@ async def handle(ctx, request):
     member_type = nested(response_type, "DescribedGroupMember")
     groups = []
     for group_id in request.groups:
-        d = ctx.broker.groups.coordinator.describe_group(group_id)
+        if authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            d = ctx.broker.groups.coordinator.describe_group(group_id)
+        else:
+            d = GroupDescription(group_id, ErrorCode.group_authorization_failed, state="")
         error, message = d.error, None
         if error == ErrorCode.group_id_not_found:
             if ctx.api_version >= 6:

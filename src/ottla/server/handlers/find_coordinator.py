@@ -3,7 +3,9 @@ every group and every transactional id."""
 
 from datetime import timedelta
 
+from ...coordinator.group.service import authorized
 from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 
 API_KEY = 10
@@ -11,19 +13,28 @@ API_KEY = 10
 VERSIONS = (0, 6)
 
 GROUP, TRANSACTION = 0, 1
+_RESOURCES = {
+    GROUP: (ResourceType.GROUP, ErrorCode.group_authorization_failed),
+    TRANSACTION: (ResourceType.TRANSACTIONAL_ID, ErrorCode.transactional_id_authorization_failed),
+}
+
+
+def _answer(ctx, key_type: int, key: str) -> dict:
+    if key_type not in _RESOURCES:
+        error, message = ErrorCode.invalid_request, f"unsupported key type {key_type}"
+    elif not authorized(ctx, Operation.DESCRIBE, _RESOURCES[key_type][0], key):
+        error, message = _RESOURCES[key_type][1], None
+    else:
+        host, port = ctx.broker.advertised
+        return dict(error_code=ErrorCode.none, error_message=None, node_id=ctx.broker.node_id, host=host, port=port)
+    return dict(error_code=error, error_message=message, node_id=-1, host="", port=-1)
 
 
 async def handle(ctx, request):
     response_type = ctx.response_type
-    host, port = ctx.broker.advertised
     key_type = getattr(request, "key_type", GROUP)
-    if key_type in (GROUP, TRANSACTION):
-        answer = dict(error_code=ErrorCode.none, error_message=None, node_id=ctx.broker.node_id, host=host, port=port)
-    else:
-        answer = dict(error_code=ErrorCode.invalid_request, error_message=f"unsupported key type {key_type}",
-                      node_id=-1, host="", port=-1)
     if ctx.api_version >= 4:
         coordinator_type = nested(response_type, "Coordinator")
         return make(response_type, throttle_time=timedelta(0), coordinators=tuple(
-            make(coordinator_type, key=key, **answer) for key in request.coordinator_keys))
-    return make(response_type, throttle_time=timedelta(0), **answer)
+            make(coordinator_type, key=key, **_answer(ctx, key_type, key)) for key in request.coordinator_keys))
+    return make(response_type, throttle_time=timedelta(0), **_answer(ctx, key_type, request.key))

@@ -2,6 +2,9 @@
 
 from datetime import timedelta
 
+from ...coordinator.group.service import authorized
+from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
 from ..clock import now_ms
 
@@ -11,8 +14,11 @@ VERSIONS = (0, 4)
 
 
 async def handle(ctx, request):
-    error = ctx.broker.groups.coordinator.heartbeat(
-        group_id=request.group_id, member_id=request.member_id,
-        group_instance_id=getattr(request, "group_instance_id", None),
-        generation_id=request.generation_id, now_ms=now_ms())
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        error = ErrorCode.group_authorization_failed
+    else:
+        error = ctx.broker.groups.coordinator.heartbeat(
+            group_id=request.group_id, member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            generation_id=request.generation_id, now_ms=now_ms())
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=error)

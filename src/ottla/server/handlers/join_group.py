@@ -2,7 +2,10 @@
 
 from datetime import timedelta
 
-from ...coordinator.group.service import reply_future
+from ...coordinator.group import JoinResult
+from ...coordinator.group.service import authorized, reply_future
+from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms
 
@@ -26,23 +29,26 @@ async def handle(ctx, request):
     version = ctx.api_version
     session_timeout = request.session_timeout // _MS
     future, respond = reply_future()
-    ctx.broker.groups.coordinator.join_group(
-        group_id=request.group_id,
-        member_id=request.member_id,
-        group_instance_id=getattr(request, "group_instance_id", None),
-        protocol_type=request.protocol_type,
-        protocols=[(p.name, p.metadata) for p in request.protocols],
-        session_timeout_ms=session_timeout,
-        # v0 has one timeout for both
-        rebalance_timeout_ms=request.rebalance_timeout // _MS if version >= 1 else session_timeout,
-        client_id=ctx.client_id or "",
-        client_host=client_host(ctx),
-        require_known_member_id=version >= 4,
-        supports_skip_assignment=version >= 9,
-        now_ms=now_ms(),
-        on_complete=respond,
-        reason=getattr(request, "reason", None),
-    )
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        respond(JoinResult(ErrorCode.group_authorization_failed, request.member_id))
+    else:
+        ctx.broker.groups.coordinator.join_group(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            protocol_type=request.protocol_type,
+            protocols=[(p.name, p.metadata) for p in request.protocols],
+            session_timeout_ms=session_timeout,
+            # v0 has one timeout for both
+            rebalance_timeout_ms=request.rebalance_timeout // _MS if version >= 1 else session_timeout,
+            client_id=ctx.client_id or "",
+            client_host=client_host(ctx),
+            require_known_member_id=version >= 4,
+            supports_skip_assignment=version >= 9,
+            now_ms=now_ms(),
+            on_complete=respond,
+            reason=getattr(request, "reason", None),
+        )
     result = await future
     response_type = ctx.response_type
     member_type = nested(response_type, "JoinGroupResponseMember")

@@ -2,8 +2,10 @@
 
 from datetime import timedelta
 
-from ...coordinator.group import LeavingMember
+from ...coordinator.group import LeaveResult, LeavingMember
+from ...coordinator.group.service import authorized
 from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms
 
@@ -18,8 +20,11 @@ async def handle(ctx, request):
                    for m in request.members]
     else:
         leaving = [LeavingMember(request.member_id)]
-    result = ctx.broker.groups.coordinator.leave_group(group_id=request.group_id, members=leaving,
-                                                        now_ms=now_ms())
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        result = LeaveResult(ErrorCode.group_authorization_failed, [])
+    else:
+        result = ctx.broker.groups.coordinator.leave_group(group_id=request.group_id, members=leaving,
+                                                            now_ms=now_ms())
     response_type = ctx.response_type
     if ctx.api_version < 3:
         # One member: its error is the request's.

@@ -3,8 +3,9 @@
 from datetime import timedelta
 
 from ...coordinator.group import OffsetCommit
-from ...coordinator.group.service import reply_future
+from ...coordinator.group.service import authorized, reply_future
 from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms
 
@@ -24,17 +25,33 @@ def topic_name(broker, topic, by_id: bool) -> str | None:
     return info.name if info is not None else None
 
 
+def _topic_error(ctx, name: str | None, partition: int, by_id: bool) -> ErrorCode | None:
+    """Why a partition's offset cannot be committed before the group is even asked, if it cannot."""
+    if name is None:
+        return ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+    if not authorized(ctx, Operation.READ, ResourceType.TOPIC, name):
+        return ErrorCode.topic_authorization_failed
+    if ctx.broker.find_log(name, partition) is None:
+        return ErrorCode.unknown_topic_or_partition
+    return None
+
+
 async def handle(ctx, request):
     broker = ctx.broker
     by_id = ctx.api_version >= 10
     topics = [(topic, topic_name(broker, topic, by_id)) for topic in request.topics]
-    offsets = {
-        (name, p.partition_index): OffsetCommit(p.committed_offset, getattr(p, "committed_leader_epoch", -1),
-                                                p.committed_metadata)
-        for topic, name in topics if name is not None
-        for p in topic.partitions if broker.find_log(name, p.partition_index) is not None
-    }
-    results = {}
+    group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id)
+    errors: dict[tuple, ErrorCode] = {}
+    offsets = {}
+    for topic, name in topics:
+        for p in topic.partitions:
+            error = ErrorCode.group_authorization_failed if not group_allowed else \
+                _topic_error(ctx, name, p.partition_index, by_id)
+            if error is not None:
+                errors[(name, p.partition_index)] = error
+            else:
+                offsets[(name, p.partition_index)] = OffsetCommit(
+                    p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
     if offsets:
         retention = getattr(request, "retention_time", None)
         future, respond = reply_future()
@@ -48,17 +65,16 @@ async def handle(ctx, request):
             on_complete=respond,
             retention_ms=-1 if retention is None else retention // _MS,
         )
-        results = await future
+        errors.update(await future)
 
     response_type = ctx.response_type
     topic_type = nested(response_type, "OffsetCommitResponseTopic")
     partition_type = nested(response_type, "OffsetCommitResponsePartition")
-    unknown = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
     response_topics = []
     for topic, name in topics:
         partitions = []
         for p in topic.partitions:
-            error = results.get((name, p.partition_index), unknown)
+            error = errors[(name, p.partition_index)]
             if error == ErrorCode.group_id_not_found and ctx.api_version < 9:
                 error = ErrorCode.illegal_generation
             partitions.append(make(partition_type, partition_index=p.partition_index, error_code=error))

@@ -2,7 +2,10 @@
 
 from datetime import timedelta
 
+from ...coordinator.group import OffsetFetchResult
+from ...coordinator.group.service import authorized
 from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from .offset_commit import topic_name
 
@@ -17,23 +20,30 @@ def _fetch_group(ctx, group_id: str, requested, require_stable: bool, types: tup
     broker = ctx.broker
     topic_type, partition_type = types
     by_id = ctx.api_version >= 10
-    wanted = None
-    if requested is not None:
-        wanted = [(topic, topic_name(broker, topic, by_id)) for topic in requested]
-    partitions = None if wanted is None else [
-        (name, index) for topic, name in wanted if name is not None for index in topic.partition_indexes]
-    result = broker.groups.coordinator.fetch_offsets(group_id=group_id, partitions=partitions,
-                                                     require_stable=require_stable)
+
+    def visible(name: str | None) -> bool:
+        return name is not None and authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)
+
+    wanted = None if requested is None else [(topic, topic_name(broker, topic, by_id)) for topic in requested]
+    if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        result = OffsetFetchResult(ErrorCode.group_authorization_failed, {})
+    else:
+        partitions = None if wanted is None else [
+            (name, index) for topic, name in wanted if visible(name) for index in topic.partition_indexes]
+        result = broker.groups.coordinator.fetch_offsets(group_id=group_id, partitions=partitions,
+                                                         require_stable=require_stable)
     if result.error != ErrorCode.none and ctx.api_version >= 2:
         return result.error, ()
 
     def answer(name, index):
-        if result.error != ErrorCode.none:  # v1 has no group error: each partition carries it
+        error = result.error  # v1 has no group error: each partition carries it
+        if error == ErrorCode.none and name is None:
+            error = ErrorCode.unknown_topic_id
+        elif error == ErrorCode.none and not visible(name):
+            error = ErrorCode.topic_authorization_failed
+        if error != ErrorCode.none:
             return make(partition_type, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
-                        metadata="", error_code=result.error)
-        if name is None:
-            return make(partition_type, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
-                        metadata="", error_code=ErrorCode.unknown_topic_id)
+                        metadata="", error_code=error)
         fetched = result.offsets[(name, index)]
         return make(partition_type, partition_index=index, committed_offset=fetched.offset,
                     committed_leader_epoch=fetched.leader_epoch, metadata=fetched.metadata,
@@ -47,7 +57,8 @@ def _fetch_group(ctx, group_id: str, requested, require_stable: bool, types: tup
     else:
         by_topic: dict[str, list[int]] = {}
         for name, index in result.offsets:
-            by_topic.setdefault(name, []).append(index)
+            if visible(name):
+                by_topic.setdefault(name, []).append(index)
         for name, indexes in by_topic.items():
             info = broker.logs.topics.get(name)
             if by_id and info is None:

@@ -2,7 +2,10 @@
 
 from datetime import timedelta
 
-from ...coordinator.group.service import reply_future
+from ...coordinator.group import SyncResult
+from ...coordinator.group.service import authorized, reply_future
+from ...errors import ErrorCode
+from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
 from ..clock import now_ms
 
@@ -13,17 +16,20 @@ VERSIONS = (0, 5)
 
 async def handle(ctx, request):
     future, respond = reply_future()
-    ctx.broker.groups.coordinator.sync_group(
-        group_id=request.group_id,
-        generation_id=request.generation_id,
-        member_id=request.member_id,
-        group_instance_id=getattr(request, "group_instance_id", None),
-        protocol_type=getattr(request, "protocol_type", None),
-        protocol_name=getattr(request, "protocol_name", None),
-        assignments={a.member_id: a.assignment for a in request.assignments},
-        now_ms=now_ms(),
-        on_complete=respond,
-    )
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        respond(SyncResult(ErrorCode.group_authorization_failed))
+    else:
+        ctx.broker.groups.coordinator.sync_group(
+            group_id=request.group_id,
+            generation_id=request.generation_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            protocol_type=getattr(request, "protocol_type", None),
+            protocol_name=getattr(request, "protocol_name", None),
+            assignments={a.member_id: a.assignment for a in request.assignments},
+            now_ms=now_ms(),
+            on_complete=respond,
+        )
     result = await future
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=result.error,
                 protocol_type=result.protocol_type, protocol_name=result.protocol_name,
