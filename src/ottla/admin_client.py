@@ -24,7 +24,7 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from .protocol.build import make
+from .protocol.build import has_field, make
 
 __all__ = [
     "AdminProtocolClient",
@@ -330,14 +330,17 @@ class AdminProtocolClient:
                               answer.error_message)
         return Node(answer.node_id, answer.host, answer.port)
 
-    def list_transactions(self, *, states: Iterable[str] = (), producer_ids: Iterable[int] = ()
-                          ) -> list[Any]:
+    def list_transactions(self, *, states: Iterable[str] = (), producer_ids: Iterable[int] = (),
+                          min_duration_ms: int = -1) -> list[Any]:
         """Every broker coordinates some transactions, so ask them all and merge."""
         state_filters, producer_id_filters = tuple(states), tuple(producer_ids)
 
         def build(module):
+            if min_duration_ms >= 0 and not has_field(module.ListTransactionsRequest, "duration_filter"):
+                raise ProtocolClientError("the broker cannot filter transactions by duration "
+                                          "(that needs ListTransactions v1)")
             return make(module.ListTransactionsRequest, state_filters=state_filters,
-                        producer_id_filters=producer_id_filters)
+                        producer_id_filters=producer_id_filters, duration_filter=min_duration_ms)
 
         listings = []
         for node in self.brokers():

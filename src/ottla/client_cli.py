@@ -180,6 +180,8 @@ def add_commands(commands) -> None:
                          help="only transactions in this state, e.g. Ongoing (repeatable)")
     listing.add_argument("--producer-id", type=int, action="append", default=[],
                          help="only transactions of this producer id (repeatable)")
+    listing.add_argument("--min-duration-ms", type=_non_negative_int, default=-1, metavar="MS",
+                         help="only transactions open at least this long: the hanging ones")
     describe = command(transaction_commands, "describe", "transactions_describe",
                        "show a transaction's coordinator state")
     describe.add_argument("transactional_id", metavar="TXN_ID")
@@ -859,7 +861,8 @@ def groups_delete(args: argparse.Namespace) -> int:
 @_command
 def transactions_list(args: argparse.Namespace) -> int:
     with Session(args).protocol_client() as client:
-        listings = client.list_transactions(states=args.state, producer_ids=args.producer_id)
+        listings = client.list_transactions(states=args.state, producer_ids=args.producer_id,
+                                            min_duration_ms=args.min_duration_ms)
     _print_table(["TRANSACTIONAL-ID", "PRODUCER-ID", "STATE"],
                  [(t.transactional_id, t.producer_id, t.transaction_state) for t in listings])
     return 0

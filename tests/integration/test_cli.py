@@ -377,10 +377,12 @@ def test_abort_sends_the_marker_describe_producers_found(fake_broker):
 
 
 def test_transactions_list_and_describe(fake_broker):
-    listed = ok(run_cli(fake_broker.bootstrap, "transactions", "list", "--state", "Ongoing"))
+    listed = ok(run_cli(fake_broker.bootstrap, "transactions", "list", "--state", "Ongoing",
+                        "--min-duration-ms", "60000"))
     assert table(listed.out, "TRANSACTIONAL-ID") == [
         {"TRANSACTIONAL-ID": "stuck", "PRODUCER-ID": "4000", "STATE": "Ongoing"}]
-    assert tuple(fake_broker.received[-1].state_filters) == ("Ongoing",)
+    request = fake_broker.received[-1]
+    assert (tuple(request.state_filters), request.duration_filter) == (("Ongoing",), 60000)
 
     described = fields(ok(run_cli(fake_broker.bootstrap, "transactions", "describe", "stuck")).out)
     assert described == {

@@ -14,8 +14,12 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KPTopicPartition
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+from tests.wire import roundtrip
 
 FAST_GROUPS = {"group.initial.rebalance.delay.ms": 500}
+TXN_OFFSET_COMMIT = 28
 
 
 def _create_and_fill(bootstrap, topic, partitions, per_partition):
@@ -282,3 +286,49 @@ def test_aiokafka_consumer_group(ottla_broker_factory):
     assert seen == [(p, o) for p in range(2) for o in range(15)]
     assert committed == [15, 15]
     assert _committed(broker.bootstrap, group, topic, 2) == [15, 15]
+
+
+def test_existing_offsets_topic_partition_count_wins_over_config(ottla_broker_factory):
+    broker = ottla_broker_factory({**FAST_GROUPS, "offsets.topic.num.partitions": 3})
+    topic, group = "moved", "sticky-home"
+    _create_and_fill(broker.bootstrap, topic, 1, 10)
+    consumer, _ = _consume(broker.bootstrap, group, topic, 10)
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    broker.stop()
+    broker.config["offsets.topic.num.partitions"] = 7  # as if an operator changed it later
+    broker.start()
+    assert _committed(broker.bootstrap, group, topic, 1) == [10]
+
+
+def _supports(raw_connection, bootstrap, api_key) -> bool:
+    _, versions = roundtrip(raw_connection(bootstrap), ApiVersionsRequest(client_software_name="t",
+                                                                          client_software_version="1"))
+    return any(api.api_key == api_key for api in versions.api_keys)
+
+
+def test_offsets_committed_in_a_transaction(ottla_broker_factory, raw_connection):
+    broker = ottla_broker_factory(FAST_GROUPS)
+    if not _supports(raw_connection, broker.bootstrap, TXN_OFFSET_COMMIT):
+        pytest.skip("this broker does not serve TxnOffsetCommit yet")
+    topic, group = "eos-in", "eos"
+    admin = _create_and_fill(broker.bootstrap, topic, 1, 30)
+    admin.create_topics([NewTopic("eos-out", 1, 1)])["eos-out"].result(15)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "eos-tx"})
+    producer.init_transactions(30)
+    consumer, got = _consume(broker.bootstrap, group, topic, 10, **{"isolation.level": "read_committed"})
+
+    def send_offsets_and(finish, offset):
+        producer.begin_transaction()
+        producer.produce("eos-out", b"x")
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, offset)],
+                                             consumer.consumer_group_metadata(), 30)
+        finish(30)
+
+    send_offsets_and(producer.commit_transaction, 10)
+    assert _committed(broker.bootstrap, group, topic, 1) == [10]
+    send_offsets_and(producer.abort_transaction, 20)
+    assert _committed(broker.bootstrap, group, topic, 1) == [10]  # aborted offsets never show
+    consumer.close()
+    broker.restart(crash=True)  # the markers in __consumer_offsets replay to the same answer
+    assert _committed(broker.bootstrap, group, topic, 1) == [10]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -69,6 +70,9 @@ def kafka() -> Iterator[Kafka]:
 def spark():
     """`local[2,3]`: two cores, and a failed task is retried (up to 3 attempts), as on a cluster."""
     from pyspark.sql import SparkSession
+
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        pytest.skip("Spark needs Java")
 
     import ottla.spark
 

@@ -34,8 +34,8 @@ def topic(kafka, prefix: str) -> tuple[str, int]:
     return name, kafka.create_topic(name)
 
 
-def produce(kafka, name: str, partitions: int, values: list[str], **config) -> None:
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, **config})
+def produce(kafka, name: str, partitions: int, values: list[str]) -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i, value in enumerate(values):
         producer.produce(name, value.encode(), f"k{i}".encode(), partition=i % partitions,
                          headers=[("n", str(i).encode())])
@@ -60,10 +60,11 @@ def consume_committed(kafka, name: str, partitions: int) -> list[str]:
             raise RuntimeError(msg.error())
         values.append(msg.value().decode())
     consumer.close()
+    assert len(at_end) == partitions, f"could not read {name} to its end"
     return values
 
 
-def read_options(kafka, **options) -> dict:
+def with_bootstrap(kafka, **options) -> dict:
     return {"kafka.bootstrap.servers": kafka.bootstrap, **options}
 
 
@@ -81,26 +82,28 @@ def test_bad_options_fail_at_query_start(spark, kafka, tmp_path):
     read = spark.read.format("ottla")
     assert "kafka.bootstrap.servers" in _failure(lambda: read.option("subscribe", name).load())
     assert "unknown topic" in _failure(
-        lambda: read.options(**read_options(kafka, subscribe="no-such-topic")).load())
+        lambda: read.options(**with_bootstrap(kafka, subscribe="no-such-topic")).load())
     assert "not valid JSON" in _failure(
-        lambda: read.options(**read_options(kafka, subscribe=name, startingOffsets="{bad")).load().collect())
+        lambda: read.options(**with_bootstrap(kafka, subscribe=name, startingOffsets="{bad")).load().collect())
     assert "exactly one of" in _failure(
-        lambda: read.options(**read_options(kafka, subscribe=name, assign=json.dumps({name: [0]}))).load())
+        lambda: read.options(**with_bootstrap(kafka, subscribe=name, assign=json.dumps({name: [0]}))).load())
     assert "unknown option" in _failure(
-        lambda: read.options(**read_options(kafka, subscribe=name, startingOffset="earliest")).load())
+        lambda: read.options(**with_bootstrap(kafka, subscribe=name, startingOffset="earliest")).load())
     assert "batch reads only" in _failure(lambda: spark.readStream.format("ottla").options(
-        **read_options(kafka, subscribe=name, endingOffsets="latest")).load().writeStream.format("noop")
+        **with_bootstrap(kafka, subscribe=name, endingOffsets="latest")).load().writeStream.format("noop")
         .start().awaitTermination(60))
 
     bad = spark.range(3).select(col("id").alias("value"))
     assert "column 'value' must be string or binary" in _failure(
-        lambda: bad.write.format("ottla").options(**read_options(kafka, topic=name)).mode("append").save())
-    no_topic = spark.range(3).select(col("id").cast("string").alias("value"))
+        lambda: bad.write.format("ottla").options(**with_bootstrap(kafka, topic=name)).mode("append").save())
+    strings = spark.range(3).select(col("id").cast("string").alias("value"))
+    assert "mode('append')" in _failure(
+        lambda: strings.write.format("ottla").options(**with_bootstrap(kafka, topic=name)).mode("overwrite").save())
     assert "'topic'" in _failure(
-        lambda: no_topic.write.format("ottla").options(**read_options(kafka)).mode("append").save())
+        lambda: strings.write.format("ottla").options(**with_bootstrap(kafka)).mode("append").save())
     stream = spark.readStream.format("rate").load().select(lit(1).alias("value"))
     assert "column 'value' must be string or binary" in _failure(lambda: stream.writeStream.format("ottla").options(
-        **read_options(kafka, topic=name)).option("checkpointLocation", str(tmp_path)).start().awaitTermination(60))
+        **with_bootstrap(kafka, topic=name)).option("checkpointLocation", str(tmp_path)).start().awaitTermination(60))
 
 
 # --- batch ---------------------------------------------------------------------------------------------
@@ -111,10 +114,10 @@ def test_batch_write_then_read_with_headers_offsets_and_split_ranges(spark, kafk
     rows = [(f"k{i}", f"v{i}", i % partitions, [("n", str(i).encode())]) for i in range(40)]
     df = spark.createDataFrame(rows, "key string, value string, partition int, "
                                      "headers array<struct<key: string, value: binary>>")
-    df.write.format("ottla").options(**read_options(kafka, topic=name)).mode("append").save()
+    df.write.format("ottla").options(**with_bootstrap(kafka, topic=name)).mode("append").save()
 
     out = (spark.read.format("ottla")
-           .options(**read_options(kafka, subscribe=name, includeHeaders="true", maxRecordsPerPartition="4"))
+           .options(**with_bootstrap(kafka, subscribe=name, includeHeaders="true", maxRecordsPerPartition="4"))
            .load())
     assert out.rdd.getNumPartitions() >= 40 // 4
     got = out.collect()
@@ -124,9 +127,28 @@ def test_batch_write_then_read_with_headers_offsets_and_split_ranges(spark, kafk
 
     offsets = json.dumps({name: {"0": 2}}), json.dumps({name: {"0": 5}})
     window = (spark.read.format("ottla")
-              .options(**read_options(kafka, assign=json.dumps({name: [0]}), startingOffsets=offsets[0],
+              .options(**with_bootstrap(kafka, assign=json.dumps({name: [0]}), startingOffsets=offsets[0],
                                       endingOffsets=offsets[1])).load())
     assert [r.offset for r in window.orderBy("offset").collect()] == [2, 3, 4]
+
+
+def test_batch_read_ranges_that_end_on_transaction_markers(spark, kafka):
+    """Every task's range below ends on a commit marker, an offset no consumer ever sees: the tasks must
+    finish on the consumer position, not wait for a record at offset end - 1."""
+    name, _ = topic(kafka, "markers")
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"markers-{name}"})
+    producer.init_transactions(30)
+    for batch in range(3):  # offsets: 3 records then the marker, three times; 12 offsets in all
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(name, f"{batch}-{i}".encode(), partition=0)
+        producer.commit_transaction(30)
+    df = (spark.read.format("ottla")
+          .options(**with_bootstrap(kafka, assign=json.dumps({name: [0]}), maxRecordsPerPartition="4",
+                                  **{"kafkaConsumer.pollTimeoutMs": "20000"}))
+          .load())
+    assert df.rdd.getNumPartitions() == 3
+    assert sorted(r.offset for r in df.collect()) == [0, 1, 2, 4, 5, 6, 8, 9, 10]
 
 
 def test_batch_read_returns_exactly_the_committed_records(spark, kafka, needs_transactions):
@@ -150,9 +172,14 @@ def test_batch_read_returns_exactly_the_committed_records(spark, kafka, needs_tr
         hanging.produce(name, f"open-{p}".encode(), partition=p)
     hanging.flush(30)
 
-    df = spark.read.format("ottla").options(**read_options(kafka, subscribe=name)).load()
-    got = sorted(r.value.decode() for r in df.collect())
+    # Per partition: committed record, marker, aborted record, marker, committed record, marker, open
+    # record. Ranges of two offsets: one holds only an aborted record and its marker.
+    read = spark.read.format("ottla").options(**with_bootstrap(kafka, subscribe=name, maxRecordsPerPartition="2"))
+    got = sorted(r.value.decode() for r in read.load().collect())
     assert got == sorted(f"committed-{b}-{p}" for b in (0, 2) for p in range(partitions))
+    dirty = read.option("kafka.isolation.level", "read_uncommitted").load()
+    assert {r.value.decode() for r in dirty.collect()} >= {f"committed-1-{p}" for p in range(partitions)} | {
+        f"open-{p}" for p in range(partitions)}
     hanging.abort_transaction(30)
 
 
@@ -166,14 +193,13 @@ def test_stream_read_admission_control_and_restart(spark, kafka, tmp_path):
 
     def run() -> list[int]:
         query = (spark.readStream.format("ottla")
-                 .options(**read_options(kafka, subscribe=name, startingOffsets="earliest",
+                 .options(**with_bootstrap(kafka, subscribe=name, startingOffsets="earliest",
                                          maxOffsetsPerTrigger="10"))
                  .load().selectExpr("CAST(value AS STRING) AS value")
                  .writeStream.format("parquet").option("path", str(tmp_path / "out"))
                  .option("checkpointLocation", str(tmp_path / "checkpoint"))
                  .queryName(query_name).trigger(availableNow=True).start())
-        query.awaitTermination(120)
-        assert query.exception() is None
+        assert query.awaitTermination(120), "the availableNow query did not finish"
         return [p.numInputRows for p in query.recentProgress if p.numInputRows]
 
     assert run() == [10, 10, 10]
@@ -251,11 +277,11 @@ def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[st
 
     def run(faults: dict):
         query = (spark.readStream.format("ottla")
-                 .options(**read_options(kafka, subscribe=source, startingOffsets="earliest",
+                 .options(**with_bootstrap(kafka, subscribe=source, startingOffsets="earliest",
                                          maxOffsetsPerTrigger="10"))
                  .load().select("key", "value")
                  .writeStream.format("ottla_faulty")
-                 .options(**read_options(kafka, topic=sink, deliveryGuarantee=guarantee, faults=json.dumps(faults)))
+                 .options(**with_bootstrap(kafka, topic=sink, deliveryGuarantee=guarantee, faults=json.dumps(faults)))
                  .option("checkpointLocation", str(tmp_path / f"checkpoint-{guarantee}"))
                  .trigger(availableNow=True).start())
         try:

@@ -97,12 +97,12 @@ def test_length_field_smaller_than_a_header_is_corrupt():
 
 
 @pytest.mark.parametrize("magic", [0, 1])
-def test_legacy_magic_is_unsupported(magic):
+def test_legacy_magic_is_invalid_record_as_kafka_answers_produce_v3_and_later(magic):
     data = bytearray(client_batch())
     data[16] = magic
     with pytest.raises(KafkaError) as e:
         parse_batches(data)
-    assert code_of(e) == ErrorCode.unsupported_for_message_format
+    assert code_of(e) == ErrorCode.invalid_record
 
 
 def test_unknown_magic_is_corrupt():

@@ -67,6 +67,33 @@ class OffsetAndTimestamp(NamedTuple):
     timestamp: int
 
 
+class _AppendSettings:
+    """The topic configs every append reads, resolved once per config change: a TopicConfig
+    lookup walks overrides and broker synonyms, too slow for tens of thousands of appends/s."""
+
+    __slots__ = (
+        "max_message_bytes",
+        "compacted",
+        "target_codec",
+        "log_append_time",
+        "segment_bytes",
+        "segment_ms",
+        "flush_messages",
+        "flush_ms",
+    )
+
+    def __init__(self, config: TopicConfig):
+        self.max_message_bytes = config["max.message.bytes"]
+        self.compacted = "compact" in config["cleanup.policy"]
+        target = config["compression.type"]
+        self.target_codec = None if target == "producer" else CODEC_IDS[target]
+        self.log_append_time = config["message.timestamp.type"] == "LogAppendTime"
+        self.segment_bytes = config["segment.bytes"]
+        self.segment_ms = config["segment.ms"]
+        self.flush_messages = config["flush.messages"]
+        self.flush_ms = config["flush.ms"]
+
+
 class Log:
     """A partition's segments and offsets. Not thread-safe: one caller at a time.
 
@@ -96,6 +123,16 @@ class Log:
         self._segment_created_ms = now_ms
         self._load(recovery_point, clean_shutdown)
         self.high_watermark = self.log_end_offset
+
+    @property
+    def config(self) -> TopicConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: TopicConfig) -> None:
+        """AlterConfigs takes effect from the next append (index sizes: from the next segment)."""
+        self._config = config
+        self._settings = _AppendSettings(config)
 
     # -- loading and recovery ------------------------------------------------------------
 
@@ -279,21 +316,21 @@ class Log:
         if origin not in ORIGINS:
             raise ValueError(f"unknown append origin {origin!r}")
         buf = records if isinstance(records, bytearray) else bytearray(records)
-        config = self.config
+        settings = self._settings
         from_client = origin == "client"
-        headers = parse_batches(buf, max_batch_bytes=config["max.message.bytes"] if from_client else None)
+        headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if from_client else None)
         if from_client:
             if len(headers) != 1:
                 raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
             validate_client_batch(headers[0])
-            if "compact" in config["cleanup.policy"] and not keys_present(buf, headers):
+            if settings.compacted and not keys_present(buf, headers):
                 raise KafkaError(ErrorCode.invalid_record, "compacted topics do not accept records without a key")
-            target = config["compression.type"]
-            if target != "producer" and CODEC_IDS[target] != headers[0].compression:
-                buf = bytearray(rebuild_batch(buf, headers[0], CODEC_IDS[target]))
+            target = settings.target_codec
+            if target is not None and target != headers[0].compression:
+                buf = bytearray(rebuild_batch(buf, headers[0], target))
                 headers = parse_batches(buf)
 
-        log_append_time = now_ms if config["message.timestamp.type"] == "LogAppendTime" else -1
+        log_append_time = now_ms if settings.log_append_time else -1
         assigned = []
         next_offset = self._leo
         for header in headers:
@@ -344,8 +381,8 @@ class Log:
 
         self._unflushed_messages += sum(h.records_count for h in assigned)
         if (
-            self._unflushed_messages >= config["flush.messages"]
-            or now_ms - self._last_flush_ms >= config["flush.ms"]
+            self._unflushed_messages >= settings.flush_messages
+            or now_ms - self._last_flush_ms >= settings.flush_ms
         ):
             self.flush(now_ms)
         return AppendResult(first_offset, last_offset, log_append_time, self.log_start_offset, False)
@@ -363,14 +400,14 @@ class Log:
         else:
             age = now_ms - self._segment_created_ms
         if (
-            segment.size + size > self.config["segment.bytes"]
-            or age > self.config["segment.ms"]
+            segment.size + size > self._settings.segment_bytes
+            or age > self._settings.segment_ms
             or segment.indexes_full()
             or last_offset - segment.base_offset > _MAX_RELATIVE_OFFSET
         ):
             self.roll(now_ms)
 
-    def roll(self, now_ms: int = 0) -> LogSegment:
+    def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end; the old one is sealed and fsynced."""
         self.active_segment.seal()
         segment = self._add_segment(self._leo)
@@ -562,7 +599,7 @@ class Log:
 
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms for a partition that stopped receiving appends; called by the manager's tick."""
-        if self._leo > self.recovery_point and now_ms - self._last_flush_ms >= self.config["flush.ms"]:
+        if self._leo > self.recovery_point and now_ms - self._last_flush_ms >= self._settings.flush_ms:
             self.flush(now_ms)
 
     def remove_expired_producers(self, now_ms: int) -> None:

@@ -134,7 +134,8 @@ def parse_batches(buf, *, max_batch_bytes: int | None = None) -> list[BatchHeade
     CORRUPT_MESSAGE, a batch over max.message.bytes is MESSAGE_TOO_LARGE, and an empty record
     set is INVALID_RECORD (ProduceRequest.validateRecords). Kafka silently drops a torn tail;
     we reject it, since a produce request carries whole batches and a torn one means a broken
-    client. Magic 0/1 is the legacy format we do not store: UNSUPPORTED_FOR_MESSAGE_FORMAT.
+    client. Magic 0/1 (legacy message sets) is INVALID_RECORD, as Kafka answers produce v3+
+    ("only allowed to contain record batches with magic version 2"); we serve no older produce.
     """
     end = len(buf)
     if end == 0:
@@ -148,7 +149,7 @@ def parse_batches(buf, *, max_batch_bytes: int | None = None) -> list[BatchHeade
         if magic != 2:
             if magic in (0, 1):
                 raise KafkaError(
-                    ErrorCode.unsupported_for_message_format, f"message format v{magic} is not supported"
+                    ErrorCode.invalid_record, f"only record batches with magic 2 are accepted, got magic {magic}"
                 )
             raise KafkaError(ErrorCode.corrupt_message, f"invalid magic {magic} at byte {position}")
         if end - position < HEADER_SIZE:

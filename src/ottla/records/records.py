@@ -30,7 +30,16 @@ from .batch import (
 )
 from .compression import CODEC_IDS, NONE, compress, decompress
 
-__all__ = ["Record", "build_batch", "decode_batch", "iter_batches", "encode_varint", "decode_varint"]
+__all__ = [
+    "Record",
+    "build_batch",
+    "decode_batch",
+    "iter_batches",
+    "rebuild_batch",
+    "keys_present",
+    "encode_varint",
+    "decode_varint",
+]
 
 Header = tuple[str, "bytes | None"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
+from ..coordinator.transaction.service import TransactionService
 from ..log.manager import LogManager
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -66,6 +67,7 @@ class Broker:
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
         self.groups = GroupService(self, now_ms)
+        self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
         self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -79,6 +81,7 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await self.groups.start()
+        await self.transactions.start()
         self._server = await loop.create_server(
             lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
         )
@@ -94,6 +97,7 @@ class Broker:
             self._server.close()
         for task in self._duties:
             task.cancel()
+        self.transactions.stop()
         self.groups.stop()
         for connection in list(self.connections):
             connection.close()

@@ -45,6 +45,8 @@ class OttlaDataSource(DataSource):
         return StreamReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        if overwrite:
+            raise OptionError("a topic is append-only: write with mode('append'), not 'overwrite'")
         return BatchWriter(self._write_options(schema, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:

@@ -10,6 +10,7 @@ offset may be a transaction marker or an aborted record, which a read_committed 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -128,9 +129,9 @@ def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], o
         size = end - start
         pieces = 1
         if options.max_records_per_partition:
-            pieces = max(pieces, -(-size // options.max_records_per_partition))
+            pieces = max(pieces, math.ceil(size / options.max_records_per_partition))
         if options.min_partitions:
-            pieces = max(pieces, -(-options.min_partitions * size // total))
+            pieces = max(pieces, math.ceil(options.min_partitions * size / total))
         pieces = min(pieces, size)
         bounds = [start + size * i // pieces for i in range(pieces + 1)]
         out += [OffsetRange(topic, partition, lo, hi) for lo, hi in zip(bounds, bounds[1:])]

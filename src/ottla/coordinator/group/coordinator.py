@@ -163,10 +163,13 @@ class _Join:
 class GroupCoordinator:
     """Classic consumer groups and their offsets for the `__consumer_offsets` partitions loaded here."""
 
-    def __init__(self, config: BrokerConfig, store: OffsetsStore):
+    def __init__(self, config: BrokerConfig, store: OffsetsStore, *, num_partitions: int | None = None):
+        """`num_partitions` is the offsets topic's actual partition count when it already
+        exists; like Kafka, that count and not offsets.topic.num.partitions decides where a
+        group lives."""
         self.config = config
         self.store = store
-        self.num_partitions: int = config["offsets.topic.num.partitions"]
+        self.num_partitions: int = num_partitions or config["offsets.topic.num.partitions"]
         self._groups: dict[str, Group] = {}
         self._owned: set[int] = set()
         self._loading: set[int] = set()

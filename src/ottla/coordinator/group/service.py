@@ -72,10 +72,11 @@ class OffsetsLogStore:
             on_durable(exc.code, -1)
             return
         if not self._waiting:
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush)
         self._waiting.setdefault(partition, []).append((on_durable, result.base_offset))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """fsync what was appended since the last flush, then tell whoever waits on it."""
         waiting, self._waiting = self._waiting, {}
         for partition, callbacks in waiting.items():
             error = ErrorCode.none
@@ -118,23 +119,25 @@ class GroupService:
     def __init__(self, broker: "Broker", clock: Callable[[], int]):
         self._broker = broker
         self._clock = clock
-        self.coordinator = GroupCoordinator(broker.config, OffsetsLogStore(broker, clock))
+        existing = broker.logs.topics.get(OFFSETS_TOPIC)
+        self._store = OffsetsLogStore(broker, clock)
+        self.coordinator = GroupCoordinator(broker.config, self._store,
+                                            num_partitions=existing.partitions if existing else None)
         self._timer: asyncio.Task | None = None
 
     async def start(self) -> None:
         config = self._broker.config
         logs = self._broker.logs
+        partitions = self.coordinator.num_partitions
         if OFFSETS_TOPIC not in logs.topics:
-            logs.create_topic(OFFSETS_TOPIC, config["offsets.topic.num.partitions"], {
+            logs.create_topic(OFFSETS_TOPIC, partitions, {
                 "cleanup.policy": "compact",
                 "compression.type": "producer",
                 "segment.bytes": config["offsets.topic.segment.bytes"],
             })
-        partitions = logs.topics[OFFSETS_TOPIC].partitions
-        if partitions != self.coordinator.num_partitions:
-            # Kafka refuses too: groups would be looked up in the wrong partitions.
-            raise RuntimeError(f"{OFFSETS_TOPIC} has {partitions} partitions but "
-                               f"offsets.topic.num.partitions is {self.coordinator.num_partitions}")
+        elif partitions != config["offsets.topic.num.partitions"]:
+            log.warning("%s has %d partitions; offsets.topic.num.partitions=%d applies only to a new topic",
+                        OFFSETS_TOPIC, partitions, config["offsets.topic.num.partitions"])
         for partition in range(partitions):
             self.coordinator.load_partition(partition, self._clock())
         log.info("loaded %d groups from %s", len(self.coordinator.list_groups().groups), OFFSETS_TOPIC)
@@ -155,9 +158,11 @@ class GroupService:
                                       now_ms=self._clock())
 
     def stop(self) -> None:
-        """Answer waiting members NOT_COORDINATOR so they find the coordinator again after a restart."""
+        """Acknowledge what is already written, then answer waiting members NOT_COORDINATOR so
+        they look for the coordinator again once the broker is back."""
         if self._timer is not None:
             self._timer.cancel()
+        self._store.flush()
         now = self._clock()
         for partition in range(self.coordinator.num_partitions):
             self.coordinator.unload_partition(partition, now)

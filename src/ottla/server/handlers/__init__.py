@@ -32,6 +32,13 @@ HANDLER_MODULES = [
     "describe_groups",
     "delete_groups",
     "offset_delete",
+    "add_partitions_to_txn",
+    "add_offsets_to_txn",
+    "end_txn",
+    "txn_offset_commit",
+    "write_txn_markers",
+    "list_transactions",
+    "describe_transactions",
 ]
 
 

@@ -21,6 +21,7 @@ def _read_partitions(ctx, request, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
+    aborted_type = nested(response_type, "AbortedTransaction")
     read_committed = request.isolation_level == READ_COMMITTED
     remaining = request.max_bytes
     total = 0
@@ -46,10 +47,12 @@ def _read_partitions(ctx, request, response_type):
                     min(wanted.partition_max_bytes, max(remaining, 0)),
                     max_offset=stable if read_committed else high_watermark,
                     min_one_batch=total == 0,
+                    with_aborted=read_committed,
                 )
                 records = data.records
                 if read_committed:
-                    aborted = ()
+                    aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
+                                    for txn in data.aborted_transactions)
             except KafkaError as exc:
                 error = exc.code
                 failed = True

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ...records.batch import HEADER_SIZE, read_header
 from ..clock import now_ms
 from .metadata import INTERNAL_TOPICS
 
@@ -16,6 +17,26 @@ _UTC = datetime.timezone.utc
 
 def _append_time(ms: int):
     return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, _UTC)
+
+
+def _unverified_transactional_write(broker, transactional_id, topic: str, data):
+    """KIP-890 part 1: a transactional batch may only land in a partition its ongoing
+    transaction has added; otherwise a late or stray write would open a transaction no
+    coordinator closes and freeze the partition's last stable offset."""
+    if len(data.records) < HEADER_SIZE:
+        return None  # the log rejects the truncated batch with CORRUPT_MESSAGE
+    header = read_header(data.records)
+    if not header.is_transactional:
+        return None
+    if transactional_id is None:
+        return ErrorCode.invalid_request, "transactional batch without a transactional id"
+    verdict = broker.transactions.coordinator.verify_partitions(
+        transactional_id, header.producer_id, header.producer_epoch, [(topic, data.index)])[(topic, data.index)]
+    if verdict is ErrorCode.none:
+        return None
+    if verdict is ErrorCode.producer_fenced:  # Produce answers fencing as an old epoch at every version
+        verdict = ErrorCode.invalid_producer_epoch
+    return verdict, f"partition {topic}-{data.index} is not part of the ongoing transaction of {transactional_id}"
 
 
 async def handle(ctx, request):
@@ -42,6 +63,8 @@ async def handle(ctx, request):
                 error = ErrorCode.unknown_topic_or_partition
             elif not data.records:
                 error, message = ErrorCode.invalid_record, "empty record set"
+            elif (refused := _unverified_transactional_write(broker, request.transactional_id, name, data)) is not None:
+                error, message = refused
             else:
                 try:
                     result = broker.append(name, data.index, data.records, now=timestamp, origin="client")
