@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from functools import cache
 from types import ModuleType
 from typing import Any, Iterable
@@ -23,8 +23,9 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
+from kio.static.primitive import TZAware
 
-from .protocol.build import has_field, make
+from .protocol.build import has_field, make, nested
 
 __all__ = [
     "AdminProtocolClient",
@@ -120,10 +121,26 @@ def _request_module(api_key: int, version: int) -> ModuleType:
     return load_payload_module(api_key, version, EntityType.request)
 
 
+def _readable_response(api_key: int, version: int) -> type:
+    """The schema to read a response with.
+
+    kio refuses negative timestamps, but DescribeTransactions carries a start time of -1 when
+    no transaction is open; there the field is read as nullable, so -1 arrives as None.
+    """
+    schema = load_response_schema(api_key, version)
+    if api_key != DESCRIBE_TRANSACTIONS:
+        return schema
+    flags = {"frozen": True, "slots": True, "kw_only": True}
+    start_time = field(metadata={"kafka_type": "datetime_i64"})
+    state = make_dataclass("TransactionState", [("transaction_start_time", TZAware | None, start_time)],
+                           bases=(nested(schema, "TransactionState"),), **flags)
+    return make_dataclass(schema.__name__, [("transaction_states", tuple[state, ...])], bases=(schema,), **flags)
+
+
 @cache
 def _codec(api_key: int, version: int):
     request = load_request_schema(api_key, version)
-    response = load_response_schema(api_key, version)
+    response = _readable_response(api_key, version)
     return (request.__header_schema__, entity_writer(request.__header_schema__), entity_writer(request),
             entity_reader(response.__header_schema__), entity_reader(response))
 

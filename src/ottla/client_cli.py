@@ -868,11 +868,8 @@ def transactions_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _millis_time(moment: datetime) -> str | None:
-    """Kafka sends -1 for "no time", which arrives here as just before the epoch."""
-    if moment.timestamp() < 0:
-        return None
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+def _utc(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
 
 
 @_command
@@ -896,7 +893,7 @@ def transactions_describe(args: argparse.Namespace) -> int:
         ("PRODUCER-ID", state.producer_id),
         ("PRODUCER-EPOCH", state.producer_epoch),
         ("TIMEOUT-MS", int(state.transaction_timeout.total_seconds() * 1000)),
-        ("START-TIME", _millis_time(state.transaction_start_time)),
+        ("START-TIME", _utc(state.transaction_start_time)),
         ("PARTITIONS", ", ".join(partitions) or None),
     ])
     return 0

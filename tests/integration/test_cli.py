@@ -242,6 +242,8 @@ def test_hanging_transaction_is_found_and_aborted(cli, ottla_broker):
     assert {"TRANSACTIONAL-ID": "stuck", "PRODUCER-ID": state["PRODUCER-ID"], "STATE": "Ongoing"} in listed
     transaction = fields(ok(cli("transactions", "describe", "stuck")).out)
     assert transaction["STATE"] == "Ongoing" and transaction["PARTITIONS"] == "ledger-0"
+    unknown = cli("transactions", "describe", "nobody")
+    assert (unknown.returncode, unknown.err) == (1, "ottla: transaction 'nobody' does not exist\n")
     [offsets] = table(ok(cli("topics", "describe", "ledger")).out, "PARTITION")
     assert (offsets["HIGH-WATERMARK"], offsets["LAST-STABLE"]) == ("1", "0")
 
@@ -326,7 +328,8 @@ class FakeBroker(socketserver.ThreadingTCPServer):
         state = part("TransactionState", transactional_id=transactional_id, transaction_state="Ongoing",
                      error_code=ErrorCode.none if known else ErrorCode.transactional_id_not_found,
                      transaction_timeout=timedelta(seconds=60), producer_id=4000, producer_epoch=7,
-                     transaction_start_time=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+                     transaction_start_time=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc) if known
+                     else datetime.fromtimestamp(-0.001, timezone.utc),  # Kafka's -1: no transaction
                      topics=(part("TopicData", topic="ledger", partitions=(0,)),) if known else ())
         return make(schema, throttle_time=timedelta(0), transaction_states=(state,))
 

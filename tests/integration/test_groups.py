@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import os
 import queue
+import threading
 import time
 
 import aiokafka
@@ -14,12 +15,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KPTopicPartition
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
-
-from tests.wire import roundtrip
 
 FAST_GROUPS = {"group.initial.rebalance.delay.ms": 500}
-TXN_OFFSET_COMMIT = 28
 
 
 def _create_and_fill(bootstrap, topic, partitions, per_partition):
@@ -181,21 +178,34 @@ def test_kafka_python_consumer_group(ottla_broker_factory):
     consumer.close()
     assert _committed(broker.bootstrap, group, topic, 3) == [20, 20, 20]
 
-    # Two kafka-python members split the partitions between them.
-    first = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id="pair", auto_offset_reset="earliest",
-                          enable_auto_commit=False)
-    second = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id="pair", auto_offset_reset="earliest",
-                           enable_auto_commit=False)
+    # Two kafka-python members split the partitions. Each polls in its own thread, as an
+    # application would: a member's rejoin happens inside its poll.
+    stop = threading.Event()
+    assignments: dict[int, set[int]] = {}
+
+    def member(index):
+        consumer = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id="pair",
+                                 auto_offset_reset="earliest", enable_auto_commit=False)
+        while not stop.is_set():
+            consumer.poll(100)
+            assignments[index] = {tp.partition for tp in consumer.assignment()}
+        consumer.close()
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        first.poll(200)
-        second.poll(200)
-        a, b = {tp.partition for tp in first.assignment()}, {tp.partition for tp in second.assignment()}
-        if a and b and a | b == {0, 1, 2}:
-            break
-    assert a and b and a.isdisjoint(b) and a | b == {0, 1, 2}
-    first.close()
-    second.close()
+    try:
+        while time.monotonic() < deadline:
+            a, b = assignments.get(0, set()), assignments.get(1, set())
+            if a and b and a | b == {0, 1, 2}:
+                break
+            time.sleep(0.1)
+        assert a and b and a.isdisjoint(b) and a | b == {0, 1, 2}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
 
 
 def test_admin_lists_describes_and_deletes_groups(ottla_broker_factory):
@@ -301,16 +311,8 @@ def test_existing_offsets_topic_partition_count_wins_over_config(ottla_broker_fa
     assert _committed(broker.bootstrap, group, topic, 1) == [10]
 
 
-def _supports(raw_connection, bootstrap, api_key) -> bool:
-    _, versions = roundtrip(raw_connection(bootstrap), ApiVersionsRequest(client_software_name="t",
-                                                                          client_software_version="1"))
-    return any(api.api_key == api_key for api in versions.api_keys)
-
-
-def test_offsets_committed_in_a_transaction(ottla_broker_factory, raw_connection):
+def test_offsets_committed_in_a_transaction(ottla_broker_factory):
     broker = ottla_broker_factory(FAST_GROUPS)
-    if not _supports(raw_connection, broker.bootstrap, TXN_OFFSET_COMMIT):
-        pytest.skip("this broker does not serve TxnOffsetCommit yet")
     topic, group = "eos-in", "eos"
     admin = _create_and_fill(broker.bootstrap, topic, 1, 30)
     admin.create_topics([NewTopic("eos-out", 1, 1)])["eos-out"].result(15)
@@ -332,3 +334,15 @@ def test_offsets_committed_in_a_transaction(ottla_broker_factory, raw_connection
     consumer.close()
     broker.restart(crash=True)  # the markers in __consumer_offsets replay to the same answer
     assert _committed(broker.bootstrap, group, topic, 1) == [10]
+
+
+def test_deleting_a_topic_deletes_its_committed_offsets(ottla_broker_factory):
+    broker = ottla_broker_factory(FAST_GROUPS)
+    admin = _create_and_fill(broker.bootstrap, "doomed", 1, 5)
+    consumer, _ = _consume(broker.bootstrap, "reader", "doomed", 5)
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    assert _committed(broker.bootstrap, "reader", "doomed", 1) == [5]
+    admin.delete_topics(["doomed"])["doomed"].result(15)
+    admin.create_topics([NewTopic("doomed", 1, 1)])["doomed"].result(15)
+    assert _committed(broker.bootstrap, "reader", "doomed", 1) == [-1001]  # a new topic starts afresh

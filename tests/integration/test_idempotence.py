@@ -174,6 +174,7 @@ class _ConfluentRun:
             "enable.idempotence": idempotent,
             "error_cb": self.client_errors.append,
             "logger": self.log.logger(f"rdkafka.{name}"),
+            "debug": "eos",  # logs every change of the idempotent producer's state
         })
 
     def _delivered(self, error, message) -> None:
@@ -199,34 +200,38 @@ class _ConfluentRun:
         assert self.producer.flush(300) == 0, "records still unacknowledged after 300 s"
 
     def assert_no_errors(self) -> None:
-        """Nothing failed, nothing fatal, no sequence error even in the client's own log.
-        Connection errors are expected: the faults cause them."""
+        """Nothing failed, nothing fatal, no sequence error even in the client's own log, and
+        one producer id for the whole run: librdkafka resets its id or bumps its epoch (after
+        draining) when the broker's answers do not add up. Connection errors are expected:
+        the faults cause them."""
         assert not self.delivery_errors, self.delivery_errors
         assert not [e for e in self.client_errors if e.fatal() or e.name() in STATE_ERRORS], self.client_errors
         assert not [line for line in self.log.lines if any(name in line for name in STATE_ERRORS)]
+        assert not [line for line in self.log.lines if "state change" in line and "-> Drain" in line]
+        assert sum("Acquired PID" in line for line in self.log.lines) == 1
 
 
-def _faulty_proxy(broker, seed: int) -> FaultProxy:
-    """Drop 5% of Produce responses after the broker appended the batch (and cut that
-    connection), and cut 1 frame in 1000 in either direction."""
+def _faulty_proxy(broker, seed: int, drop_rate: float) -> FaultProxy:
+    """Drop this share of Produce responses after the broker appended the batch (and cut that
+    connection), and cut 1 frame in 200 in either direction."""
     host, _, port = broker.bootstrap.rpartition(":")
     proxy = FaultProxy((host, int(port)), seed=seed, rewrite_addresses=True).start()
-    proxy.drop_responses(0.05, api_key=PRODUCE)
-    proxy.cut_randomly(0.001)
+    proxy.drop_responses(drop_rate, api_key=PRODUCE)
+    proxy.cut_randomly(0.005)
     return proxy
 
 
 def _confluent_through_faults(broker, topic: str, *, idempotent: bool) -> tuple[_ConfluentRun, dict[int, list[int]]]:
     partitions, records = 4, 240_000
     _create_topic(broker.bootstrap, topic, partitions)
-    proxy = _faulty_proxy(broker, seed=3)
+    proxy = _faulty_proxy(broker, seed=3, drop_rate=0.05)
     try:
         run = _ConfluentRun(proxy.address, topic, partitions, idempotent=idempotent, name=topic)
         run.produce(records)
     finally:
         proxy.stop()
     assert proxy.errors == []
-    assert proxy.stats["dropped_responses"] >= 50, proxy.stats
+    assert proxy.stats["dropped_responses"] >= 20, proxy.stats
     assert proxy.stats["random_cuts"] >= 1, proxy.stats
     return run, _read_sequences(broker.bootstrap, topic, partitions)
 
@@ -259,9 +264,10 @@ def test_same_faults_duplicate_records_without_idempotence(ottla_broker):
 
 @pytest.mark.timeout(600)
 def test_kafka_python_idempotent_producer_writes_exactly_once_through_faults(ottla_broker):
-    topic, partitions, records = "idem-kafka-python", 3, 30_000
+    topic, partitions, records = "idem-kafka-python", 3, 60_000
     _create_topic(ottla_broker.bootstrap, topic, partitions)
-    proxy = _faulty_proxy(ottla_broker, seed=5)
+    # kafka-python puts all partitions in one request, so fewer requests: drop more of them.
+    proxy = _faulty_proxy(ottla_broker, seed=5, drop_rate=0.1)
     try:
         producer = KafkaProducer(bootstrap_servers=proxy.address, linger_ms=2, batch_size=1024,
                                  retry_backoff_ms=20, reconnect_backoff_ms=10, reconnect_backoff_max_ms=200,
@@ -278,7 +284,7 @@ def test_kafka_python_idempotent_producer_writes_exactly_once_through_faults(ott
     finally:
         proxy.stop()
     assert proxy.errors == []
-    assert proxy.stats["dropped_responses"] >= 5, proxy.stats
+    assert proxy.stats["dropped_responses"] >= 10, proxy.stats
     failures = collections.Counter(repr(f.exception) for f in futures if not f.succeeded())
     assert not failures, failures
     _assert_exactly_once_in_order(_read_sequences(ottla_broker.bootstrap, topic, partitions), sent)

@@ -952,3 +952,21 @@ def test_reload_keeps_static_members():
     restarted = join(reloaded, 2, instance="b").value
     assert restarted.generation_id == 1 and state(reloaded) == "Stable"
     assert heartbeat(reloaded, 3, ids[1], 1, instance="b") == E.fenced_instance_id
+
+
+def test_deleted_topics_lose_their_offsets_everywhere():
+    store = MemoryStore()
+    c = make(store)
+    ids, gen, _ = form_group(c, 1)
+    commit(c, 0, {("t", 0): 1, ("gone", 0): 2}, member_id=ids[0], generation=gen)
+    commit(c, 0, {("gone", 1): 3}, group="simple")
+    txn_commit(c, 0, {("gone", 2): 4}, producer_id=5, group="other")
+    c.on_topics_deleted(["gone"], now_ms=1)
+    assert fetched(c) == {("t", 0): 1}
+    assert c.describe_group("simple").error == E.group_id_not_found  # nothing left: it dies
+    c.complete_txn(producer_id=5, partitions=[c.partition_for("other")], commit=True, now_ms=2)
+    assert fetched(c, "other", [("gone", 2)]) == {("gone", 2): -1}
+    assert (OffsetCommitKey("g", "gone", 0), None) in store.records(c.partition_for("g"))
+    reloaded = make(store)
+    assert fetched(reloaded) == {("t", 0): 1}
+    assert fetched(reloaded, "simple", [("gone", 1)]) == {("gone", 1): -1}

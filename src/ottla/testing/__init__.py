@@ -25,13 +25,14 @@ __all__ = ["BrokerProcess", "broker"]
 class BrokerProcess:
     def __init__(self, data_dir: str | Path, config: Mapping[str, object] | None = None,
                  *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 extra_args: list[str] | None = None):
+                 extra_args: list[str] | None = None, env: Mapping[str, str] | None = None):
         self.data_dir = Path(data_dir)
         self.config = dict(config or {})
         self.host = host
         self.port = port
         self.log_level = log_level
         self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})  # added to os.environ at each start (e.g. OTTLA_FAILPOINTS)
         self.process: subprocess.Popen | None = None
         self.stderr_path = self.data_dir.parent / f"{self.data_dir.name}.stderr.log"
 
@@ -44,6 +45,7 @@ class BrokerProcess:
         return self.process.pid
 
     def start(self, timeout: float = 30.0) -> "BrokerProcess":
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         ready = self.data_dir.parent / f"{self.data_dir.name}.ready"
         ready.unlink(missing_ok=True)
         command = [sys.executable, "-m", "ottla.cli", "serve", "--data-dir", str(self.data_dir),
@@ -52,7 +54,8 @@ class BrokerProcess:
         for key, value in self.config.items():
             command += ["--config", f"{key}={value}"]
         stderr = open(self.stderr_path, "ab")
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                        env={**os.environ, **self.env})
         stderr.close()
         deadline = time.monotonic() + timeout
         while not ready.exists():

@@ -1039,6 +1039,19 @@ class GroupCoordinator:
                 self._cleanup_group_metadata(group, group.remove_offsets(list(group.offsets)),
                                              lambda error, g=group.group_id: durable(g, error))
 
+    def on_topics_deleted(self, topics: Iterable[str], now_ms: int) -> None:
+        """Drop every group's offsets of deleted topics, with tombstones, as Kafka does: a topic
+        created again under the same name must not resume at the old one's positions."""
+        with self._operation(now_ms):
+            deleted = set(topics)
+            for group in list(self._groups.values()):
+                known = set(group.offsets) | set(group.pending_offset_commits)
+                for staged in group.pending_txn_offsets.values():
+                    known |= set(staged)
+                gone = [tp for tp in known if tp[0] in deleted]
+                if gone:
+                    self._cleanup_group_metadata(group, group.remove_offsets(gone))
+
     def _cleanup_group_metadata(self, group: Group, removed: list[TopicPartition],
                                 on_done: Callable[[ErrorCode], None] | None = None) -> None:
         """Write tombstones for removed offsets; an Empty group left without offsets dies too."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from typing import TYPE_CHECKING, Callable
 
 from kio.schema.write_txn_markers.v1.request import (
@@ -35,6 +37,17 @@ _MARKER_RETRY_MIN_S = 0.05
 _MARKER_RETRY_MAX_S = 1.0
 # The coordinator epoch or the producer epoch moved on: the completion is someone else's now.
 _MARKER_FENCED = frozenset({ErrorCode.transaction_coordinator_fenced, ErrorCode.invalid_producer_epoch})
+
+
+def _failpoints() -> frozenset[str]:
+    """Crash points for process-level tests, from `OTTLA_FAILPOINTS` (comma-separated), read once
+    when the broker starts so an unset variable costs nothing on the transaction path.
+
+    `txn.after_prepare_commit`: SIGKILL this process once a PrepareCommit record is durable
+    and before any COMMIT marker is written -- the coordinator crash that recovery must roll
+    forward from the log.
+    """
+    return frozenset(name.strip() for name in os.environ.get("OTTLA_FAILPOINTS", "").split(",") if name.strip())
 
 
 class TransactionLogStore:
@@ -104,13 +117,16 @@ class MarkerSender:
     """`MarkerWriter` that sends WriteTxnMarkers to the partitions' leader (here: this broker)
     and retries each partition until it has its marker, as Kafka's marker channel does."""
 
-    def __init__(self, broker: "Broker"):
+    def __init__(self, broker: "Broker", failpoints: frozenset[str] = frozenset()):
         self._broker = broker
         self._tasks: set[asyncio.Task] = set()
+        self._crash_after_prepare_commit = "txn.after_prepare_commit" in failpoints
 
     def write_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                       commit: bool, partitions: frozenset[TopicPartition],
                       on_done: Callable[[ErrorCode], None]) -> None:
+        if commit and self._crash_after_prepare_commit:
+            os.kill(os.getpid(), signal.SIGKILL)
         task = asyncio.get_running_loop().create_task(
             self._send(producer_id, producer_epoch, coordinator_epoch, commit, set(partitions), on_done))
         self._tasks.add(task)
@@ -172,7 +188,7 @@ class TransactionService:
     def __init__(self, broker: "Broker", next_producer_id: Callable[[], int], clock: Callable[[], int]):
         self._broker = broker
         self._clock = clock
-        self.markers = MarkerSender(broker)
+        self.markers = MarkerSender(broker, _failpoints())
         self.coordinator = TransactionCoordinator(broker.config, TransactionLogStore(broker, clock),
                                                   self.markers, next_producer_id)
         self._timer: asyncio.Task | None = None

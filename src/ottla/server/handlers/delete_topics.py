@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ..clock import now_ms
 
 API_KEY = 20
 VERSIONS = (1, 6)
@@ -38,6 +39,7 @@ async def handle(ctx, request):
                 topic_id = info.topic_id
                 try:
                     broker.logs.delete_topic(name)
+                    broker.groups.coordinator.on_topics_deleted([name], now_ms())
                 except KafkaError as exc:
                     error, message = exc.code, exc.message
         results.append(make(result_type, name=name, topic_id=topic_id, error_code=error, error_message=message))

@@ -1,0 +1,150 @@
+"""The exactly-once write task's use of Kafka transactions, against a small model of a transactional
+broker: fencing by epoch, atomic commit of records and group offsets.
+
+Until the Spark tests run against a broker with transactions (see conftest.kafka), this is what checks
+the task's protocol: fence first, then read the marker, then write rows and marker in one transaction.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import pyarrow as pa  # noqa: E402
+from confluent_kafka import KafkaError, KafkaException, TopicPartition  # noqa: E402
+
+from ottla.spark import sink  # noqa: E402
+from ottla.spark.options import parse_write_options  # noqa: E402
+
+
+class Broker:
+    """Committed records and group offsets, and the current epoch of each transactional id."""
+
+    def __init__(self):
+        self.records: list[bytes] = []
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.epochs: dict[str, int] = {}
+
+
+class FakeProducer:
+    def __init__(self, broker: Broker, config: dict):
+        self.broker, self.tid, self.epoch = broker, config["transactional.id"], None
+        self.pending_records: list[bytes] = []
+        self.pending_offsets: dict = {}
+
+    def init_transactions(self, timeout):
+        self.epoch = self.broker.epochs[self.tid] = self.broker.epochs.get(self.tid, 0) + 1
+
+    def _check_epoch(self):
+        if self.broker.epochs[self.tid] != self.epoch:
+            raise KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+
+    def begin_transaction(self):
+        self.pending_records, self.pending_offsets = [], {}
+
+    def produce(self, topic, value, key, partition, on_delivery, headers):
+        self._check_epoch()
+        self.pending_records.append(value)
+
+    def poll(self, timeout):
+        return 0
+
+    def flush(self, timeout):
+        return 0
+
+    def send_offsets_to_transaction(self, offsets, group, timeout):
+        self._check_epoch()
+        self.pending_offsets.update({(group, tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def commit_transaction(self, timeout):
+        self._check_epoch()
+        self.broker.records += self.pending_records
+        self.broker.offsets.update(self.pending_offsets)
+
+    def abort_transaction(self, timeout):
+        self._check_epoch()
+
+
+class FakeConsumer:
+    def __init__(self, broker: Broker, config: dict):
+        self.broker, self.group = broker, config["group.id"]
+
+    def committed(self, tps, timeout):
+        return [TopicPartition(tp.topic, tp.partition, self.broker.offsets.get((self.group, tp.topic, tp.partition),
+                                                                               -1001)) for tp in tps]
+
+    def consumer_group_metadata(self):
+        return self.group
+
+    def close(self):
+        pass
+
+
+class FakeTask:
+    def __init__(self, batch: int, partition: int = 0, query: str = "q1"):
+        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": query}
+        self.partition = partition
+
+    def partitionId(self):
+        return self.partition
+
+    def getLocalProperty(self, key):
+        return self.props[key]
+
+
+@pytest.fixture
+def broker(monkeypatch) -> Broker:
+    state = Broker()
+    monkeypatch.setattr(sink, "Producer", lambda config: FakeProducer(state, config))
+    monkeypatch.setattr(sink, "Consumer", lambda config: FakeConsumer(state, config))
+    return state
+
+
+OPTIONS = parse_write_options({"kafka.bootstrap.servers": "x:9092", "topic": "out"}, streaming=True)
+
+
+def write(monkeypatch, batch: int, values: list[bytes], partition: int = 0):
+    monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: FakeTask(batch, partition)))
+    return sink.StreamWriter(OPTIONS).write(iter([pa.RecordBatch.from_pydict({"value": values})]))
+
+
+def test_a_task_commits_its_rows_with_a_marker_of_its_batch(broker, monkeypatch):
+    result = write(monkeypatch, 4, [b"a", b"b"])
+    assert (result.records, result.already_written) == (2, False)
+    assert broker.records == [b"a", b"b"]
+    assert broker.offsets == {("ottla-spark-q1-0", "out", 0): 5}
+
+
+def test_a_replayed_task_finds_its_marker_and_writes_nothing(broker, monkeypatch):
+    write(monkeypatch, 4, [b"a", b"b"])
+    assert write(monkeypatch, 4, [b"a", b"b"]).already_written
+    assert broker.records == [b"a", b"b"]
+    write(monkeypatch, 5, [b"c"])
+    assert broker.records == [b"a", b"b", b"c"]
+
+
+def test_markers_are_per_task_partition(broker, monkeypatch):
+    write(monkeypatch, 4, [b"a"], partition=0)
+    assert not write(monkeypatch, 4, [b"b"], partition=1).already_written
+    assert broker.records == [b"a", b"b"]
+
+
+def test_a_zombie_is_fenced_by_the_retry(broker, monkeypatch):
+    """The first attempt stalls mid-transaction; the retry fences it, then the zombie cannot commit."""
+    monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: FakeTask(7)))
+
+    def stalled_input():
+        yield pa.RecordBatch.from_pydict({"value": [b"a"]})
+        assert not write(monkeypatch, 7, [b"a"]).already_written  # the retry runs while we stall
+        yield pa.RecordBatch.from_pydict({"value": [b"b"]})
+
+    with pytest.raises(KafkaException):
+        sink.StreamWriter(OPTIONS).write(stalled_input())
+    assert broker.records == [b"a"]
+
+
+def test_an_empty_task_opens_no_transaction(broker, monkeypatch):
+    monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: FakeTask(3)))
+    assert sink.StreamWriter(OPTIONS).write(iter([])).records == 0
+    assert broker.epochs == {} and broker.offsets == {}
