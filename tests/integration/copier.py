@@ -51,6 +51,12 @@ class Copier:
             "transactional.id": args.transactional_id,
             "transaction.timeout.ms": 30000,
             "linger.ms": 5,
+            # When its only broker goes down, librdkafka (2.16) re-bootstraps and decommissions
+            # the broker it knew; send_offsets_to_transaction() can then wait for that broker's
+            # group coordinator forever, past its timeout (librdkafka issues #5456, #5511). The
+            # broker comes back at the same address, so keep it instead.
+            "metadata.recovery.strategy": "none",
+            **({"debug": "eos,broker,protocol"} if __import__("os").environ.get("COPIER_DEBUG") else {}),
         })
         self.pending = 0
 

@@ -1,7 +1,6 @@
 """Bad input gets Kafka's answer, only the offending connection is closed, nothing on disk changes."""
 
 import os
-import socket
 import struct
 from datetime import timedelta
 

@@ -158,8 +158,16 @@ class _ClientLog(logging.Handler):
 
 
 class _ConfluentRun:
-    """An idempotent (or not) librdkafka producer sending `<partition>:<sequence>` values
-    round-robin, recording every error it reports."""
+    """An idempotent (or not) librdkafka producer sending `<partition>:<sequence>` values,
+    recording every error it reports.
+
+    Records go to one partition after another in runs of RUN, so the five requests in flight
+    mostly carry batches of one partition: a lost response then leaves several newer batches
+    of that partition appended behind it, and the retry must be matched against all of them,
+    not just the partition's last batch.
+    """
+
+    RUN = 2000
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, idempotent: bool, name: str):
         self.topic = topic
@@ -186,7 +194,7 @@ class _ConfluentRun:
     def produce(self, count: int) -> None:
         partitions = len(self.sent)
         for i in range(count):
-            partition = i % partitions
+            partition = i // self.RUN % partitions
             value = _value(partition, self.sent[partition])
             while True:
                 try:
@@ -366,7 +374,8 @@ def _produce(sock: socket.socket, topic: str, batch: bytes) -> tuple[ErrorCode, 
 
 
 def _batch(producer_id: int, first_sequence: int, count: int) -> bytes:
-    records = [Record(None, b"v%d" % (first_sequence + i)) for i in range(count)]
+    """Records of partition 0 whose values carry their sequence numbers."""
+    records = [Record(None, _value(0, first_sequence + i)) for i in range(count)]
     return build_batch(records, producer_id=producer_id, producer_epoch=0, base_sequence=first_sequence)
 
 
@@ -398,6 +407,48 @@ def test_describe_producers_shows_idempotent_producer(ottla_broker, raw_connecti
     assert _produce(sock, topic, _batch(producer_id, 5, 1)) == (ErrorCode.none, 5)
     (state,) = _active_producers(ottla_broker.bootstrap, topic, 2)[0]
     assert state.last_sequence == 5
+
+
+def _wait_for_recovery_point(broker, topic: str, offset: int) -> None:
+    """Until the broker's recovery-point checkpoint says `topic`-0 is safe up to `offset`, so
+    that crash recovery starts there, from the snapshot at that offset."""
+    checkpoint = broker.data_dir / "recovery-point-offset-checkpoint"
+    deadline = time.monotonic() + 60
+    while f"{topic} 0 {offset}" not in (checkpoint.read_text() if checkpoint.exists() else ""):
+        assert time.monotonic() < deadline, "no recovery-point checkpoint written"
+        time.sleep(0.05)
+
+
+def test_retries_of_the_last_five_batches_are_duplicates_across_restarts(ottla_broker_factory, raw_connection):
+    """The broker remembers a producer's last five batches per partition -- why clients keep
+    at most five requests in flight -- and answers a retry of any of them with its original
+    offsets, also after a clean restart (state from the shutdown snapshot) and after kill -9
+    (state from the snapshot at the last roll plus replay; with 200-byte segments every batch
+    rolls). The sixth newest batch is out of the window: OUT_OF_ORDER_SEQUENCE_NUMBER, and
+    nothing is written.
+
+    librdkafka and kafka-python retry after a cut connection in a way that rarely leaves an
+    older batch to match, so the clients' tests above do not cover the window on their own.
+    """
+    broker = ottla_broker_factory({"log.segment.bytes": 200, "log.flush.offset.checkpoint.interval.ms": 100})
+    _create_topic(broker.bootstrap, "window", 1)
+    sock = raw_connection(broker.bootstrap)
+    producer_id = _init_producer_id(sock)
+    batches = [_batch(producer_id, 3 * i, 3) for i in range(6)]
+    for i, batch in enumerate(batches):
+        assert _produce(sock, "window", batch) == (ErrorCode.none, 3 * i)
+    for restart in (None, "clean", "kill -9"):
+        if restart == "clean":
+            broker.restart()
+        elif restart == "kill -9":
+            _wait_for_recovery_point(broker, "window", 15)
+            broker.restart(crash=True)
+        sock = raw_connection(broker.bootstrap)
+        for i in reversed(range(1, 6)):
+            assert _produce(sock, "window", batches[i]) == (ErrorCode.none, 3 * i), (restart, i)
+        assert _produce(sock, "window", batches[0]) == (ErrorCode.out_of_order_sequence_number, -1), restart
+    assert _produce(sock, "window", _batch(producer_id, 18, 1)) == (ErrorCode.none, 18)
+    assert _read_sequences(broker.bootstrap, "window", 1) == {0: list(range(19))}
 
 
 def test_describe_producers_errors(ottla_broker):

@@ -1,7 +1,8 @@
 """Fixtures for the Spark tests: one local SparkSession and one Kafka-protocol cluster per module.
 
-`kafka` is librdkafka's in-process mock cluster until Ottla's broker supports transactions; then
-switch the one marked line in `kafka()` to `ottla_cluster()`.
+`kafka` is a real Ottla broker. librdkafka's in-process mock cluster is the fallback (one line in
+`kafka()`), for working on the data source while the broker is broken: the tests that need the
+transactional read path then skip.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def ottla_cluster(partitions: int = 2) -> Iterator[Kafka]:
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[Kafka]:
-    with mock_cluster() as cluster:  # switch to: with ottla_cluster() as cluster:
+    with ottla_cluster() as cluster:  # or, without a transactional broker: with mock_cluster() as cluster:
         yield cluster
 
 

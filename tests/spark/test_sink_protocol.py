@@ -1,8 +1,9 @@
 """The exactly-once write task's use of Kafka transactions, against a small model of a transactional
 broker: fencing by epoch, atomic commit of records and group offsets.
 
-Until the Spark tests run against a broker with transactions (see conftest.kafka), this is what checks
-the task's protocol: fence first, then read the marker, then write rows and marker in one transaction.
+test_spark.py checks the sink end to end with Spark and a real broker; this pins the task's protocol
+(fence first, then read the marker, then rows and marker in one transaction) in a second, including
+an interleaving Spark cannot be made to produce on demand: a zombie still writing while its retry runs.
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ from ottla.coordinator.group.records import (
     encode_group_metadata_value,
     encode_key,
     encode_offset_commit_value,
-    java_string_hash,
-    partition_for,
 )
+from ottla.coordinator.partitioning import java_string_hash, partition_for
 
 # (group id, String.hashCode(), partition of 50) printed by OpenJDK 17 running
 # `s.hashCode()` and `(h == Integer.MIN_VALUE ? 0 : Math.abs(h)) % 50`.

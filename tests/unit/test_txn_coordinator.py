@@ -23,9 +23,9 @@ from ottla.coordinator.transaction.log_format import (
     decode_value,
     encode_key,
     encode_value,
-    partition_for,
     TxnLogValue,
 )
+from ottla.coordinator.partitioning import partition_for
 from ottla.errors import ErrorCode
 
 E = ErrorCode

@@ -14,9 +14,8 @@ from ottla.coordinator.transaction.log_format import (
     decode_value,
     encode_key,
     encode_value,
-    java_string_hash,
-    partition_for,
 )
+from ottla.coordinator.partitioning import java_string_hash, partition_for
 
 # Computed with OpenJDK 17: s.hashCode(), and Kafka's Utils.abs(h) % 50.
 JAVA_HASHES = [

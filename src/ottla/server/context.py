@@ -18,6 +18,12 @@ class RequestContext:
     api_version: int
     header: Any
     connection_id: str
+    peer_host: str = ""
+
+    @property
+    def client_host(self) -> str:
+        """The client address as Kafka shows it (InetAddress.toString(): "/127.0.0.1")."""
+        return f"/{self.peer_host}" if self.peer_host else ""
 
     @property
     def response_type(self) -> type:

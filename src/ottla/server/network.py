@@ -50,11 +50,13 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.id = f"c{next(_connection_ids)}"
         self.peer = "?"
+        self.peer_host = ""
 
     # asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport):
         self.transport = transport
         peer = transport.get_extra_info("peername")
+        self.peer_host = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.worker = asyncio.get_running_loop().create_task(self._serve())
@@ -120,7 +122,8 @@ class Connection(asyncio.BufferedProtocol):
             except ProtocolViolation as exc:
                 self.close(f"protocol violation: {exc}")
                 return
-            context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id)
+            context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
+                                     self.peer_host)
             try:
                 response = await handlers[request.api_key].handle(context, request.body)
             except asyncio.CancelledError:

@@ -19,7 +19,8 @@ from .api import (
 )
 from .coordinator import GroupCoordinator, PartitionLoader
 from .group import GroupState, JoinedMember
-from .records import OFFSETS_TOPIC, partition_for
+from ..partitioning import partition_for
+from .records import OFFSETS_TOPIC
 
 __all__ = [
     "FetchedOffset", "GroupCoordinator", "GroupDescription", "GroupListing", "GroupState", "JoinResult",

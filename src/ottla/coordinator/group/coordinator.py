@@ -58,6 +58,7 @@ from .group import (
     OffsetAndMetadata,
     TopicPartition,
 )
+from ..partitioning import partition_for
 from .records import (
     GroupMetadataKey,
     GroupMetadataValue,
@@ -71,7 +72,6 @@ from .records import (
     encode_group_metadata_value,
     encode_key,
     encode_offset_commit_value,
-    partition_for,
 )
 
 log = logging.getLogger("ottla.group")

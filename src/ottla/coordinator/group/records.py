@@ -27,21 +27,6 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 
 
-def java_string_hash(text: str) -> int:
-    """Java's String.hashCode: s[0]*31^(n-1) + ... over UTF-16 code units, in int32 arithmetic."""
-    units = text.encode("utf-16-be")
-    h = 0
-    for i in range(0, len(units), 2):
-        h = (31 * h + (units[i] << 8 | units[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def partition_for(group_id: str, num_partitions: int) -> int:
-    """Kafka's `Utils.abs(groupId.hashCode) % numPartitions`; its abs maps Integer.MIN_VALUE to 0."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
-
-
 @dataclass(frozen=True, slots=True)
 class OffsetCommitKey:
     group: str

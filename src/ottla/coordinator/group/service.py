@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from ...errors import ErrorCode, KafkaError
-from ...producer_state.authorizer import Operation, Resource, ResourceType
 from ...records.control import ABORT, COMMIT, control_type
 from ...records.records import Record, build_batch, iter_batches
 from .api import OnDurable, StoredRecord, StoredTxnMarker
@@ -28,25 +27,6 @@ log = logging.getLogger("ottla.group")
 _LOAD_CHUNK_BYTES = 1 << 20
 # Timers need no more precision than this: Kafka's own delayed operations are best effort.
 _TICK_S = 0.05
-
-
-def authorized(ctx, operation: Operation, resource_type: ResourceType, name: str) -> bool:
-    """Kafka's ACL check for the request's principal, asked before a handler acts."""
-    return ctx.broker.authorizer.authorize(ctx.principal, operation, Resource(resource_type, name))
-
-
-def reply_future() -> tuple[asyncio.Future, Callable[[Any], None]]:
-    """A future and the `on_complete` callback that resolves it.
-
-    The callback ignores a future already done (its request was cancelled when the client
-    went away): the coordinator carries on with everyone else's replies either way.
-    """
-    future = asyncio.get_running_loop().create_future()
-
-    def resolve(value: Any) -> None:
-        if not future.done():
-            future.set_result(value)
-    return future, resolve
 
 
 class OffsetsLogStore:

@@ -9,7 +9,8 @@ from .coordinator import (
     TxnListing,
     TxnLogStore,
 )
-from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition, TxnState, partition_for
+from ..partitioning import partition_for
+from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition, TxnState
 
 __all__ = [
     "InitProducerIdResult",

@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Protocol
 
 from ...config import BrokerConfig
 from ...errors import ErrorCode
+from ..partitioning import partition_for
 from .log_format import (
     TRANSACTION_STATE_TOPIC,
     TopicPartition,
@@ -40,7 +41,6 @@ from .log_format import (
     decode_records,
     encode_key,
     encode_value,
-    partition_for,
 )
 from .metadata import (
     NO_PRODUCER_EPOCH,

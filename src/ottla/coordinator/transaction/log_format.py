@@ -87,26 +87,6 @@ class TxnLogValue:
 # Partitioning
 
 
-def java_string_hash(text: str) -> int:
-    """Java's String.hashCode: s[0]*31^(n-1) + ... over UTF-16 code units, in int32."""
-    data = text.encode("utf-16-be", "surrogatepass")
-    h = 0
-    for (unit,) in struct.iter_unpack(">H", data):
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(key: str, num_partitions: int) -> int:
-    """Kafka's `Utils.abs(key.hashCode) % n`, where Utils.abs maps Integer.MIN_VALUE to 0.
-
-    Both the transaction coordinator (transactional ids) and the group coordinator (group
-    ids) place keys this way; clients never compute it, but a Kafka broker reading the same
-    log would look for each id in the same partition.
-    """
-    h = java_string_hash(key)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
-
-
 # ---------------------------------------------------------------------------------------
 # Encoding
 

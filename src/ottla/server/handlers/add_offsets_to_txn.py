@@ -3,7 +3,7 @@ transaction, before the producer's TxnOffsetCommit writes the offsets there."""
 
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import answer_later, authorized
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
@@ -20,7 +20,7 @@ async def handle(ctx, request):
     elif not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
         error = ErrorCode.group_authorization_failed
     else:
-        future, respond = answer_later()
+        future, respond = reply_future()
         ctx.broker.transactions.coordinator.add_offsets(
             request.transactional_id, request.producer_id, request.producer_epoch, request.group_id,
             now_ms(), respond)

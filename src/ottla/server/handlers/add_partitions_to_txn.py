@@ -6,7 +6,7 @@ node the produce path asks the coordinator directly, so they are not served.
 
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import answer_later, authorized
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -32,7 +32,7 @@ async def handle(ctx, request):
         if refused:
             errors = {tp: refused.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
         else:
-            future, respond = answer_later()
+            future, respond = reply_future()
             broker.transactions.coordinator.add_partitions(
                 transactional_id, request.v3_and_below_producer_id, request.v3_and_below_producer_epoch,
                 wanted, now_ms(), respond)

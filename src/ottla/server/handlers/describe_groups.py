@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from ...coordinator.group import GroupDescription
-from ...coordinator.group.service import authorized
+from ..replies import authorized
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested

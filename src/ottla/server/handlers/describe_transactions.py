@@ -3,7 +3,7 @@
 import datetime
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import authorized
+from ..replies import authorized
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested

@@ -6,7 +6,7 @@ clients stay on the v1 protocol.
 
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import answer_later, authorized
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
@@ -21,7 +21,7 @@ async def handle(ctx, request):
     if not authorized(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
         error = ErrorCode.transactional_id_authorization_failed
     else:
-        future, respond = answer_later()
+        future, respond = reply_future()
         ctx.broker.transactions.coordinator.end_txn(
             request.transactional_id, request.producer_id, request.producer_epoch, request.committed,
             now_ms(), respond)

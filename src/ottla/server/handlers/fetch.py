@@ -4,7 +4,6 @@ Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its
 cache is full: session id 0, so clients keep sending full fetch requests.
 """
 
-import asyncio
 import time
 from datetime import timedelta
 

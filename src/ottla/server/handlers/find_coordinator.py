@@ -3,7 +3,7 @@ every group and every transactional id."""
 
 from datetime import timedelta
 
-from ...coordinator.group.service import authorized
+from ..replies import authorized
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested

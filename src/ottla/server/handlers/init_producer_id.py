@@ -4,7 +4,7 @@ instance and aborting what it left open)."""
 
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import answer_later, authorized
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import Operation, ResourceType, require_idempotent_write
 from ...protocol.build import make
@@ -42,7 +42,7 @@ async def _init(ctx, request) -> tuple[ErrorCode, int, int]:
         return ErrorCode.invalid_request, NO_PRODUCER_ID, -1
     expected = None if producer_id == NO_PRODUCER_ID else (producer_id, producer_epoch)
     timeout_ms = int(request.transaction_timeout / timedelta(milliseconds=1))
-    future, respond = answer_later()
+    future, respond = reply_future()
     broker.transactions.coordinator.init_producer_id(transactional_id, timeout_ms, expected, now_ms(), respond)
     result = await future
     return result.error, result.producer_id, result.producer_epoch

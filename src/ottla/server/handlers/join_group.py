@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from ...coordinator.group import JoinResult
-from ...coordinator.group.service import authorized, reply_future
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -15,14 +15,6 @@ API_KEY = 11
 VERSIONS = (0, 9)
 
 _MS = timedelta(milliseconds=1)
-
-
-def client_host(ctx) -> str:
-    """The client address as Kafka shows it (InetAddress.toString(): "/127.0.0.1")."""
-    for connection in ctx.broker.connections:
-        if connection.id == ctx.connection_id:
-            return "/" + connection.peer.rpartition(":")[0]
-    return ""
 
 
 async def handle(ctx, request):
@@ -42,7 +34,7 @@ async def handle(ctx, request):
             # v0 has one timeout for both
             rebalance_timeout_ms=request.rebalance_timeout // _MS if version >= 1 else session_timeout,
             client_id=ctx.client_id or "",
-            client_host=client_host(ctx),
+            client_host=ctx.client_host,
             require_known_member_id=version >= 4,
             supports_skip_assignment=version >= 9,
             now_ms=now_ms(),

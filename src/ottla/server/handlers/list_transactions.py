@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from ...coordinator.transaction.handler_support import authorized
+from ..replies import authorized
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms

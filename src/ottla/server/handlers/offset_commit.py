@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from ...coordinator.group import OffsetCommit
-from ...coordinator.group.service import authorized, reply_future
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested

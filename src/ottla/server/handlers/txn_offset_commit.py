@@ -9,7 +9,7 @@ otherwise open a transaction in `__consumer_offsets` that nothing ever ends.
 from datetime import timedelta
 
 from ...coordinator.group.coordinator import OffsetCommit
-from ...coordinator.transaction.handler_support import answer_later, authorized
+from ..replies import authorized, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -61,7 +61,7 @@ async def _commit(ctx, request, groups, offsets):
         if error is ErrorCode.producer_fenced:
             error = ErrorCode.invalid_producer_epoch
         return {tp: error for tp in offsets}
-    future, respond = answer_later()
+    future, respond = reply_future()
     groups.txn_offset_commit(
         group_id=request.group_id, producer_id=request.producer_id, producer_epoch=request.producer_epoch,
         member_id=getattr(request, "member_id", ""), group_instance_id=getattr(request, "group_instance_id", None),

@@ -8,7 +8,7 @@ visible (commit) or are dropped (abort). Admin tools send it as well (KIP-664's 
 hanging transaction), which is why the request needs ClusterAction.
 """
 
-from ...coordinator.transaction.handler_support import authorized
+from ..replies import authorized
 from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...protocol.build import make, nested

@@ -1,0 +1,203 @@
+"""What transactions cost on the produce path: a transactional producer committing every 100 ms
+and every 1 s against the same producer in plain idempotent mode, on one Ottla broker this
+script starts.
+
+All modes use identical producer settings (confluent-kafka, acks=all, idempotence, default
+batching, 100-byte values); the transactional modes add the transactional id and call
+commit_transaction() whenever the current transaction is older than the interval, then begin
+the next one. Each run is its own producer process writing a fresh topic; modes alternate
+between repeats so drifts in machine load hit all of them alike, and the median is reported.
+A run's rate is records divided by the time from the first record to the last
+acknowledgement (idempotent: the final flush; transactional: the last commit), after a
+warm-up (one acknowledged record, or one committed transaction) that takes librdkafka's
+producer-id start-up out of the measurement. Commit latency is the time commit_transaction()
+took (and the part of it after the transaction's records were acknowledged), every commit of every repeat. After each run the high watermarks must add up to the
+records sent and, for transactions, the last stable offset must reach the high watermark.
+
+    .venv/bin/python benchmarks/transactions.py                       # 1M records x 3 repeats, ~1.5 min
+    .venv/bin/python benchmarks/transactions.py --records 100000 --repeat 1
+
+Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import IsolationLevel, Producer, TopicPartition, libversion
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from brokerproc import Children, Ottla, progress  # noqa: E402
+
+VALUE_SIZE = 100
+TARGET = 0.90  # the issue's goal: transactional throughput at 100 ms commits >= 90% of idempotent
+MODES = {"idempotent": None, "txn-1s": 1.0, "txn-100ms": 0.1}  # commit interval in seconds
+
+
+def _values() -> list[bytes]:
+    rng = random.Random(0)
+    return [rng.randbytes(VALUE_SIZE) for _ in range(1024)]
+
+
+def _commit(producer: Producer, timeout: float) -> tuple[float, float]:
+    """(seconds in commit_transaction(), seconds of it after the records were acknowledged).
+
+    commit_transaction() first waits for every record of the transaction, then sends EndTxn;
+    flushing first splits the two without changing what the broker sees."""
+    started = time.perf_counter()
+    if producer.flush(timeout):
+        raise SystemExit("records still unacknowledged before commit")
+    flushed = time.perf_counter()
+    producer.commit_transaction(timeout)
+    done = time.perf_counter()
+    return done - started, done - flushed
+
+
+def role_producer(args: argparse.Namespace) -> dict:
+    interval = MODES[args.mode]
+    config = {"bootstrap.servers": args.bootstrap, "acks": "all", "enable.idempotence": True, "log_level": 0}
+    if interval is not None:
+        config["transactional.id"] = f"bench-{uuid.uuid4().hex[:8]}"
+    producer = Producer(config)
+    values = _values()
+    if interval is None:
+        producer.produce(args.topic, values[0])
+        if producer.flush(60):
+            raise SystemExit("warm-up record unacknowledged after 60 s")
+    else:
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        producer.produce(args.topic, values[0])
+        producer.commit_transaction(60)
+        producer.begin_transaction()
+    commits = []
+    started = time.perf_counter()
+    txn_started = started
+    for i in range(args.records):
+        while True:
+            try:
+                producer.produce(args.topic, values[i % 1024])
+                break
+            except BufferError:  # local queue full: let librdkafka send
+                producer.poll(0.005)
+        if i % 256 == 0:
+            producer.poll(0)
+            if interval is not None and time.perf_counter() - txn_started >= interval:
+                commits.append(_commit(producer, 60))
+                producer.begin_transaction()
+                txn_started = time.perf_counter()
+    if interval is None:
+        if producer.flush(300):
+            raise SystemExit("records still unacknowledged after flush")
+    else:
+        commits.append(_commit(producer, 300))
+    return {"seconds": time.perf_counter() - started, "records": args.records + 1, "commits": commits}
+
+
+def _end_offsets(admin: AdminClient, topic: str, partitions: int, isolation: IsolationLevel) -> int:
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+                                 isolation_level=isolation, request_timeout=30)
+    return sum(future.result().offset for future in futures.values())
+
+
+def _check(admin: AdminClient, topic: str, partitions: int, mode: str, result: dict) -> None:
+    """Every record is in the log, and every transaction got its markers (LSO reaches the HW;
+    markers follow the commit answer by a moment, hence the short wait). The high watermark
+    also counts the markers: at most one per partition per transaction, warm-up included."""
+    high = _end_offsets(admin, topic, partitions, IsolationLevel.READ_UNCOMMITTED)
+    most = result["records"]
+    if MODES[mode] is not None:
+        deadline = time.monotonic() + 30
+        while _end_offsets(admin, topic, partitions, IsolationLevel.READ_COMMITTED) != high:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: last stable offset stuck below the high watermark")
+            time.sleep(0.1)
+            high = _end_offsets(admin, topic, partitions, IsolationLevel.READ_UNCOMMITTED)
+        most += (len(result["commits"]) + 1) * partitions
+    if not result["records"] <= high <= most:
+        raise RuntimeError(f"{mode}: {high} offsets in the log for {result['records']} records sent")
+
+
+def _run(children: Children, admin: AdminClient, bootstrap: str, mode: str, args: argparse.Namespace) -> dict:
+    topic = f"bench-txn-{mode}-{uuid.uuid4().hex[:6]}"
+    admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(30)
+    command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", bootstrap,
+               "--topic", topic, "--records", str(args.records)]
+    proc = children.spawn(command, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate()
+    children.procs.remove(proc)
+    if proc.returncode:
+        raise RuntimeError(f"{mode} producer process failed with code {proc.returncode}")
+    result = json.loads(out.strip().splitlines()[-1])
+    _check(admin, topic, args.partitions, mode, result)
+    return result
+
+
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--role", choices=["producer"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=sorted(MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        print(json.dumps(role_producer(args)))
+        return 0
+
+    load_before = os.getloadavg()
+    samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    with Children() as children, tempfile.TemporaryDirectory(prefix="ottla-bench-txn-") as workdir:
+        broker = Ottla(children, Path(workdir) / "data")
+        broker.start()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+        for rep in range(args.repeat):
+            for mode in list(MODES) if rep % 2 == 0 else list(reversed(MODES)):
+                result = _run(children, admin, broker.bootstrap, mode, args)
+                samples[mode].append(result)
+                progress(f"run {rep + 1}/{args.repeat} {mode}: {args.records / result['seconds']:,.0f} records/s, "
+                         f"{len(result['commits'])} commits")
+        broker.stop()
+    load_after = os.getloadavg()
+
+    print(f"{args.records:,} records of {VALUE_SIZE} bytes, {args.partitions} partitions, acks=all, "
+          f"librdkafka {libversion()[0]}, median of {args.repeat} runs each; "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)\n")
+    print("| mode | records/s | vs idempotent | runs (records/s) | commits | commit p50 (ms) | commit p99 (ms) "
+          "| after flush p50 (ms) | after flush p99 (ms) |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    rates = {mode: args.records / statistics.median(r["seconds"] for r in runs) for mode, runs in samples.items()}
+    for mode, runs in samples.items():
+        each = sorted(args.records / r["seconds"] for r in runs)
+        totals = [total for r in runs for total, _ in r["commits"]]
+        end_txns = [end_txn for r in runs for _, end_txn in r["commits"]]
+        latency = " | ".join(f"{_percentile(samples, 0.5) * 1000:.1f} | {_percentile(samples, 0.99) * 1000:.1f}"
+                             if samples else "- | -" for samples in (totals, end_txns))
+        print(f"| {mode} | {rates[mode]:,.0f} | {rates[mode] / rates['idempotent']:.3f} | "
+              f"{each[0]:,.0f} - {each[-1]:,.0f} | {len(totals)} | {latency} |")
+    ratio = rates["txn-100ms"] / rates["idempotent"]
+    print(f"\n- txn-100ms / idempotent = {ratio:.3f} ({'meets' if ratio >= TARGET else 'misses'} "
+          f"the >= {TARGET:.2f} target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
