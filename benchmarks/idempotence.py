@@ -26,7 +26,7 @@ InitProducerId), a fixed start-up cost reported separately as "first ack". Broke
 broker process's user+system time during the whole run; on a busy machine it is steadier
 than rates.
 
-    .venv/bin/python benchmarks/idempotence.py                  # 500k records x 5 repeats, ~2 min
+    .venv/bin/python benchmarks/idempotence.py                  # 2M records x 5 repeats, ~4 min
     .venv/bin/python benchmarks/idempotence.py --records 200000 --repeat 3 --no-mock
 
 Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
@@ -239,7 +239,7 @@ def _run(children: Children, target: _Target, generator: str, mode: str, args: a
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--raw-batch-records", type=int, default=200, help="records per batch of the raw generator")

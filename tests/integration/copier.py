@@ -56,7 +56,6 @@ class Copier:
             # group coordinator forever, past its timeout (librdkafka issues #5456, #5511). The
             # broker comes back at the same address, so keep it instead.
             "metadata.recovery.strategy": "none",
-            **({"debug": "eos,broker,protocol"} if __import__("os").environ.get("COPIER_DEBUG") else {}),
         })
         self.pending = 0
 
@@ -66,7 +65,7 @@ class Copier:
         self.consumer.subscribe([self.args.input], on_revoke=self._on_revoke)
         self.producer.begin_transaction()
         while True:
-            messages = self.consumer.consume(500, 0.5)
+            messages = self.consumer.consume(self.args.commit_every - self.pending, 0.5)
             for message in messages:
                 error = message.error()
                 if error is None:

@@ -184,6 +184,7 @@ def test_restart_rolls_forward_a_decided_commit(tmp_path):
         assert node.control_batches("t", 0) == []
         node.broker.transactions.stop()
         node.broker.logs.close()
+        node.broker.release_data_dir()  # the process dies; the OS drops its lock
 
     async def second_life():
         node = Node(tmp_path, itertools.count(100))

@@ -111,6 +111,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Clean shutdown: stop accepting, drop connections, flush and checkpoint the logs."""
+        if self._stopped.is_set():
+            return  # a second SIGTERM while stopping
         if self._server is not None:
             self._server.close()
         for task in self._duties:
@@ -120,8 +122,15 @@ class Broker:
         for connection in list(self.connections):
             connection.close()
         self.logs.close()
+        self.release_data_dir()
         self._stopped.set()
         log.info("broker %d stopped cleanly", self.node_id)
+
+    def release_data_dir(self) -> None:
+        """Drop the data-dir lock (the OS does the same when the process dies)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def serve_forever(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,1 @@
+"""The demo behind `make demo` (`python -m ottla.demo`); see `ottla.demo.run`."""

@@ -1,0 +1,80 @@
+"""`make demo` end to end at a small size, and the demo's verifier against outputs that are not exact."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ottla.demo.query import INPUT_TOPIC
+from ottla.demo.verify import Record, compare, expected_output
+
+pytestmark = pytest.mark.spark
+
+
+def _count(output: str, name: str) -> int:
+    match = re.search(rf"^\s+{re.escape(name)}\s+([\d,]+)", output, re.MULTILINE)
+    assert match, f"no {name!r} line in the demo's output:\n{output}"
+    return int(match.group(1).replace(",", ""))
+
+
+@pytest.mark.timeout(900)
+def test_demo_runs_end_to_end_and_finds_exact_output():
+    if not shutil.which("java"):
+        pytest.skip("Spark needs Java")
+    result = subprocess.run([sys.executable, "-m", "ottla.demo", "--events", "3000"], capture_output=True,
+                            text=True, timeout=840)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert ">>> kill -9 spark query #1" in output and ">>> kill -9 the broker" in output
+    for name in ("duplicates", "missing", "aborted records that leaked", "wrong values", "unexpected records"):
+        assert _count(output, name) == 0, output
+    records_in = _count(output, "records in (committed payments)")
+    assert _count(output, "records out (enriched, read_committed)") == records_in
+    assert 2000 < records_in < 3000  # every 7th transaction of 100 payments is aborted
+    assert _count(output, "aborted records in the input log") == 3000 - records_in
+    assert "EXACT:" in output
+
+
+def _payments(n: int) -> list[Record]:
+    return [Record(i % 2, i // 2, f"acct-{i % 3:03d}".encode(),
+                   json.dumps({"id": f"pay-{i}", "account": f"acct-{i % 3:03d}", "amount_cents": 100 + 997 * i,
+                               "currency": "EUR"}).encode()) for i in range(n)]
+
+
+def _enriched(payments: list[Record]) -> list[Record]:
+    out = []
+    for offset, record in enumerate(payments):
+        value = expected_output(json.loads(record.value), INPUT_TOPIC, record.partition, record.offset)
+        out.append(Record(0, offset, value["id"].encode(), json.dumps(value).encode()))
+    return out
+
+
+def test_verifier_accepts_exact_output():
+    payments = _payments(10)
+    report = compare(INPUT_TOPIC, payments, set(), _enriched(payments))
+    assert report.exact and report.records_out == 10
+
+
+def test_verifier_catches_duplicates_missing_leaked_and_wrong_records():
+    payments = _payments(10)
+    output = _enriched(payments)
+    assert compare(INPUT_TOPIC, payments, set(), output + output[:2]).duplicates == 2
+    assert compare(INPUT_TOPIC, payments, set(), output[1:]).missing == 1
+
+    aborted = _payments(12)[10:]
+    leaked = compare(INPUT_TOPIC, payments, {"pay-10", "pay-11"}, output + _enriched(aborted)[:1])
+    assert leaked.leaked == 1 and not leaked.exact
+
+    wrong = Record(0, 0, output[3].key, output[3].value.replace(b'"band": "', b'"band": "x'))
+    assert compare(INPUT_TOPIC, payments, set(), output[:3] + [wrong] + output[4:]).wrong == 1
+    moved = _enriched(_payments(10)[:3]) + [Record(0, 0, b"pay-3", json.dumps(
+        expected_output(json.loads(payments[3].value), INPUT_TOPIC, 1, 99)).encode())] + output[4:]
+    assert compare(INPUT_TOPIC, payments, set(), moved).wrong == 1  # right values, wrong source offset
+    for report in (compare(INPUT_TOPIC, payments, set(), output + output[:1]),
+                   compare(INPUT_TOPIC, payments, set(), output[1:])):
+        assert not report.exact
