@@ -3,7 +3,8 @@ so the numbers show the protocol's own cost, not the delay Kafka adds on purpose
 
 Rebalance: 10 confluent-kafka consumer processes, each created first and then told at the same
 moment to subscribe to one 20-partition topic as one group (range assignor, librdkafka's
-default session.timeout.ms=45000 and heartbeat.interval.ms=3000). "Join" is the time from the
+default session.timeout.ms=45000; heartbeat.interval.ms 3000, librdkafka's default, unless
+--heartbeat-ms says otherwise). "Join" is the time from the
 last member's subscribe() until every member holds its final assignment (2 partitions each,
 all 20 covered, taken from the on_assign callbacks); then one member close()s (LeaveGroup) and
 "leave" is the time from its close() until the other 9 hold assignments covering all 20
@@ -48,10 +49,10 @@ PARTITIONS = 20
 COMMIT_PARTITIONS = 4
 
 
-def member(bootstrap: str, group: str, topic: str, index: int, events, go, leave, stop) -> None:
+def member(bootstrap: str, group: str, topic: str, heartbeat_ms: int, index: int, events, go, leave, stop) -> None:
     """One group member: reports ready, its subscribe time, every assignment, and its leave time."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "partition.assignment.strategy": "range",
-                         "enable.auto.commit": False, "log_level": 0})
+                         "heartbeat.interval.ms": heartbeat_ms, "enable.auto.commit": False, "log_level": 0})
     events.put(("ready", index, time.monotonic(), None))
     go.wait()
     events.put(("subscribed", index, time.monotonic(), None))
@@ -104,14 +105,16 @@ def _collect(events, assigned: dict, stamps: dict, done, timeout: float) -> None
             stamps[kind, index] = stamp
 
 
-def rebalance_round(context, admin: AdminClient, bootstrap: str, topic: str) -> tuple[float, float, float]:
+def rebalance_round(context, admin: AdminClient, bootstrap: str, topic: str,
+                    heartbeat_ms: int) -> tuple[float, float, float]:
     """(join, leave, scale-out join) seconds for one fresh group: MEMBERS members subscribe at
     once, one of them closes, then one more member joins the remaining MEMBERS - 1."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     events, go, go_late, stop = context.Queue(), context.Event(), context.Event(), context.Event()
     leaves = [context.Event() for _ in range(MEMBERS + 1)]
-    procs = [context.Process(target=member, args=(bootstrap, group, topic, i, events, go if i < MEMBERS else go_late,
-                                                  leaves[i], stop), daemon=True) for i in range(MEMBERS + 1)]
+    procs = [context.Process(target=member, args=(bootstrap, group, topic, heartbeat_ms, i, events,
+                                                  go if i < MEMBERS else go_late, leaves[i], stop), daemon=True)
+             for i in range(MEMBERS + 1)]
     for proc in procs:
         proc.start()
     assigned: dict[int, tuple[float, frozenset]] = {}
@@ -188,6 +191,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rebalance rounds and commit runs per setting")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one commit run")
+    parser.add_argument("--heartbeat-ms", type=int, default=3000, help="members' heartbeat.interval.ms")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
 
@@ -203,7 +207,7 @@ def main() -> int:
         for future in admin.create_topics(topics).values():
             future.result(30)
         for round_ in range(args.rounds):
-            join, leave, scale_out = rebalance_round(context, admin, broker.bootstrap, "rebalance")
+            join, leave, scale_out = rebalance_round(context, admin, broker.bootstrap, "rebalance", args.heartbeat_ms)
             joins.append(join)
             leaves.append(leave)
             scale_outs.append(scale_out)
@@ -219,6 +223,7 @@ def main() -> int:
     load_after = os.getloadavg()
 
     print(f"{MEMBERS} members, {PARTITIONS} partitions, group.initial.rebalance.delay.ms=0, "
+          f"heartbeat.interval.ms={args.heartbeat_ms}, "
           f"librdkafka {libversion()[0]}, {os.cpu_count()} CPUs, median of {args.rounds} round(s); "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
           f"took {time.monotonic() - started:.0f} s\n")

@@ -11,10 +11,13 @@ A run's rate is records divided by the time from the first record to the last
 acknowledgement (idempotent: the final flush; transactional: the last commit), after a
 warm-up (one acknowledged record, or one committed transaction) that takes librdkafka's
 producer-id start-up out of the measurement. Commit latency is the time commit_transaction()
-took (and the part of it after the transaction's records were acknowledged), every commit of every repeat. After each run the high watermarks must add up to the
-records sent and, for transactions, the last stable offset must reach the high watermark.
+took, and the part of it after the transaction's records were acknowledged (EndTxn), over
+every commit of every repeat. Broker CPU is the broker process's user+system time during a
+run; on a busy machine it is steadier than rates. After each run the high watermarks must
+account for the records sent and, for transactions, the last stable offset must reach the
+high watermark.
 
-    .venv/bin/python benchmarks/transactions.py                       # 1M records x 3 repeats, ~1.5 min
+    .venv/bin/python benchmarks/transactions.py                       # 3M records x 3 repeats, ~2 min
     .venv/bin/python benchmarks/transactions.py --records 100000 --repeat 1
 
 Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
@@ -43,6 +46,7 @@ from brokerproc import Children, Ottla, progress  # noqa: E402
 VALUE_SIZE = 100
 TARGET = 0.90  # the goal: transactional throughput at 100 ms commits >= 90% of idempotent
 MODES = {"idempotent": None, "txn-1s": 1.0, "txn-100ms": 0.1}  # commit interval in seconds
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _values() -> list[bytes]:
@@ -129,17 +133,24 @@ def _check(admin: AdminClient, topic: str, partitions: int, mode: str, result: d
         raise RuntimeError(f"{mode}: {high} offsets in the log for {result['records']} records sent")
 
 
-def _run(children: Children, admin: AdminClient, bootstrap: str, mode: str, args: argparse.Namespace) -> dict:
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
+def _run(children: Children, admin: AdminClient, broker: Ottla, mode: str, args: argparse.Namespace) -> dict:
     topic = f"bench-txn-{mode}-{uuid.uuid4().hex[:6]}"
     admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(30)
-    command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", bootstrap,
+    command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", broker.bootstrap,
                "--topic", topic, "--records", str(args.records)]
+    cpu_before = _cpu_seconds(broker.proc.pid)
     proc = children.spawn(command, stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate()
     children.procs.remove(proc)
     if proc.returncode:
         raise RuntimeError(f"{mode} producer process failed with code {proc.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
+    result["broker_cpu"] = _cpu_seconds(broker.proc.pid) - cpu_before
     _check(admin, topic, args.partitions, mode, result)
     return result
 
@@ -151,7 +162,7 @@ def _percentile(samples: list[float], fraction: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--records", type=int, default=3_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--role", choices=["producer"], help=argparse.SUPPRESS)
@@ -171,7 +182,7 @@ def main() -> int:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
         for rep in range(args.repeat):
             for mode in list(MODES) if rep % 2 == 0 else list(reversed(MODES)):
-                result = _run(children, admin, broker.bootstrap, mode, args)
+                result = _run(children, admin, broker, mode, args)
                 samples[mode].append(result)
                 progress(f"run {rep + 1}/{args.repeat} {mode}: {args.records / result['seconds']:,.0f} records/s, "
                          f"{len(result['commits'])} commits")
@@ -181,9 +192,9 @@ def main() -> int:
     print(f"{args.records:,} records of {VALUE_SIZE} bytes, {args.partitions} partitions, acks=all, "
           f"librdkafka {libversion()[0]}, median of {args.repeat} runs each; "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)\n")
-    print("| mode | records/s | vs idempotent | runs (records/s) | commits | commit p50 (ms) | commit p99 (ms) "
-          "| after flush p50 (ms) | after flush p99 (ms) |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| mode | records/s | vs idempotent | runs (records/s) | broker CPU (s) | commits | commit p50 (ms) "
+          "| commit p99 (ms) | after flush p50 (ms) | after flush p99 (ms) |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rates = {mode: args.records / statistics.median(r["seconds"] for r in runs) for mode, runs in samples.items()}
     for mode, runs in samples.items():
         each = sorted(args.records / r["seconds"] for r in runs)
@@ -192,7 +203,8 @@ def main() -> int:
         latency = " | ".join(f"{_percentile(samples, 0.5) * 1000:.1f} | {_percentile(samples, 0.99) * 1000:.1f}"
                              if samples else "- | -" for samples in (totals, end_txns))
         print(f"| {mode} | {rates[mode]:,.0f} | {rates[mode] / rates['idempotent']:.3f} | "
-              f"{each[0]:,.0f} - {each[-1]:,.0f} | {len(totals)} | {latency} |")
+              f"{each[0]:,.0f} - {each[-1]:,.0f} | {statistics.median(r['broker_cpu'] for r in runs):.2f} | "
+              f"{len(totals)} | {latency} |")
     ratio = rates["txn-100ms"] / rates["idempotent"]
     print(f"\n- txn-100ms / idempotent = {ratio:.3f} ({'meets' if ratio >= TARGET else 'misses'} "
           f"the >= {TARGET:.2f} target)")

@@ -39,7 +39,7 @@ def _leaving_member(bootstrap, group, topic, events, leave, stop):
     consumer.close()
 
 
-def test_clean_leave_rebalances_long_before_the_session_timeout(ottla_broker_factory, tmp_path):
+def test_clean_leave_rebalances_long_before_the_session_timeout(ottla_broker_factory):
     broker = ottla_broker_factory({"group.initial.rebalance.delay.ms": 3000})
     topic, group = "leavers", "polite"
     admin = _create_and_fill(broker.bootstrap, topic, 6, 5)

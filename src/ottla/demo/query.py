@@ -1,6 +1,6 @@
 """The demo's Spark Structured Streaming query, run as its own process so the demo can kill it for real.
 
-    python -m ottla.demo.query --bootstrap HOST:PORT --checkpoint DIR [--max-offsets N]
+    python -m ottla.demo.query --bootstrap HOST:PORT --checkpoint DIR [--max-offsets N] [--delivery G]
 
 It reads the payments topic read_committed, enriches each payment (`enrich`) and writes the result
 exactly-once to the enriched topic. It prints one `PROGRESS {json}` line per finished micro-batch on
@@ -63,7 +63,8 @@ def spark_session(app_name: str):
     return session
 
 
-def start_query(spark, bootstrap: str, checkpoint: str, max_offsets: int, trigger: dict):
+def start_query(spark, bootstrap: str, checkpoint: str, max_offsets: int, trigger: dict,
+                output_topic: str = OUTPUT_TOPIC, delivery: str = "exactly_once"):
     payments = (spark.readStream.format("ottla")
                 .option("kafka.bootstrap.servers", bootstrap)
                 .option("subscribe", INPUT_TOPIC)
@@ -72,7 +73,8 @@ def start_query(spark, bootstrap: str, checkpoint: str, max_offsets: int, trigge
                 .load())
     return (enrich(payments).writeStream.format("ottla")
             .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", OUTPUT_TOPIC)
+            .option("topic", output_topic)
+            .option("deliveryGuarantee", delivery)
             .option("checkpointLocation", checkpoint)
             .trigger(**trigger)
             .start())
@@ -91,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--max-offsets", type=int, default=2000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--delivery", default="exactly_once", help="the sink's deliveryGuarantee")
     args = parser.parse_args(argv)
 
     spark = spark_session("ottla-demo")
     query = start_query(spark, args.bootstrap, args.checkpoint, args.max_offsets,
-                        {"processingTime": "500 milliseconds"})
+                        {"processingTime": "500 milliseconds"}, delivery=args.delivery)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
     last = None

@@ -52,7 +52,7 @@ class QueryProcess:
     """One run of `python -m ottla.demo.query`, in its own process group so that a kill takes the
     driver, its JVM and the JVM's Python workers down together, as a crashed machine would."""
 
-    def __init__(self, number: int, root: Path, bootstrap: str, max_offsets: int):
+    def __init__(self, number: int, root: Path, bootstrap: str, max_offsets: int, delivery: str):
         self.number = number
         self.log_path = root / f"query-{number}.log"
         self.checkpoint = root / "checkpoint"
@@ -61,7 +61,7 @@ class QueryProcess:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ottla.demo.query", "--bootstrap", bootstrap,
-                 "--checkpoint", str(self.checkpoint), "--max-offsets", str(max_offsets)],
+                 "--checkpoint", str(self.checkpoint), "--max-offsets", str(max_offsets), "--delivery", delivery],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read_progress, daemon=True)
         self._reader.start()
@@ -166,7 +166,8 @@ class Demo:
         return self.queries[-1]
 
     def start_query(self, why: str) -> None:
-        self.queries.append(QueryProcess(len(self.queries) + 1, self.root, self.broker.bootstrap, self.max_offsets))
+        self.queries.append(QueryProcess(len(self.queries) + 1, self.root, self.broker.bootstrap, self.max_offsets,
+                                         self.args.delivery))
         self.clock.say(f"spark query #{self.query.number} starting ({why}), pid {self.query.process.pid}")
 
     def run(self) -> Report:
@@ -174,8 +175,8 @@ class Demo:
         self.broker.start()
         say(f"broker up at {self.broker.bootstrap}, pid {self.broker.pid}, data in {self.broker.data_dir}")
         admin = AdminClient({"bootstrap.servers": self.broker.bootstrap, "log_level": 0})
-        for topic, future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (INPUT_TOPIC, OUTPUT_TOPIC)]
-                                                 ).items():
+        topics = [NewTopic(t, PARTITIONS, 1) for t in (INPUT_TOPIC, OUTPUT_TOPIC)]
+        for future in admin.create_topics(topics).values():
             future.result(30)
         say(f"topics {INPUT_TOPIC} -> {OUTPUT_TOPIC}, {PARTITIONS} partitions each")
 
@@ -186,7 +187,7 @@ class Demo:
         say(f"producer: {self.args.events:,} payments, {self.producer.per_txn} per transaction, every "
             f"{ABORT_EVERY}th transaction aborted on purpose; at most {self.args.rate:.0f}/s and "
             f"{self.lead:,} ahead of the output")
-        self.start_query(f"read_committed, exactly-once sink, maxOffsetsPerTrigger={self.max_offsets}")
+        self.start_query(f"read_committed, {self.args.delivery} sink, maxOffsetsPerTrigger={self.max_offsets}")
         self.output = OutputCounter(self.broker.bootstrap)
         try:
             self._pipeline()
@@ -202,6 +203,7 @@ class Demo:
         expected = self.args.events * (ABORT_EVERY - 1) / ABORT_EVERY  # about what will be committed
         deadline = time.monotonic() + self.args.timeout
         next_status = 0.0
+        shown: tuple = ()
         phase, armed_at, ends = "kill-query", None, None
         while True:
             if time.monotonic() > deadline:
@@ -215,14 +217,14 @@ class Demo:
                 self._restart_after_failure(query)
                 continue
             if time.monotonic() >= next_status:
-                self._status()
+                shown = self._status(shown)
                 next_status = time.monotonic() + 3
 
             if phase == "kill-query" and query.rows >= 0.25 * expected:
                 # Kill once part of the next micro-batch is visible in the output: some of its tasks
-                # committed, Spark's commit log does not have it yet. (Or after 3 s, whatever happened.)
+                # committed, Spark's commit log does not have it yet. (Or after 10 s, whatever happened.)
                 armed_at = armed_at or time.monotonic()
-                if self.output.count > query.rows or time.monotonic() - armed_at > 3:
+                if self.output.count > query.rows or time.monotonic() - armed_at > 10:
                     self._kill_query(query)
                     phase = "kill-broker"
             elif phase == "kill-broker" and query.batches and self.output.count >= 0.55 * expected:
@@ -241,11 +243,17 @@ class Demo:
                     self._status()
                     return
 
-    def _status(self) -> None:
+    def _status(self, shown: tuple = ()) -> tuple:
+        """Print a progress line if anything moved, or every 15 s while nothing does (Spark starting up)."""
         p, q = self.producer, self.query
-        spark = (f"batch {q.batches[-1]['batch']}, {q.rows:,} rows" if q.batches else "starting")
+        state = (p.produced, q.number, len(q.batches), self.output.count)
+        if state[:4] == shown[:4] and self.clock.elapsed() - shown[4] < 15:
+            return shown
+        spark = (f"batch {q.batches[-1]['batch']}, {q.rows:,} rows" if q.batches
+                 else "starting (JVM, Python workers)")
         self.clock.say(f"produced {p.produced:,} (committed {p.committed:,}, aborted {p.aborted + p.failed:,}) "
                        f"| spark #{q.number}: {spark} | output {self.output.count:,}")
+        return (*state, self.clock.elapsed())
 
     def _kill_query(self, query: QueryProcess) -> None:
         say = self.clock.say
@@ -254,10 +262,12 @@ class Demo:
         say(f">>> kill -9 spark query #{query.number} (driver, JVM and Python workers)")
         if planned > committed:
             self.output.poll(1.0)
-            written = self.output.count - query.rows
+            written = ""
+            if query.batches and query.batches[-1]["batch"] == committed:  # every finished batch was reported
+                written = f", and {self.output.count - query.rows:,} of its records were already in the output"
             say(f"    micro-batch {planned} was running: it is in the checkpoint's offset log, not in its "
-                f"commit log, and {written:,} of its records were already committed to the output")
-            say("    the restarted query must replay it, and its exactly-once sink must skip those records")
+                f"commit log{written}")
+            say("    the restarted query must replay it, and its sink must not write those records again")
         else:
             say(f"    it was between micro-batches (last one, {committed}, is committed in the checkpoint)")
         self.start_query("restart from the checkpoint")
@@ -292,6 +302,8 @@ class Demo:
 
 def table(report: Report, demo: Demo, wall_s: float) -> str:
     batches = sum(len(q.batches) for q in demo.queries)
+    rows = sum(q.rows for q in demo.queries)
+    batch_s = sum(b["ms"] for q in demo.queries for b in q.batches) / 1000
     rows = [
         ("records in (committed payments)", f"{report.records_in:,}"),
         ("records out (enriched, read_committed)", f"{report.records_out:,}"),
@@ -304,8 +316,10 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
         ("micro-batches", f"{batches} in {len(demo.queries)} query runs"),
         ("crashes", f"query killed 1x, broker killed {demo.broker_kills}x, query failed {demo.unplanned_restarts}x"),
         ("wall time", f"{wall_s:.1f} s"),
-        ("throughput", f"{report.records_out / demo.caught_up_at:,.0f} records/s end to end "
-                       f"(output records / time until the query caught up, {demo.caught_up_at:.1f} s)"
+        ("throughput in micro-batches", f"{rows:,.0f} rows in {batch_s:.1f} s of micro-batches: "
+                                        f"{rows / batch_s:,.0f} records/s" if batch_s else "-"),
+        ("throughput end to end", f"{report.records_out / demo.caught_up_at:,.0f} records/s (output records / "
+                                  f"{demo.caught_up_at:.1f} s until the query caught up, Spark start-ups included)"
          if demo.caught_up_at else "-"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -318,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="at most this many payments per second")
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--delivery", choices=("exactly_once", "at_least_once"), default="exactly_once",
+                        help="the sink's guarantee; at_least_once shows what the verifier finds without transactions")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="ottla-demo-"))

@@ -141,10 +141,17 @@ class Broker:
         await self._stopped.wait()
 
     async def _periodic_flush(self) -> None:
-        """Time-based duties of the log layer (flush.ms, segment.ms, checkpoints)."""
+        """Time-based duties of the log layer (flush.ms, checkpoints, retention, producer expiry).
+
+        A failing round is logged and the next one runs anyway, as Kafka's scheduler does:
+        one bad partition must not stop flushes and checkpoints for all the others.
+        """
         while True:
             await asyncio.sleep(1.0)
-            self.logs.tick(now_ms())
+            try:
+                self.logs.tick(now_ms())
+            except Exception:
+                log.exception("periodic log duties failed; retrying in a second")
 
     def find_log(self, topic: str, partition: int):
         """The partition's Log, or None when the topic or partition does not exist."""
