@@ -183,8 +183,9 @@ def commit_run(context, bootstrap: str, topic: str, committers: int, seconds: fl
             raise RuntimeError(f"committer {index} committed {offset} but reads back {read_back}")
     commits = sum(d[2] for d in done)
     latencies = sorted(x for d in done for x in d[4])
-    return {"commits": commits, "rate": commits / max(d[3] for d in done),
-            "p50": latencies[len(latencies) // 2], "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return {"commits": commits, "rate": commits / max(d[3] for d in done), "p50": latencies[len(latencies) // 2],
+            "p99": p99}
 
 
 def main() -> int:
@@ -235,12 +236,14 @@ def main() -> int:
         print(f"| {name} | {statistics.median(samples):.2f} | {min(samples):.2f} | {max(samples):.2f} |")
     for committers, runs in commit_runs.items():
         rates = [r["rate"] for r in runs]
-        print(f"| commits/s, {committers} synchronous committer(s) | {statistics.median(rates):,.0f} "
+        plural = "s" * (committers > 1)
+        print(f"| commits/s, {committers} synchronous committer{plural} | {statistics.median(rates):,.0f} "
               f"| {min(rates):,.0f} | {max(rates):,.0f} |")
     for committers, runs in commit_runs.items():
+        plural = "s" * (committers > 1)
         p50 = statistics.median(r["p50"] for r in runs) * 1000
         p99 = statistics.median(r["p99"] for r in runs) * 1000
-        print(f"| commit latency p50 / p99, {committers} committer(s) (ms) | {p50:.2f} / {p99:.2f} | | |")
+        print(f"| commit latency p50 / p99, {committers} committer{plural} (ms) | {p50:.2f} / {p99:.2f} | | |")
     return 0
 
 

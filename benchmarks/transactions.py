@@ -13,12 +13,15 @@ warm-up (one acknowledged record, or one committed transaction) that takes librd
 producer-id start-up out of the measurement. Commit latency is the time commit_transaction()
 took, and the part of it after the transaction's records were acknowledged (EndTxn), over
 every commit of every repeat. Broker CPU is the broker process's user+system time during a
-run; on a busy machine it is steadier than rates. After each run the high watermarks must
+run; on a busy machine it is steadier than rates. With --mock the same runs also go to
+librdkafka's in-memory mock cluster, a broker that does no work: its ratios are what the
+client alone loses by committing, which no broker can win back. After each run the high watermarks must
 account for the records sent and, for transactions, the last stable offset must reach the
 high watermark.
 
     .venv/bin/python benchmarks/transactions.py                       # 3M records x 3 repeats, ~2 min
     .venv/bin/python benchmarks/transactions.py --records 100000 --repeat 1
+    .venv/bin/python benchmarks/transactions.py --repeat 5 --mock    # also the mock-cluster yardstick
 
 Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
 """
@@ -41,7 +44,7 @@ from confluent_kafka import IsolationLevel, Producer, TopicPartition, libversion
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Ottla, progress  # noqa: E402
+from brokerproc import Children, Mock, Ottla, progress  # noqa: E402
 
 VALUE_SIZE = 100
 TARGET = 0.90  # the issue's goal: transactional throughput at 100 ms commits >= 90% of idempotent
@@ -138,20 +141,30 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
-def _run(children: Children, admin: AdminClient, broker: Ottla, mode: str, args: argparse.Namespace) -> dict:
+class _Target:
+    """Where a run's producer writes: Ottla (checked, broker CPU measured) or librdkafka's mock
+    cluster, a broker that does no work -- what the client itself loses by committing."""
+
+    def __init__(self, name: str, bootstrap: str, create_topic, pid: int | None = None,
+                 admin: AdminClient | None = None):
+        self.name, self.bootstrap, self.create_topic, self.pid, self.admin = name, bootstrap, create_topic, pid, admin
+
+
+def _run(children: Children, target: _Target, mode: str, args: argparse.Namespace) -> dict:
     topic = f"bench-txn-{mode}-{uuid.uuid4().hex[:6]}"
-    admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(30)
-    command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", broker.bootstrap,
+    target.create_topic(topic, args.partitions)
+    command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", target.bootstrap,
                "--topic", topic, "--records", str(args.records)]
-    cpu_before = _cpu_seconds(broker.proc.pid)
+    cpu_before = _cpu_seconds(target.pid) if target.pid else 0.0
     proc = children.spawn(command, stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate()
     children.procs.remove(proc)
     if proc.returncode:
         raise RuntimeError(f"{mode} producer process failed with code {proc.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
-    result["broker_cpu"] = _cpu_seconds(broker.proc.pid) - cpu_before
-    _check(admin, topic, args.partitions, mode, result)
+    result["broker_cpu"] = _cpu_seconds(target.pid) - cpu_before if target.pid else None
+    if target.admin is not None:
+        _check(target.admin, topic, args.partitions, mode, result)
     return result
 
 
@@ -165,6 +178,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=3_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--mock", action="store_true", help="also run against librdkafka's mock cluster")
     parser.add_argument("--role", choices=["producer"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=sorted(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -175,39 +189,50 @@ def main() -> int:
         return 0
 
     load_before = os.getloadavg()
-    samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    samples: dict[tuple[str, str], list[dict]] = {}
     with Children() as children, tempfile.TemporaryDirectory(prefix="ottla-bench-txn-") as workdir:
         broker = Ottla(children, Path(workdir) / "data")
         broker.start()
         admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+
+        def create(topic: str, partitions: int) -> None:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+        targets = [_Target("ottla", broker.bootstrap, create, broker.proc.pid, admin)]
+        if args.mock:
+            mock = Mock(children)
+            targets.append(_Target("mock", mock.bootstrap, mock.create_topic))
         for rep in range(args.repeat):
-            for mode in list(MODES) if rep % 2 == 0 else list(reversed(MODES)):
-                result = _run(children, admin, broker, mode, args)
-                samples[mode].append(result)
-                progress(f"run {rep + 1}/{args.repeat} {mode}: {args.records / result['seconds']:,.0f} records/s, "
-                         f"{len(result['commits'])} commits")
+            for target in targets:
+                for mode in list(MODES) if rep % 2 == 0 else list(reversed(MODES)):
+                    result = _run(children, target, mode, args)
+                    samples.setdefault((target.name, mode), []).append(result)
+                    progress(f"run {rep + 1}/{args.repeat} {target.name} {mode}: "
+                             f"{args.records / result['seconds']:,.0f} records/s, {len(result['commits'])} commits")
         broker.stop()
     load_after = os.getloadavg()
 
     print(f"{args.records:,} records of {VALUE_SIZE} bytes, {args.partitions} partitions, acks=all, "
           f"librdkafka {libversion()[0]}, median of {args.repeat} runs each; "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)\n")
-    print("| mode | records/s | vs idempotent | runs (records/s) | broker CPU (s) | commits | commit p50 (ms) "
-          "| commit p99 (ms) | after flush p50 (ms) | after flush p99 (ms) |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    rates = {mode: args.records / statistics.median(r["seconds"] for r in runs) for mode, runs in samples.items()}
-    for mode, runs in samples.items():
+    print("| broker | mode | records/s | vs idempotent | runs (records/s) | broker CPU (s) | commits "
+          "| commit p50 (ms) | commit p99 (ms) | after flush p50 (ms) | after flush p99 (ms) |")
+    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rates = {key: args.records / statistics.median(r["seconds"] for r in runs) for key, runs in samples.items()}
+    for (target, mode), runs in samples.items():
         each = sorted(args.records / r["seconds"] for r in runs)
         totals = [total for r in runs for total, _ in r["commits"]]
         end_txns = [end_txn for r in runs for _, end_txn in r["commits"]]
-        latency = " | ".join(f"{_percentile(samples, 0.5) * 1000:.1f} | {_percentile(samples, 0.99) * 1000:.1f}"
-                             if samples else "- | -" for samples in (totals, end_txns))
-        print(f"| {mode} | {rates[mode]:,.0f} | {rates[mode] / rates['idempotent']:.3f} | "
-              f"{each[0]:,.0f} - {each[-1]:,.0f} | {statistics.median(r['broker_cpu'] for r in runs):.2f} | "
-              f"{len(totals)} | {latency} |")
-    ratio = rates["txn-100ms"] / rates["idempotent"]
-    print(f"\n- txn-100ms / idempotent = {ratio:.3f} ({'meets' if ratio >= TARGET else 'misses'} "
-          f"the >= {TARGET:.2f} target)")
+        latency = " | ".join(f"{_percentile(values, 0.5) * 1000:.1f} | {_percentile(values, 0.99) * 1000:.1f}"
+                             if values else "- | -" for values in (totals, end_txns))
+        cpu = "-" if runs[0]["broker_cpu"] is None else f"{statistics.median(r['broker_cpu'] for r in runs):.2f}"
+        print(f"| {target} | {mode} | {rates[target, mode]:,.0f} | {rates[target, mode] / rates[target, 'idempotent']:.3f} | "
+              f"{each[0]:,.0f} - {each[-1]:,.0f} | {cpu} | {len(totals)} | {latency} |")
+    print()
+    for target in dict.fromkeys(name for name, _ in samples):
+        ratio = rates[target, "txn-100ms"] / rates[target, "idempotent"]
+        print(f"- {target}: txn-100ms / idempotent = {ratio:.3f} ({'meets' if ratio >= TARGET else 'misses'} "
+              f"the >= {TARGET:.2f} target)")
     return 0
 
 

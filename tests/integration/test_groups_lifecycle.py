@@ -165,9 +165,11 @@ def _start_processors(context, bootstrap, group, topic, directory, phase):
     return workers, paths
 
 
-def _wait_journals(paths, done, timeout):
+def _wait_journals(paths, workers, done, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # Processors never exit on their own; one that did has an error on its stderr.
+        assert all(w.is_alive() for w in workers), [w.exitcode for w in workers]
         journals = _read_journals(p for p in paths if p.exists())
         if done(journals):
             return journals
@@ -183,7 +185,7 @@ def test_commits_resume_consumption_after_kill_9_of_every_consumer_and_the_broke
     context = multiprocessing.get_context("spawn")
     workers, first_paths = _start_processors(context, broker.bootstrap, group, topic, tmp_path, "before")
     try:
-        _wait_journals(first_paths, lambda j: len(_processed(j)) >= 0.4 * len(every_record), 120)
+        _wait_journals(first_paths, workers, lambda j: len(_processed(j)) >= 0.4 * len(every_record), 120)
         broker.kill()
         for worker in workers:
             worker.kill()
@@ -211,7 +213,7 @@ def test_commits_resume_consumption_after_kill_9_of_every_consumer_and_the_broke
             acked = _acked(journals)
             return all(max((o for _, q, o in acked if q == p), default=0) == per_partition for p in range(partitions))
 
-        after = _wait_journals(second_paths, finished, 180)
+        after = _wait_journals(second_paths, workers, finished, 180)
     finally:
         for worker in workers:
             worker.kill()

@@ -316,8 +316,8 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
         ("micro-batches", f"{batches} in {len(demo.queries)} query runs"),
         ("crashes", f"query killed 1x, broker killed {demo.broker_kills}x, query failed {demo.unplanned_restarts}x"),
         ("wall time", f"{wall_s:.1f} s"),
-        ("throughput in micro-batches", f"{rows:,.0f} rows in {batch_s:.1f} s of micro-batches: "
-                                        f"{rows / batch_s:,.0f} records/s" if batch_s else "-"),
+        ("time in micro-batches", f"{batch_s:.1f} s for {rows:,} rows, {rows / batch_s:,.0f} records/s (each "
+                                  "query run's first batch also starts its Python workers)" if batch_s else "-"),
         ("throughput end to end", f"{report.records_out / demo.caught_up_at:,.0f} records/s (output records / "
                                   f"{demo.caught_up_at:.1f} s until the query caught up, Spark start-ups included)"
          if demo.caught_up_at else "-"),
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="ottla-demo-"))
     demo = Demo(args, root)
-    print(f"Ottla demo: exactly-once payments pipeline, {args.events:,} payments, Spark local[2]; "
+    print(f"Ottla demo: payments pipeline, {args.events:,} payments, Spark local[2], {args.delivery} sink; "
           f"working dir {root}", flush=True)
     try:
         report = demo.run()
