@@ -139,3 +139,24 @@ def test_pipelined_requests_answer_in_order(guarded, raw_connection):
     sock.sendall(b"".join(encode_request(r, correlation_id=100 + i) for i, r in enumerate(requests)))
     ids = [decode_response(read_frame(sock), 18, 3)[0] for _ in requests]
     assert ids == list(range(100, 120))
+
+
+def test_failed_acks_0_produce_closes_the_connection(ottla_broker, raw_connection):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": ottla_broker.bootstrap})
+    admin.create_topics([NewTopic("fire-and-forget", 1, 1)])["fire-and-forget"].result(10)
+    sock = raw_connection(ottla_broker.bootstrap)
+
+    def produce(records, correlation_id):
+        request = ProduceRequest(transactional_id=None, acks=0, timeout=timedelta(seconds=5), topic_data=(
+            TopicProduceData(name="fire-and-forget", partition_data=(
+                PartitionProduceData(index=0, records=bytes(records)),)),))
+        sock.sendall(encode_request(request, correlation_id))
+
+    produce(_batch([b"ok"]), 5)
+    assert not is_closed(sock, timeout=0.5)  # no response, the connection stays
+    bad = _batch([b"x"])
+    bad[-1] ^= 0xFF
+    produce(bad, 6)
+    assert is_closed(sock)  # the only way to tell an acks=0 client its write failed
+    assert _healthy(raw_connection, ottla_broker.bootstrap)

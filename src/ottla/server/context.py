@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from .broker import Broker
 
 
+class CloseConnection(Exception):
+    """A handler's way to say "close this client's connection" (the reason is logged)."""
+
+
 @dataclass(slots=True)
 class RequestContext:
     broker: "Broker"

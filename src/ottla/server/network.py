@@ -25,7 +25,7 @@ from ..protocol.codec import (
     decode_request,
     encode_response,
 )
-from .context import RequestContext
+from .context import CloseConnection, RequestContext
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -128,6 +128,9 @@ class Connection(asyncio.BufferedProtocol):
                 response = await handlers[request.api_key].handle(context, request.body)
             except asyncio.CancelledError:
                 raise
+            except CloseConnection as exc:
+                self.close(str(exc))
+                return
             except Exception:
                 log.exception("handler for API %d v%d failed; closing %s", request.api_key, request.api_version, self.id)
                 self.close()

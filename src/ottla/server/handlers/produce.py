@@ -7,6 +7,7 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ..clock import now_ms
+from ..context import CloseConnection
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
@@ -76,5 +77,11 @@ async def handle(ctx, request):
                                    record_errors=(), error_message=message))
         topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
     if acks == 0:
+        failed = [f"{t.name}-{p.index}: {p.error_code.name}" for t in topics for p in t.partition_responses
+                  if p.error_code != ErrorCode.none]
+        if failed:
+            # Kafka's answer to a failed acks=0 produce: with no response to carry the error,
+            # closing the connection makes the client refresh its metadata and notice.
+            raise CloseConnection(f"acks=0 produce failed ({', '.join(failed)})")
         return None
     return make(response_type, responses=tuple(topics), throttle_time=timedelta(0), node_endpoints=())
