@@ -124,7 +124,10 @@ class _Index:
             self.open(active=True)
         if (self.entries + 1) * self.entry.size > len(self._mm):
             return  # only if segment.index.bytes shrank under a live segment: a sparser index is still correct
-        self.entry.pack_into(self._mm, self.entries * self.entry.size, *values)
+        # pwrite, not a store into the mapping: the first store into each page of the sparse,
+        # preallocated file faults and allocates a block (measured ~3 ms on ext4), where the
+        # write path allocates it in ~20 us. The page cache keeps the mapping coherent.
+        os.pwrite(self._fd, self.entry.pack(*values), self.entries * self.entry.size)
         self.entries += 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import sys
@@ -24,6 +25,24 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), number
 
 
+def keep_freed_request_buffers() -> None:
+    """Every produce request brings a buffer of up to a few MB that lives for one request.
+
+    glibc serves allocations that large with a fresh mmap and unmaps them on free, so each
+    request paid for faulting in and zeroing its pages again: measured, half the broker's CPU
+    on 1 KiB-record produce. Raising glibc's mmap and trim thresholds (its documented
+    `mallopt` knobs) lets freed buffers be reused from the heap. Skipped where libc is not glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum
+    mallopt(m_trim_threshold, 128 << 20)
+
+
 def configure_logging(level: str) -> None:
     """One line per event, key=value friendly, on stderr; quiet (WARNING) by default."""
     logging.basicConfig(
@@ -35,6 +54,7 @@ def configure_logging(level: str) -> None:
 
 def run(args) -> int:
     configure_logging(args.log_level)
+    keep_freed_request_buffers()
     try:
         overrides = BrokerConfig.parse_cli(args.config or [])
         if args.node_id is not None:
