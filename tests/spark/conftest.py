@@ -1,9 +1,4 @@
-"""Fixtures for the Spark tests: one local SparkSession and one Kafka-protocol cluster per module.
-
-`kafka` is a real Ottla broker. librdkafka's in-process mock cluster is the fallback (one line in
-`kafka()`), for working on the data source while the broker is broken: the tests that need the
-transactional read path then skip.
-"""
+"""Fixtures for the Spark tests: one local SparkSession and one real Ottla broker per module."""
 
 from __future__ import annotations
 
@@ -16,34 +11,14 @@ from typing import Callable, Iterator
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
-
-from confluent_kafka import Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic
 
 
 @dataclass
 class Kafka:
     bootstrap: str
-    transactional: bool
-    """True when the broker implements the transactional read path: last stable offset, aborted-record
-    filtering, and transactional offset commits. The librdkafka mock accepts transactional requests
-    but implements none of the three."""
     create_topic: Callable[[str], int]
     """Create a topic and return its number of partitions."""
-
-
-@contextlib.contextmanager
-def mock_cluster() -> Iterator[Kafka]:
-    """librdkafka's mock cluster on loopback ports, alive as long as the handle that created it."""
-    handle = Producer({"test.mock.num.brokers": 3, "log_level": 3})
-    bootstrap = ",".join(f"{b.host}:{b.port}" for b in handle.list_topics(timeout=10).brokers.values())
-
-    def create_topic(name: str) -> int:
-        # The mock has no controller for CreateTopics; a producer's metadata request auto-creates a topic.
-        return len(handle.list_topics(name, timeout=10).topics[name].partitions)
-
-    yield Kafka(bootstrap, transactional=False, create_topic=create_topic)
 
 
 @contextlib.contextmanager
@@ -58,12 +33,12 @@ def ottla_cluster(partitions: int = 2) -> Iterator[Kafka]:
             admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
             return partitions
 
-        yield Kafka(broker.bootstrap, transactional=True, create_topic=create_topic)
+        yield Kafka(broker.bootstrap, create_topic=create_topic)
 
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[Kafka]:
-    with ottla_cluster() as cluster:  # or, without a transactional broker: with mock_cluster() as cluster:
+    with ottla_cluster() as cluster:
         yield cluster
 
 
@@ -72,8 +47,7 @@ def spark():
     """`local[2,3]`: two cores, and a failed task is retried (up to 3 attempts), as on a cluster."""
     from pyspark.sql import SparkSession
 
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        pytest.skip("Spark needs Java")
+    assert os.environ.get("JAVA_HOME") or shutil.which("java"), "Spark needs Java: run scripts/install-system-deps.sh"
 
     import ottla.spark
 
@@ -86,10 +60,3 @@ def spark():
     ottla.spark.register(session)
     yield session
     session.stop()
-
-
-@pytest.fixture
-def needs_transactions(kafka: Kafka) -> None:
-    if not kafka.transactional:
-        pytest.skip("the librdkafka mock cluster has no last stable offset, no aborted-record filtering and "
-                    "no transactional offset commits; run against Ottla's broker (see conftest.kafka)")

@@ -23,8 +23,7 @@ def _count(output: str, name: str) -> int:
 
 
 def _demo(*args: str) -> tuple[int, str]:
-    if not shutil.which("java"):
-        pytest.skip("Spark needs Java")
+    assert shutil.which("java"), "Spark needs Java: run scripts/install-system-deps.sh"
     result = subprocess.run([sys.executable, "-m", "ottla.demo", "--events", "3000", *args], capture_output=True,
                             text=True, timeout=840)
     return result.returncode, result.stdout + result.stderr

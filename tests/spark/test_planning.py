@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark")
 
-from ottla.spark.options import EARLIEST, LATEST, OptionError, parse_read_options, parse_write_options  # noqa: E402
-from ottla.spark.source import OffsetRange, _admit, _from_json, _to_json, plan  # noqa: E402
+from ottla.spark.options import EARLIEST, LATEST, OptionError, parse_read_options, parse_write_options
+from ottla.spark.source import OffsetRange, _admit, _from_json, _to_json, plan
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092"}
 

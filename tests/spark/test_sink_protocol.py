@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark")
 
-import pyarrow as pa  # noqa: E402
-from confluent_kafka import KafkaError, KafkaException, TopicPartition  # noqa: E402
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from ottla.spark import sink  # noqa: E402
-from ottla.spark.options import parse_write_options  # noqa: E402
+from ottla.spark import sink
+from ottla.spark.options import parse_write_options
 
 
 class Broker:

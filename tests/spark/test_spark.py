@@ -13,17 +13,16 @@ import pytest
 
 pytestmark = pytest.mark.spark
 
-pyspark = pytest.importorskip("pyspark")
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
-from pyspark import TaskContext  # noqa: E402
-from pyspark.cloudpickle import register_pickle_by_value  # noqa: E402
-from pyspark.errors import PySparkException, StreamingQueryException  # noqa: E402
-from pyspark.sql.datasource import CaseInsensitiveDict, DataSourceStreamArrowWriter  # noqa: E402
-from pyspark.sql.functions import col, lit  # noqa: E402
-from py4j.protocol import Py4JJavaError  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from pyspark import TaskContext
+from pyspark.cloudpickle import register_pickle_by_value
+from pyspark.errors import PySparkException, StreamingQueryException
+from pyspark.sql.datasource import CaseInsensitiveDict, DataSourceStreamArrowWriter
+from pyspark.sql.functions import col, lit
+from py4j.protocol import Py4JJavaError
 
-from ottla.spark import OttlaDataSource  # noqa: E402
+from ottla.spark import OttlaDataSource
 
 # Spark's Python workers cannot import this test module: ship its classes by value.
 register_pickle_by_value(sys.modules[__name__])
@@ -151,7 +150,7 @@ def test_batch_read_ranges_that_end_on_transaction_markers(spark, kafka):
     assert sorted(r.offset for r in df.collect()) == [0, 1, 2, 4, 5, 6, 8, 9, 10]
 
 
-def test_batch_read_returns_exactly_the_committed_records(spark, kafka, needs_transactions):
+def test_batch_read_returns_exactly_the_committed_records(spark, kafka):
     name, partitions = topic(kafka, "txn")
     config = {"bootstrap.servers": kafka.bootstrap}
     done = Producer({**config, "transactional.id": f"done-{name}"})
@@ -296,7 +295,7 @@ def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[st
     return values, consume_committed(kafka, sink, sink_partitions)
 
 
-def test_stream_write_is_exactly_once_through_task_retries_and_restart(spark, kafka, tmp_path, needs_transactions):
+def test_stream_write_is_exactly_once_through_task_retries_and_restart(spark, kafka, tmp_path):
     values, written = run_faulty_pipeline(spark, kafka, tmp_path, "exactly_once")
     assert Counter(written) == Counter(values)
 
