@@ -93,6 +93,11 @@ class LogSegment:
         if self.time_index.is_open:
             self.time_index.flush()
 
+    def sync_data(self) -> None:
+        """fdatasync the .log alone: what a durable acknowledgement needs (see Log.sync_data)."""
+        if self._fd >= 0:
+            os.fdatasync(self._fd)
+
     def seal(self) -> None:
         """The segment stops being active: record its final max timestamp, trim and fsync everything."""
         if self._fd >= 0:

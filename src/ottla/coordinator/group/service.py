@@ -61,7 +61,7 @@ class OffsetsLogStore:
         for partition, callbacks in waiting.items():
             error = ErrorCode.none
             try:
-                self._broker.logs.get_log(OFFSETS_TOPIC, partition).flush(self._clock())
+                self._broker.logs.get_log(OFFSETS_TOPIC, partition).sync_data()
             except KafkaError as exc:
                 error = exc.code
             except OSError:

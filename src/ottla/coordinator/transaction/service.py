@@ -84,7 +84,7 @@ class TransactionLogStore:
         for partition, callbacks in waiting.items():
             error = ErrorCode.none
             try:
-                self._broker.logs.get_log(TRANSACTION_STATE_TOPIC, partition).flush(self._clock())
+                self._broker.logs.get_log(TRANSACTION_STATE_TOPIC, partition).sync_data()
             except KafkaError as exc:
                 error = exc.code
             except OSError:
