@@ -164,3 +164,13 @@ class Mock:
         self.proc.stdin.write(f"{topic} {partitions}\n")
         self.proc.stdin.flush()
         self._reply("created")
+
+
+def produce_blocking(producer, topic: str, value: bytes) -> None:
+    """`producer.produce`, waiting while librdkafka's local queue is full instead of failing."""
+    while True:
+        try:
+            producer.produce(topic, value)
+            return
+        except BufferError:  # local queue full: let librdkafka send
+            producer.poll(0.005)

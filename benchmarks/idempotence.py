@@ -55,7 +55,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, progress  # noqa: E402
+from brokerproc import Children, Mock, Ottla, produce_blocking, progress  # noqa: E402
 
 MODES = {"idempotent": True, "non-idempotent": False}
 VALUE_SIZE = 100
@@ -87,12 +87,7 @@ def role_confluent(args: argparse.Namespace) -> dict:
         raise SystemExit("warm-up record unacknowledged after 60 s")
     started = time.perf_counter()
     for i in range(args.records):
-        while True:
-            try:
-                producer.produce(args.topic, values[i % 1024])
-                break
-            except BufferError:  # local queue full: let librdkafka send
-                producer.poll(0.005)
+        produce_blocking(producer, args.topic, values[i % 1024])
         if i % 10_000 == 0:
             producer.poll(0)
     left = producer.flush(300)

@@ -51,7 +51,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, progress, rss_mib  # noqa: E402
+from brokerproc import Children, Mock, Ottla, produce_blocking, progress, rss_mib  # noqa: E402
 
 # Records per case and repetitions (the median is reported).
 PRESETS = {
@@ -104,12 +104,7 @@ def role_python_produce(args: argparse.Namespace) -> dict:
     producer = Producer({"bootstrap.servers": args.bootstrap, "acks": args.acks, "log_level": 0})
     for i in range(args.records):
         value = values[i % VALUE_POOL]
-        while True:
-            try:
-                producer.produce(args.topic, value)
-                break
-            except BufferError:  # local queue full: let librdkafka send
-                producer.poll(0.005)
+        produce_blocking(producer, args.topic, value)
         if i % 10_000 == 0:
             producer.poll(0)
     left = producer.flush(120)

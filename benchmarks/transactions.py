@@ -44,7 +44,7 @@ from confluent_kafka import IsolationLevel, Producer, TopicPartition, libversion
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, progress  # noqa: E402
+from brokerproc import Children, Mock, Ottla, produce_blocking, progress  # noqa: E402
 
 VALUE_SIZE = 100
 TARGET = 0.90  # the goal: transactional throughput at 100 ms commits >= 90% of idempotent
@@ -92,12 +92,7 @@ def role_producer(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     txn_started = started
     for i in range(args.records):
-        while True:
-            try:
-                producer.produce(args.topic, values[i % 1024])
-                break
-            except BufferError:  # local queue full: let librdkafka send
-                producer.poll(0.005)
+        produce_blocking(producer, args.topic, values[i % 1024])
         if i % 256 == 0:
             producer.poll(0)
             if interval is not None and time.perf_counter() - txn_started >= interval:

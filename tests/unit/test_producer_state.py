@@ -16,37 +16,12 @@ from ottla.producer_state import (
     ProducerStateManager,
     read_end_txn_marker,
 )
-from ottla.records.batch import HEADER_SIZE, BatchHeader, parse_batches, set_base_offset
+from ottla.records.batch import parse_batches, set_base_offset
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch
+from tests.unit.producer_batches import NOW, data, marker
 
 INT32_MAX = 2**31 - 1
-NOW = 1_700_000_000_000
-
-
-def data(pid, epoch, seq, offset, count=1, *, txn=False, ts=NOW):
-    """A v2 data batch header as the log hands it over: offsets already assigned."""
-    return BatchHeader(
-        position=0,
-        base_offset=offset,
-        batch_length=HEADER_SIZE - 12,
-        partition_leader_epoch=0,
-        magic=2,
-        crc=0,
-        attributes=0x10 if txn else 0,
-        last_offset_delta=count - 1,
-        first_timestamp=ts,
-        max_timestamp=ts,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        records_count=count,
-    )
-
-
-def marker(pid, epoch, offset, *, abort=False, coordinator_epoch=0, ts=NOW):
-    header = data(pid, epoch, -1, offset, txn=True, ts=ts)._replace(attributes=0x30)
-    return ControlBatch(header, EndTxnMarker(commit=not abort, coordinator_epoch=coordinator_epoch))
 
 
 def append(state, batches, now=NOW, origin="client"):
