@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from ..record_reader import RecordFormatError, RecordReader
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
@@ -68,10 +69,6 @@ class GroupMetadataValue:
     leader: str | None
     current_state_timestamp: int
     members: tuple[MemberMetadataValue, ...]
-
-
-class RecordFormatError(ValueError):
-    """A key or value in the offsets topic that does not parse."""
 
 
 # --- encoding -------------------------------------------------------------------------
@@ -144,76 +141,9 @@ def encode_group_metadata_value(value: GroupMetadataValue) -> bytes:
 # --- decoding -------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads Kafka's classic and flexible (compact, tagged) encodings from one buffer."""
-
-    def __init__(self, data: bytes, flexible: bool = False):
-        self.data = memoryview(data)
-        self.pos = 0
-        self.flexible = flexible
-
-    def _take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.data):
-            raise RecordFormatError("record is truncated")
-        chunk = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return chunk
-
-    def int16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
-
-    def int32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
-
-    def int64(self) -> int:
-        return _I64.unpack(self._take(8))[0]
-
-    def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self._take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise RecordFormatError("varint is too long")
-
-    def nullable_string(self) -> str | None:
-        length = self.uvarint() - 1 if self.flexible else self.int16()
-        if length < 0:
-            return None
-        return bytes(self._take(length)).decode()
-
-    def string(self) -> str:
-        value = self.nullable_string()
-        if value is None:
-            raise RecordFormatError("null in a non-nullable string")
-        return value
-
-    def bytes_(self) -> bytes:
-        length = self.uvarint() - 1 if self.flexible else self.int32()
-        if length < 0:
-            raise RecordFormatError("null in a non-nullable bytes field")
-        return bytes(self._take(length))
-
-    def array_length(self) -> int:
-        length = self.uvarint() - 1 if self.flexible else self.int32()
-        if length < 0:
-            raise RecordFormatError("null in a non-nullable array")
-        return length
-
-    def tagged_fields(self) -> None:
-        """Skip tagged fields: none of the fields this coordinator reads is tagged."""
-        if self.flexible:
-            for _ in range(self.uvarint()):
-                self.uvarint()
-                self._take(self.uvarint())
-
-
 def decode_key(data: bytes) -> OffsetCommitKey | GroupMetadataKey | None:
     """The key's record, or None for record types a classic coordinator does not use."""
-    reader = _Reader(data)
+    reader = RecordReader(data)
     version = reader.int16()
     if version in (0, 1):
         return OffsetCommitKey(reader.string(), reader.string(), reader.int32())
@@ -226,7 +156,7 @@ def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
     version = _I16.unpack_from(data)[0] if len(data) >= 2 else -1
     if not 0 <= version <= 4:
         raise RecordFormatError(f"unknown OffsetCommitValue version {version}")
-    reader = _Reader(data[2:], flexible=version >= 4)
+    reader = RecordReader(data[2:], flexible=version >= 4)
     offset = reader.int64()
     leader_epoch = reader.int32() if version >= 3 else -1
     metadata = reader.string()
@@ -240,7 +170,7 @@ def decode_group_metadata_value(data: bytes) -> GroupMetadataValue:
     version = _I16.unpack_from(data)[0] if len(data) >= 2 else -1
     if not 0 <= version <= 4:
         raise RecordFormatError(f"unknown GroupMetadataValue version {version}")
-    reader = _Reader(data[2:], flexible=version >= 4)
+    reader = RecordReader(data[2:], flexible=version >= 4)
     protocol_type = reader.string()
     generation = reader.int32()
     protocol = reader.nullable_string()

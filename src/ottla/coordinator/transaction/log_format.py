@@ -16,6 +16,7 @@ import enum
 import struct
 from dataclasses import dataclass
 from typing import Iterable
+from ..record_reader import RecordReader
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 
@@ -97,7 +98,7 @@ def encode_key(transactional_id: str) -> bytes:
 
 
 def decode_key(data: bytes) -> str:
-    reader = _Reader(data)
+    reader = RecordReader(data)
     version = reader.int16()
     if version != KEY_VERSION:
         raise UnknownKeyVersion(f"unknown __transaction_state key version {version}")
@@ -145,27 +146,24 @@ def encode_value(value: TxnLogValue, version: int = 0) -> bytes:
 
 
 def decode_value(data: bytes) -> TxnLogValue:
-    reader = _Reader(data)
+    reader = RecordReader(data)
     version = reader.int16()
     if version not in VALUE_VERSIONS:
         raise ValueError(f"unknown __transaction_state value version {version}")
-    flexible = version >= 1
+    reader.flexible = version >= 1
     producer_id = reader.int64()
     producer_epoch = reader.int16()
     timeout_ms = reader.int32()
     state = TxnState.from_id(reader.int8())
     partitions: set[TopicPartition] = set()
-    topic_count = reader.array_length(flexible)
-    for _ in range(topic_count or 0):
-        topic = reader.string(flexible)
-        count = reader.array_length(flexible)
-        for _ in range(count or 0):
+    for _ in range(reader.nullable_array_length() or 0):
+        topic = reader.string()
+        for _ in range(reader.nullable_array_length() or 0):
             partitions.add((topic, reader.int32()))
-        if flexible:
-            reader.tagged_fields()
+        reader.tagged_fields()
     last_update_ms = reader.int64()
     start_ms = reader.int64()
-    tagged = reader.tagged_fields() if flexible else {}
+    tagged = reader.tagged_fields()
     reader.expect_end()
     return TxnLogValue(
         producer_id=producer_id,
@@ -238,63 +236,3 @@ def _write_tagged_fields(out: bytearray, fields: dict[int, bytes]) -> None:
         out += fields[tag]
 
 
-class _Reader:
-    """Bounds-checked reads; a short or malformed record raises ValueError, never IndexError."""
-
-    def __init__(self, data: bytes):
-        self.data = memoryview(data)
-        self.pos = 0
-
-    def _take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.data):
-            raise ValueError("truncated __transaction_state record")
-        chunk = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return chunk
-
-    def _unpack(self, fmt: str) -> int:
-        return struct.unpack(fmt, self._take(struct.calcsize(fmt)))[0]
-
-    def int8(self) -> int:
-        return self._unpack(">b")
-
-    def int16(self) -> int:
-        return self._unpack(">h")
-
-    def int32(self) -> int:
-        return self._unpack(">i")
-
-    def int64(self) -> int:
-        return self._unpack(">q")
-
-    def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self._take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise ValueError("varint too long")
-
-    def string(self, flexible: bool = False) -> str:
-        length = self.uvarint() - 1 if flexible else self.int16()
-        if length < 0:
-            raise ValueError("null string in __transaction_state record")
-        return bytes(self._take(length)).decode("utf-8")
-
-    def array_length(self, flexible: bool) -> int | None:
-        length = self.uvarint() - 1 if flexible else self.int32()
-        return None if length < 0 else length
-
-    def tagged_fields(self) -> dict[int, bytes]:
-        fields = {}
-        for _ in range(self.uvarint()):
-            tag = self.uvarint()
-            fields[tag] = bytes(self._take(self.uvarint()))
-        return fields
-
-    def expect_end(self) -> None:
-        if self.pos != len(self.data):
-            raise ValueError("trailing bytes in __transaction_state record")
