@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 from ...errors import ErrorCode, KafkaError
 from ...records.control import ABORT, COMMIT, control_type
 from ...records.records import Record, build_batch, iter_batches
+from ...server.data_sync import DataSync
 from .api import OnDurable, StoredRecord, StoredTxnMarker
 from .coordinator import GroupCoordinator
 from .records import OFFSETS_TOPIC
@@ -32,14 +33,14 @@ _TICK_S = 0.05
 class OffsetsLogStore:
     """`OffsetsStore` over the broker's `__consumer_offsets` logs.
 
-    One node holds the only copy, so durable means fsynced; appends made in the same turn
-    of the event loop share one fsync per partition before anyone is answered.
+    One node holds the only copy, so durable means fdatasynced (`DataSync`) before anyone
+    is answered.
     """
 
     def __init__(self, broker: "Broker", clock: Callable[[], int]):
         self._broker = broker
         self._clock = clock
-        self._waiting: dict[int, list[tuple[OnDurable, int]]] = {}
+        self._sync = DataSync(broker.logs, OFFSETS_TOPIC)
 
     def append(self, partition: int, records: Sequence[tuple[bytes, bytes | None]], on_durable: OnDurable,
                *, producer_id: int = -1, producer_epoch: int = -1) -> None:
@@ -51,24 +52,13 @@ class OffsetsLogStore:
         except KafkaError as exc:
             on_durable(exc.code, -1)
             return
-        if not self._waiting:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._waiting.setdefault(partition, []).append((on_durable, result.base_offset))
+        base_offset = result.base_offset
+        self._sync.after_sync(partition, lambda error: on_durable(
+            error, base_offset if error == ErrorCode.none else -1))
 
-    def flush(self) -> None:
-        """fsync what was appended since the last flush, then tell whoever waits on it."""
-        waiting, self._waiting = self._waiting, {}
-        for partition, callbacks in waiting.items():
-            error = ErrorCode.none
-            try:
-                self._broker.logs.get_log(OFFSETS_TOPIC, partition).sync_data()
-            except KafkaError as exc:
-                error = exc.code
-            except OSError:
-                log.exception("fsync of %s-%d failed", OFFSETS_TOPIC, partition)
-                error = ErrorCode.kafka_storage_error
-            for on_durable, base_offset in callbacks:
-                on_durable(error, base_offset if error == ErrorCode.none else -1)
+    def close(self) -> None:
+        """Sync and answer the appends not yet acknowledged."""
+        self._sync.close()
 
     def load(self, partition: int) -> Iterator[StoredRecord | StoredTxnMarker]:
         partition_log = self._broker.logs.get_log(OFFSETS_TOPIC, partition)
@@ -142,7 +132,7 @@ class GroupService:
         they look for the coordinator again once the broker is back."""
         if self._timer is not None:
             self._timer.cancel()
-        self._store.flush()
+        self._store.close()
         now = self._clock()
         for partition in range(self.coordinator.num_partitions):
             self.coordinator.unload_partition(partition, now)

@@ -23,6 +23,7 @@ from kio.schema.write_txn_markers.v1.request import (
 from ...errors import ErrorCode, KafkaError
 from ...records.records import Record, build_batch, iter_batches
 from ...server.context import RequestContext
+from ...server.data_sync import DataSync
 from ...server.handlers import write_txn_markers
 from .coordinator import Records, TransactionCoordinator
 from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition
@@ -53,14 +54,14 @@ def _failpoints() -> frozenset[str]:
 class TransactionLogStore:
     """`TxnLogStore` over the broker's `__transaction_state` logs.
 
-    On one node the log is the only copy, so "durable" means fsynced: appends made in the
-    same turn of the event loop share one fsync per partition before anyone is told.
+    On one node the log is the only copy, so "durable" means fdatasynced (`DataSync`)
+    before anyone is told.
     """
 
     def __init__(self, broker: "Broker", clock: Callable[[], int]):
         self._broker = broker
         self._clock = clock
-        self._waiting: dict[int, list[Callable[[ErrorCode], None]]] = {}
+        self._sync = DataSync(broker.logs, TRANSACTION_STATE_TOPIC)
 
     def append(self, partition: int, key: bytes, value: bytes | None,
                on_durable: Callable[[ErrorCode], None]) -> None:
@@ -75,23 +76,11 @@ class TransactionLogStore:
             log.exception("append to %s-%d failed", TRANSACTION_STATE_TOPIC, partition)
             on_durable(ErrorCode.kafka_storage_error)
             return
-        if not self._waiting:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._waiting.setdefault(partition, []).append(on_durable)
+        self._sync.after_sync(partition, on_durable)
 
-    def _flush(self) -> None:
-        waiting, self._waiting = self._waiting, {}
-        for partition, callbacks in waiting.items():
-            error = ErrorCode.none
-            try:
-                self._broker.logs.get_log(TRANSACTION_STATE_TOPIC, partition).sync_data()
-            except KafkaError as exc:
-                error = exc.code
-            except OSError:
-                log.exception("fsync of %s-%d failed", TRANSACTION_STATE_TOPIC, partition)
-                error = ErrorCode.kafka_storage_error
-            for on_durable in callbacks:
-                on_durable(error)
+    def close(self) -> None:
+        """Sync and answer the appends not yet acknowledged; from now on nothing is answered."""
+        self._sync.close()
 
     def load(self, partition: int, on_loaded: Callable[[Records], None]) -> None:
         on_loaded(self._read_all(partition))
@@ -189,8 +178,8 @@ class TransactionService:
         self._broker = broker
         self._clock = clock
         self.markers = MarkerSender(broker, _failpoints())
-        self.coordinator = TransactionCoordinator(broker.config, TransactionLogStore(broker, clock),
-                                                  self.markers, next_producer_id)
+        self._store = TransactionLogStore(broker, clock)
+        self.coordinator = TransactionCoordinator(broker.config, self._store, self.markers, next_producer_id)
         self._timer: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -227,6 +216,7 @@ class TransactionService:
         rolled forward by the next start, from the log."""
         if self._timer is not None:
             self._timer.cancel()
+        self._store.close()
         self.markers.cancel_all()
         for partition in range(self.coordinator.num_partitions):
             self.coordinator.unload_partition(partition)

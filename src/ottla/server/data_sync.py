@@ -1,0 +1,114 @@
+"""Durable acknowledgements for the coordinators' internal topics, with the fsync off the loop.
+
+An offset commit or a transaction state change is answered once its batch is fdatasynced. The
+sync runs in a worker thread: on a disk busy with the page-cache writeback of data topics one
+fdatasync can take tens of milliseconds, and on the event loop that stalled every produce and
+fetch of every client behind it. Appends that arrive while a sync is running are batched into
+the next one (a group commit), so a burst of commits costs two syncs per partition, not one
+per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Callable
+
+from ..errors import ErrorCode, KafkaError
+from ..log.manager import LogManager
+
+log = logging.getLogger("ottla.sync")
+
+OnSynced = Callable[[ErrorCode], None]
+
+
+def _fdatasync_all(fds: dict[int, int]) -> dict[int, ErrorCode]:
+    """fdatasync and close each duplicated descriptor; runs in a worker thread."""
+    errors = {}
+    for partition, fd in fds.items():
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            log.error("fdatasync of partition %d failed: %s", partition, exc)
+            errors[partition] = ErrorCode.kafka_storage_error
+        finally:
+            os.close(fd)
+    return errors
+
+
+class DataSync:
+    """Runs `on_synced(error)` for an append once an fdatasync that began after it is done.
+
+    One round of syncs is in flight at a time; it works on duplicates of the active
+    segments' descriptors, so a segment that rolls (and is closed) meanwhile cannot turn
+    the number into another file's. A roll fsyncs the old segment itself.
+    """
+
+    def __init__(self, logs: LogManager, topic: str):
+        self._logs = logs
+        self._topic = topic
+        self._waiting: dict[int, list[OnSynced]] = {}
+        self._round_running = False
+        self._closed = False
+
+    def after_sync(self, partition: int, on_synced: OnSynced) -> None:
+        """Call `on_synced` (on the event loop) once what `partition` holds now is durable."""
+        self._waiting.setdefault(partition, []).append(on_synced)
+        if not self._round_running:
+            self._round_running = True
+            # call_soon: every append of this turn of the loop joins the same round.
+            asyncio.get_running_loop().call_soon(self._start_round)
+
+    def _duplicate_fds(self, partitions) -> tuple[dict[int, int], dict[int, ErrorCode]]:
+        fds, errors = {}, {}
+        for partition in partitions:
+            try:
+                fd = self._logs.get_log(self._topic, partition).duplicate_data_fd()
+            except KafkaError as exc:
+                errors[partition] = exc.code
+            except OSError:
+                log.exception("cannot sync %s-%d", self._topic, partition)
+                errors[partition] = ErrorCode.kafka_storage_error
+            else:
+                if fd is not None:
+                    fds[partition] = fd
+        return fds, errors
+
+    def _start_round(self) -> None:
+        if self._closed:
+            return
+        waiting, self._waiting = self._waiting, {}
+        fds, errors = self._duplicate_fds(waiting)
+        future = asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds)
+        future.add_done_callback(lambda done: self._finish_round(waiting, errors, done))
+
+    def _finish_round(self, waiting: dict[int, list[OnSynced]], errors: dict[int, ErrorCode],
+                      done: asyncio.Future) -> None:
+        if self._closed:
+            return  # the broker stopped; the next start reads the log
+        if done.exception() is not None:
+            log.error("sync round of %s failed: %s", self._topic, done.exception())
+            errors = dict.fromkeys(waiting, ErrorCode.kafka_storage_error)
+        else:
+            errors = errors | done.result()
+        _answer(waiting, errors)
+        if self._waiting:
+            self._start_round()
+        else:
+            self._round_running = False
+
+    def close(self) -> None:
+        """Sync and answer what waits for the next round, here and now; a round in flight is
+        not answered (its clients are disconnected and retry against the restarted broker)."""
+        waiting, self._waiting = self._waiting, {}
+        self._closed = True
+        fds, errors = self._duplicate_fds(waiting)
+        _answer(waiting, errors | _fdatasync_all(fds))
+
+
+def _answer(waiting: dict[int, list[OnSynced]], errors: dict[int, ErrorCode]) -> None:
+    for partition, callbacks in waiting.items():
+        error = errors.get(partition, ErrorCode.none)
+        for on_synced in callbacks:
+            on_synced(error)
