@@ -354,11 +354,11 @@ def test_a_failed_write_leaves_no_torn_batch(log, monkeypatch):
     log.append(batch(1), now_ms=0)
     real_write = os.write
 
-    def disk_full(fd, data):
-        real_write(fd, bytes(data[:10]))
+    def disk_full(fd, buffers):
+        real_write(fd, b"".join(buffers)[:10])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "write", disk_full)
+    monkeypatch.setattr(os, "writev", disk_full)
     with pytest.raises(KafkaError) as e:
         log.append(batch(1), now_ms=0)
     assert e.value.code == ErrorCode.kafka_storage_error
@@ -366,6 +366,23 @@ def test_a_failed_write_leaves_no_torn_batch(log, monkeypatch):
     assert log.log_end_offset == 1 and log.active_segment.size == len(batch(1))
     assert log.append(batch(1), now_ms=0).base_offset == 1
     assert offsets_in(log.read(0, 1 << 20, max_offset=2).records) == [0, 1]
+
+
+def test_a_short_write_is_completed(log, monkeypatch):
+    """The produce path writes a patched head and the request's own buffer with one writev;
+    when the kernel takes only part of it, the rest still lands, in order."""
+    real_write = os.write
+
+    def short_writev(fd, buffers):
+        return real_write(fd, b"".join(buffers)[:10])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    sent = [batch(1), batch(3)]
+    for data in sent:
+        log.append(data, now_ms=0, leader_epoch=4)
+    monkeypatch.undo()
+    assert log.active_segment.size == sum(len(data) for data in sent)
+    assert offsets_in(log.read(0, 1 << 20, max_offset=4).records) == [0, 1, 2, 3]
 
 
 def test_retention_by_time_deletes_old_segments_only(tmp_path):

@@ -24,6 +24,7 @@ from ..errors import ErrorCode, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
+    MAGIC_OFFSET,
     TIMESTAMP_TYPE_BIT,
     BatchHeader,
     parse_batches,
@@ -315,7 +316,7 @@ class Log:
         """
         if origin not in ORIGINS:
             raise ValueError(f"unknown append origin {origin!r}")
-        buf = records if isinstance(records, bytearray) else bytearray(records)
+        buf = records
         settings = self._settings
         from_client = origin == "client"
         headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if from_client else None)
@@ -331,6 +332,15 @@ class Log:
                 headers = parse_batches(buf)
 
         log_append_time = now_ms if settings.log_append_time else -1
+        if origin != "replication" and log_append_time < 0 and len(headers) == 1:
+            # The usual produce: only the first bytes of the batch change (base offset and
+            # leader epoch, outside the CRC), so they are patched in a small copy and the rest
+            # is written straight from the request's buffer.
+            head = bytearray(buf[:MAGIC_OFFSET])
+            parts = (head, memoryview(buf)[MAGIC_OFFSET:])
+        else:
+            buf = head = buf if isinstance(buf, bytearray) else bytearray(buf)
+            parts = (buf,)
         assigned = []
         next_offset = self._leo
         for header in headers:
@@ -341,11 +351,11 @@ class Log:
                         f"replicated batch at {header.base_offset} is below the log end {next_offset}",
                     )
             else:
-                set_base_offset(buf, header.position, next_offset)
-                set_partition_leader_epoch(buf, header.position, leader_epoch)
+                set_base_offset(head, header.position, next_offset)
+                set_partition_leader_epoch(head, header.position, leader_epoch)
                 header = header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
                 if log_append_time >= 0:
-                    set_log_append_time(buf, header.position, header.size, log_append_time)
+                    set_log_append_time(head, header.position, header.size, log_append_time)
                     header = header._replace(
                         max_timestamp=log_append_time, attributes=header.attributes | TIMESTAMP_TYPE_BIT
                     )
@@ -371,7 +381,7 @@ class Log:
                 True,
             )
         segment = self.active_segment
-        segment.append(buf, assigned)
+        segment.append(parts, assigned)
         self._leo = next_offset
         self.high_watermark = next_offset
         completed = state.apply(plan)
@@ -597,16 +607,17 @@ class Log:
         if now_ms is not None:
             self._last_flush_ms = now_ms
 
-    def sync_data(self) -> None:
-        """Make every batch appended so far durable with one fdatasync of the active .log.
+    def duplicate_data_fd(self) -> int | None:
+        """A duplicate of the active .log's descriptor, for an fdatasync off the event loop that
+        makes every batch appended so far durable (None: the segment has no file open yet).
 
         For acknowledging internal-topic writes (offset commits, transaction state), where a
         full `flush` (the .log, then msync and fsync of both indexes) was most of the cost of
         a commit. The recovery point does not move, so after a crash these batches are
         rescanned and their index entries rebuilt; batches in an older segment were fsynced
-        with everything else when it rolled.
+        with everything else when it rolled. The caller closes the duplicate.
         """
-        self.active_segment.sync_data()
+        return self.active_segment.duplicate_fd()
 
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms for a partition that stopped receiving appends; called by the manager's tick."""

@@ -93,10 +93,9 @@ class LogSegment:
         if self.time_index.is_open:
             self.time_index.flush()
 
-    def sync_data(self) -> None:
-        """fdatasync the .log alone: what a durable acknowledgement needs (see Log.sync_data)."""
-        if self._fd >= 0:
-            os.fdatasync(self._fd)
+    def duplicate_fd(self) -> int | None:
+        """A duplicate of the .log's descriptor (see Log.duplicate_data_fd)."""
+        return os.dup(self._fd) if self._fd >= 0 else None
 
     def seal(self) -> None:
         """The segment stops being active: record its final max timestamp, trim and fsync everything."""
@@ -128,15 +127,18 @@ class LogSegment:
 
     # -- append ------------------------------------------------------------------------------
 
-    def append(self, data, headers: list[BatchHeader]) -> None:
-        """Write already patched batches in one write and add index entries every interval bytes."""
+    def append(self, parts, headers: list[BatchHeader]) -> None:
+        """Write already patched batches (the buffers of `parts`, in order) with one writev and
+        add index entries every interval bytes."""
         fd = self._open()
         start = self._size
+        size = sum(len(part) for part in parts)
         try:
-            with memoryview(data) as view:
-                written = os.write(fd, view)
-                while written < len(view):  # regular files only write short when the disk fills
-                    written += os.write(fd, view[written:])
+            written = os.writev(fd, parts)
+            if written < size:  # regular files only write short when the disk fills
+                rest = memoryview(b"".join(parts))[written:]
+                while rest:
+                    rest = rest[os.write(fd, rest):]
         except OSError as exc:
             os.ftruncate(fd, start)  # never leave a torn batch behind a live log
             raise KafkaError(ErrorCode.kafka_storage_error, f"write to {self.log_path} failed: {exc}") from exc
@@ -152,7 +154,7 @@ class LogSegment:
         self._max_timestamp = max_ts
         if self._first_timestamp is None and start == 0 and headers:
             self._first_timestamp = headers[0].max_timestamp
-        self._size = start + len(data)
+        self._size = start + size
 
     def indexes_full(self) -> bool:
         self.offset_index.open(active=True)
