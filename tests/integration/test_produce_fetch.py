@@ -4,7 +4,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KPTopicPartition
@@ -120,6 +120,25 @@ def test_list_offsets_by_timestamp_and_describe_and_delete(ottla_broker):
     admin.delete_topics([topic])[topic].result(10)
     assert topic not in admin.list_topics(timeout=10).topics
     assert not any(p.name.startswith(f"{topic}-") for p in ottla_broker.data_dir.iterdir())
+
+
+def test_create_times_out_of_bounds_are_invalid_timestamp(ottla_broker):
+    """message.timestamp.after.max.ms (default one hour) and before.max.ms (set per topic)
+    reach the producer as INVALID_TIMESTAMP, and nothing of the refused record is stored."""
+    topic = "stamps"
+    admin = _create(ottla_broker.bootstrap, topic, 1, {"message.timestamp.before.max.ms": "86400000"})
+    producer = Producer({"bootstrap.servers": ottla_broker.bootstrap, "acks": "all", "retries": 0})
+    outcomes = []
+    now = int(time.time() * 1000)
+    for stamp in (now, now + 2 * 3_600_000, now - 2 * 86_400_000, now + 60_000):
+        producer.produce(topic, value=str(stamp).encode(), timestamp=stamp,
+                         on_delivery=lambda err, msg: outcomes.append(err.code() if err else msg.offset()))
+        producer.flush(30)
+    assert outcomes == [0, KafkaError.INVALID_TIMESTAMP, KafkaError.INVALID_TIMESTAMP, 1]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["message.timestamp.after.max.ms"].value == "3600000"
+    assert configs["message.timestamp.before.max.ms"].value == "86400000"
 
 
 def test_create_topic_errors(ottla_broker):

@@ -368,6 +368,37 @@ def test_a_failed_write_leaves_no_torn_batch(log, monkeypatch):
     assert offsets_in(log.read(0, 1 << 20, max_offset=2).records) == [0, 1]
 
 
+NOW = 1_700_000_000_000
+HOUR = 3_600_000
+
+
+def test_create_times_more_than_an_hour_ahead_are_refused_by_default(log):
+    """Kafka 4's default message.timestamp.after.max.ms is one hour; the past is unbounded."""
+    log.append(batch(1, ts=NOW + HOUR), now_ms=NOW)
+    log.append(batch(1, ts=1), now_ms=NOW)
+    with pytest.raises(KafkaError) as e:
+        log.append(batch(3, ts=NOW + HOUR - 1), now_ms=NOW)  # its last record is one ms too late
+    assert e.value.code == ErrorCode.invalid_timestamp
+    assert log.log_end_offset == 2
+
+
+@pytest.mark.parametrize("codec", [0, 1])
+def test_a_finite_before_max_checks_every_record(tmp_path, codec):
+    log = Log(tmp_path / "t-0", config(message_timestamp_before_max_ms=60_000))
+    log.append(batch(2, ts=NOW - 60_000, codec=codec), now_ms=NOW)
+    late_first = build_batch([Record(b"k", b"v", (), NOW), Record(b"k", b"v", (), NOW - 60_001)], compression=codec)
+    with pytest.raises(KafkaError) as e:
+        log.append(late_first, now_ms=NOW)
+    assert e.value.code == ErrorCode.invalid_timestamp
+    assert log.log_end_offset == 2
+
+
+def test_log_append_time_topics_take_any_create_time(tmp_path):
+    log = Log(tmp_path / "t-0", config(message_timestamp_type="LogAppendTime", message_timestamp_before_max_ms=0,
+                                       message_timestamp_after_max_ms=0))
+    assert log.append(batch(1, ts=NOW + 10 * HOUR), now_ms=NOW).log_append_time == NOW
+
+
 def test_a_short_write_is_completed(log, monkeypatch):
     """The produce path writes a patched head and the request's own buffer with one writev;
     when the kernel takes only part of it, the rest still lands, in order."""
