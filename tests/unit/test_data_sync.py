@@ -52,6 +52,14 @@ class SyncRecorder:
         monkeypatch.setattr(data_sync.os, "fdatasync", fdatasync)
 
 
+async def hold_a_round(sync, logs, recorder, on_synced):
+    """Append to partition 0 and return once the sync covering it has begun (and is held)."""
+    recorder.hold.clear()
+    append(logs, 0)
+    sync.after_sync(0, on_synced)
+    await asyncio.get_running_loop().run_in_executor(None, recorder.started.wait, 10)
+
+
 async def wait_until(predicate, timeout=10.0):
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -79,14 +87,11 @@ def test_appends_of_one_turn_share_one_sync_per_partition_off_the_loop(logs, mon
 
 def test_an_append_during_a_sync_waits_for_the_next_one(logs, monkeypatch):
     recorder = SyncRecorder(monkeypatch)
-    recorder.hold.clear()
     answers = []
 
     async def scenario():
         sync = DataSync(logs, TOPIC)
-        append(logs, 0)
-        sync.after_sync(0, lambda error: answers.append(("first", error)))
-        await asyncio.get_running_loop().run_in_executor(None, recorder.started.wait, 10)
+        await hold_a_round(sync, logs, recorder, lambda error: answers.append(("first", error)))
         append(logs, 0)  # lands after the first sync began: the first sync does not cover it
         sync.after_sync(0, lambda error: answers.append(("second", error)))
         await asyncio.sleep(0.05)
@@ -104,16 +109,13 @@ def test_a_roll_during_the_sync_does_not_redirect_it(logs, monkeypatch):
     """The sync works on a duplicate descriptor: closing the rolled segment cannot make it
     sync (or fail on) whatever file reuses the number."""
     recorder = SyncRecorder(monkeypatch)
-    recorder.hold.clear()
     answers = []
     partition_log = logs.get_log(TOPIC, 0)
 
     async def scenario():
         sync = DataSync(logs, TOPIC)
-        append(logs, 0)
         first_segment = partition_log.active_segment.log_path
-        sync.after_sync(0, answers.append)
-        await asyncio.get_running_loop().run_in_executor(None, recorder.started.wait, 10)
+        await hold_a_round(sync, logs, recorder, answers.append)
         partition_log.roll(2_000)
         for _ in range(20):  # reuse freed descriptor numbers
             os.close(os.open(os.devnull, os.O_RDONLY))
@@ -157,14 +159,11 @@ def test_a_failing_sync_is_a_storage_error(logs, monkeypatch):
 
 def test_close_answers_what_waits_and_drops_the_round_in_flight(logs, monkeypatch):
     recorder = SyncRecorder(monkeypatch)
-    recorder.hold.clear()
     answers = []
 
     async def scenario():
         sync = DataSync(logs, TOPIC)
-        append(logs, 0)
-        sync.after_sync(0, lambda error: answers.append(("in flight", error)))
-        await asyncio.get_running_loop().run_in_executor(None, recorder.started.wait, 10)
+        await hold_a_round(sync, logs, recorder, lambda error: answers.append(("in flight", error)))
         append(logs, 1)
         sync.after_sync(1, lambda error: answers.append(("waiting", error)))
         recorder.hold.set()  # close() syncs on this thread; let it through
