@@ -14,7 +14,8 @@ acknowledgement (idempotent: the final flush; transactional: the last commit), a
 warm-up (one acknowledged record, or one committed transaction) that takes librdkafka's
 producer-id start-up out of the measurement. Commit latency is the time commit_transaction()
 took, and the part of it after the transaction's records were acknowledged (EndTxn), over
-every commit of every repeat. Broker CPU is the broker process's user+system time during a
+every commit of every repeat; "in commits" is the share of the runs' time the producer spent
+blocked in commit_transaction(). Broker CPU is the broker process's user+system time during a
 run; on a busy machine it is steadier than rates. With --mock the same runs also go to
 librdkafka's in-memory mock cluster, a broker that does no work: its ratios are what the
 client alone loses by committing, which no broker can win back. After each run the high watermarks must
@@ -219,8 +220,8 @@ def main() -> int:
           f"librdkafka {libversion()[0]}, median of {args.repeat} runs each; "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)\n")
     print("| broker | mode | records/s | vs idempotent | paired ratios | runs (records/s) | broker CPU (s) | commits "
-          "| commit p50 (ms) | commit p99 (ms) | after flush p50 (ms) | after flush p99 (ms) |")
-    print("| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| in commits | commit p50 (ms) | commit p99 (ms) | after flush p50 (ms) | after flush p99 (ms) |")
+    print("| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     rates = {key: args.records / statistics.median(r["seconds"] for r in runs) for key, runs in samples.items()}
     paired = {key: _paired_ratios(samples[key], samples[key[0], "idempotent"]) for key in samples}
     for (target, mode), runs in samples.items():
@@ -231,9 +232,11 @@ def main() -> int:
         latency = " | ".join(f"{_percentile(values, 0.5) * 1000:.1f} | {_percentile(values, 0.99) * 1000:.1f}"
                              if values else "- | -" for values in (totals, end_txns))
         cpu = "-" if runs[0]["broker_cpu"] is None else f"{statistics.median(r['broker_cpu'] for r in runs):.2f}"
+        # The share of the run the producer spent blocked in commit_transaction().
+        stalled = sum(totals) / sum(r["seconds"] for r in runs)
         print(f"| {target} | {mode} | {rates[target, mode]:,.0f} | {statistics.median(ratios):.3f} | "
               f"{min(ratios):.2f} - {max(ratios):.2f} | {each[0]:,.0f} - {each[-1]:,.0f} | {cpu} | {len(totals)} | "
-              f"{latency} |")
+              f"{stalled:.1%} | {latency} |")
     print()
     for target in dict.fromkeys(name for name, _ in samples):
         ratio = statistics.median(paired[target, "txn-100ms"])
