@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
+from ..errors import ErrorCode
 from ..producer_state.authorizer import Operation, Resource, ResourceType
 
 
@@ -25,3 +26,12 @@ def reply_future() -> tuple[asyncio.Future, Callable[[Any], None]]:
 def authorized(ctx, operation: Operation, resource_type: ResourceType, name: str) -> bool:
     """Kafka's ACL check for the request's principal, asked before a handler acts."""
     return ctx.broker.authorizer.authorize(ctx.principal, operation, Resource(resource_type, name))
+
+
+def fencing_as_version_says(error: ErrorCode, api_version: int = 0, *, fenced_since: int | None = None) -> ErrorCode:
+    """PRODUCER_FENCED as the request's version can say it: before version `fenced_since`
+    (None: no version of the API has it) Kafka answers a fenced producer with
+    INVALID_PRODUCER_EPOCH."""
+    if error is ErrorCode.producer_fenced and (fenced_since is None or api_version < fenced_since):
+        return ErrorCode.invalid_producer_epoch
+    return error

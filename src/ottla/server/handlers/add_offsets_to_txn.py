@@ -3,7 +3,7 @@ transaction, before the producer's TxnOffsetCommit writes the offsets there."""
 
 from datetime import timedelta
 
-from ..replies import authorized, reply_future
+from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
@@ -24,7 +24,5 @@ async def handle(ctx, request):
         ctx.broker.transactions.coordinator.add_offsets(
             request.transactional_id, request.producer_id, request.producer_epoch, request.group_id,
             now_ms(), respond)
-        error = await future
-        if error is ErrorCode.producer_fenced and ctx.api_version < 2:
-            error = ErrorCode.invalid_producer_epoch
+        error = fencing_as_version_says(await future, ctx.api_version, fenced_since=2)
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=error)

@@ -6,7 +6,7 @@ node the produce path asks the coordinator directly, so they are not served.
 
 from datetime import timedelta
 
-from ..replies import authorized, reply_future
+from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -36,9 +36,7 @@ async def handle(ctx, request):
             broker.transactions.coordinator.add_partitions(
                 transactional_id, request.v3_and_below_producer_id, request.v3_and_below_producer_epoch,
                 wanted, now_ms(), respond)
-            error = await future
-            if error is ErrorCode.producer_fenced and ctx.api_version < 2:
-                error = ErrorCode.invalid_producer_epoch
+            error = fencing_as_version_says(await future, ctx.api_version, fenced_since=2)
             errors = {tp: error for tp in wanted}
 
     response_type = ctx.response_type

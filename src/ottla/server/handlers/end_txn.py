@@ -6,7 +6,7 @@ clients stay on the v1 protocol.
 
 from datetime import timedelta
 
-from ..replies import authorized, reply_future
+from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make
@@ -25,7 +25,5 @@ async def handle(ctx, request):
         ctx.broker.transactions.coordinator.end_txn(
             request.transactional_id, request.producer_id, request.producer_epoch, request.committed,
             now_ms(), respond)
-        error = await future
-        if error is ErrorCode.producer_fenced and ctx.api_version < 2:
-            error = ErrorCode.invalid_producer_epoch
+        error = fencing_as_version_says(await future, ctx.api_version, fenced_since=2)
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=error)

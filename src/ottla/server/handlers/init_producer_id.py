@@ -4,7 +4,7 @@ instance and aborting what it left open)."""
 
 from datetime import timedelta
 
-from ..replies import authorized, reply_future
+from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import Operation, ResourceType, require_idempotent_write
 from ...protocol.build import make
@@ -19,8 +19,7 @@ NO_PRODUCER_ID = -1
 
 async def handle(ctx, request):
     error, producer_id, producer_epoch = await _init(ctx, request)
-    if error is ErrorCode.producer_fenced and ctx.api_version < 4:
-        error = ErrorCode.invalid_producer_epoch
+    error = fencing_as_version_says(error, ctx.api_version, fenced_since=4)
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=error,
                 producer_id=producer_id, producer_epoch=producer_epoch)
 

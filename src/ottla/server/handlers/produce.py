@@ -8,6 +8,7 @@ from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ..clock import now_ms
 from ..context import CloseConnection
+from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
@@ -35,9 +36,8 @@ def _unverified_transactional_write(broker, transactional_id, topic: str, data):
         transactional_id, header.producer_id, header.producer_epoch, [(topic, data.index)])[(topic, data.index)]
     if verdict is ErrorCode.none:
         return None
-    if verdict is ErrorCode.producer_fenced:  # Produce answers fencing as an old epoch at every version
-        verdict = ErrorCode.invalid_producer_epoch
-    return verdict, f"partition {topic}-{data.index} is not part of the ongoing transaction of {transactional_id}"
+    return (fencing_as_version_says(verdict),
+            f"partition {topic}-{data.index} is not part of the ongoing transaction of {transactional_id}")
 
 
 async def handle(ctx, request):

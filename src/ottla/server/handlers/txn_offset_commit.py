@@ -9,7 +9,7 @@ otherwise open a transaction in `__consumer_offsets` that nothing ever ends.
 from datetime import timedelta
 
 from ...coordinator.group.coordinator import OffsetCommit
-from ..replies import authorized, reply_future
+from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -57,9 +57,7 @@ async def _commit(ctx, request, groups, offsets):
         request.transactional_id, request.producer_id, request.producer_epoch, [offsets_partition])
     error = verified[offsets_partition]
     if error is not ErrorCode.none:
-        # Fencing is INVALID_PRODUCER_EPOCH on this API at every version.
-        if error is ErrorCode.producer_fenced:
-            error = ErrorCode.invalid_producer_epoch
+        error = fencing_as_version_says(error)
         return {tp: error for tp in offsets}
     future, respond = reply_future()
     groups.txn_offset_commit(
