@@ -4,10 +4,12 @@ import time
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KPTopicPartition
+from kafka.admin import ConfigResource as KPConfigResource
+from kafka.admin import ConfigResourceType, KafkaAdminClient
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -120,6 +122,39 @@ def test_list_offsets_by_timestamp_and_describe_and_delete(ottla_broker):
     admin.delete_topics([topic])[topic].result(10)
     assert topic not in admin.list_topics(timeout=10).topics
     assert not any(p.name.startswith(f"{topic}-") for p in ottla_broker.data_dir.iterdir())
+
+
+def test_alter_configs_both_forms_answer_each_resource(ottla_broker):
+    """kafka-python's legacy AlterConfigs and confluent-kafka's IncrementalAlterConfigs: a bad
+    value fails its own resource only, and the good one is applied and described."""
+    admin = _create(ottla_broker.bootstrap, "cfg-a", 1, {"retention.ms": "1000"})
+    _create(ottla_broker.bootstrap, "cfg-b", 1)
+    legacy = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    try:
+        answers = legacy.alter_configs(
+            [KPConfigResource(ConfigResourceType.TOPIC, "cfg-a", configs={"segment.bytes": "1048576"}),
+             KPConfigResource(ConfigResourceType.TOPIC, "cfg-b", configs={"retention.ms": "soon"})],
+            incremental=False, raise_on_unknown=False)
+    finally:
+        legacy.close()
+    assert answers["topic"]["cfg-a"] == "OK"
+    assert "InvalidConfigurationError" in str(answers["topic"]["cfg-b"])
+
+    good = ConfigResource(ConfigResource.Type.TOPIC, "cfg-a", incremental_configs=[
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE)])
+    bad = ConfigResource(ConfigResource.Type.TOPIC, "cfg-b", incremental_configs=[
+        ConfigEntry("no.such.config", "1", incremental_operation=AlterConfigOpType.SET)])
+    futures = admin.incremental_alter_configs([good, bad])
+    futures[good].result(10)
+    with pytest.raises(KafkaException) as refused:
+        futures[bad].result(10)
+    assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+    configs = admin.describe_configs([good])[good].result(10)
+    assert configs["segment.bytes"].value == "1048576" and not configs["segment.bytes"].is_default
+    assert configs["retention.ms"].is_default
+    configs = admin.describe_configs([bad])[bad].result(10)
+    assert configs["retention.ms"].is_default
 
 
 def test_create_times_out_of_bounds_are_invalid_timestamp(ottla_broker):

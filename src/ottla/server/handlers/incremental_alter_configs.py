@@ -47,24 +47,33 @@ def alter_topic(broker, name: str, new_configs: dict, validate_only: bool) -> No
         broker.logs.alter_configs(name, configs)
 
 
-async def handle(ctx, request):
-    broker = ctx.broker
-    response_type = ctx.response_type
-    result_type = nested(response_type, "AlterConfigsResourceResponse")
+def answer_per_resource(ctx, resources, alter):
+    """The response of both AlterConfigs forms: `alter(resource)` for each resource, whose
+    KafkaError becomes that resource's error while the others still go ahead."""
+    result_type = nested(ctx.response_type, "AlterConfigsResourceResponse")
     results = []
-    for resource in request.resources:
+    for resource in resources:
         error, message = ErrorCode.none, None
         try:
-            if resource.resource_type == TOPIC_RESOURCE:
-                info = broker.logs.topics.get(resource.resource_name)
-                current = info.config.overrides if info else {}
-                alter_topic(broker, resource.resource_name, _apply(current, resource.configs), request.validate_only)
-            elif resource.resource_type == BROKER_RESOURCE:
-                raise KafkaError(ErrorCode.invalid_request, "broker configs are static: set them with --config")
-            else:
-                raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+            alter(resource)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         results.append(make(result_type, error_code=error, error_message=message,
                             resource_type=resource.resource_type, resource_name=resource.resource_name))
-    return make(response_type, throttle_time=timedelta(0), responses=tuple(results))
+    return make(ctx.response_type, throttle_time=timedelta(0), responses=tuple(results))
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+
+    def alter(resource) -> None:
+        if resource.resource_type == TOPIC_RESOURCE:
+            info = broker.logs.topics.get(resource.resource_name)
+            current = info.config.overrides if info else {}
+            alter_topic(broker, resource.resource_name, _apply(current, resource.configs), request.validate_only)
+        elif resource.resource_type == BROKER_RESOURCE:
+            raise KafkaError(ErrorCode.invalid_request, "broker configs are static: set them with --config")
+        else:
+            raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+
+    return answer_per_resource(ctx, request.resources, alter)
