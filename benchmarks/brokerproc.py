@@ -4,6 +4,8 @@ outlives the benchmark (errors, Ctrl-C and SIGTERM included)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 HERE = Path(__file__).resolve().parent
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def progress(message: str) -> None:
@@ -35,6 +38,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
         if key in ("VmRSS", "VmHWM"):
             values[key] = int(rest.split()[0]) / 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
 
 
 def ottla_command() -> list[str]:
@@ -62,6 +71,15 @@ class Children:
         proc = subprocess.Popen(args, **kwargs)
         self.procs.append(proc)
         return proc
+
+    def run_json(self, command: list[str], what: str) -> dict:
+        """Run a child that prints its result as JSON on its last stdout line; fail if it fails."""
+        proc = self.spawn(command, stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate()
+        self.procs.remove(proc)
+        if proc.returncode:
+            raise RuntimeError(f"{what} process failed with code {proc.returncode}")
+        return json.loads(out.strip().splitlines()[-1])
 
     def stop(self, proc: subprocess.Popen, timeout: float = 10.0) -> float:
         """SIGTERM, then SIGKILL after `timeout`; returns seconds until it exited."""

@@ -37,12 +37,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import random
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,13 +53,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, produce_blocking, progress  # noqa: E402
+from brokerproc import Children, Mock, Ottla, cpu_seconds, produce_blocking, progress  # noqa: E402
 
 MODES = {"idempotent": True, "non-idempotent": False}
 VALUE_SIZE = 100
 TARGET = 0.95  # the goal: idempotent throughput within 5% of non-idempotent
 IN_FLIGHT = 5
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _values() -> list[bytes]:
@@ -180,11 +177,6 @@ ROLES = {"confluent": role_confluent, "raw": role_raw}
 # -- orchestration ---------------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
-
-
 def _records_written(bootstrap: str, topic: str, partitions: int) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-check", "log_level": 0})
     try:
@@ -213,14 +205,9 @@ def _run(children: Children, target: _Target, generator: str, mode: str, args: a
                "--raw-batch-records", str(args.raw_batch_records)]
     if MODES[mode]:
         command.append("--idempotent")
-    cpu_before = _cpu_seconds(target.pid) if target.pid else 0.0
-    proc = children.spawn(command, stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate()
-    children.procs.remove(proc)
-    if proc.returncode:
-        raise RuntimeError(f"{generator} producer process failed with code {proc.returncode}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["broker_cpu"] = _cpu_seconds(target.pid) - cpu_before if target.pid else None
+    cpu_before = cpu_seconds(target.pid) if target.pid else 0.0
+    result = children.run_json(command, f"{generator} producer")
+    result["broker_cpu"] = cpu_seconds(target.pid) - cpu_before if target.pid else None
     if target.name == "ottla":
         written = _records_written(target.bootstrap, topic, args.partitions)
         if written != result["records"]:

@@ -148,12 +148,7 @@ def _run_role(children: Children, role: str, **params: object) -> dict:
     args = [sys.executable, __file__, "--role", role]
     for key, value in params.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
-    proc = children.spawn(args, stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate()
-    children.procs.remove(proc)
-    if proc.returncode:
-        raise RuntimeError(f"{role} process failed with code {proc.returncode}")
-    return json.loads(out.strip().splitlines()[-1])
+    return children.run_json(args, role)
 
 
 def _kcat_produce(children: Children, target: Target, topic: str, acks: str, data: Path) -> float:

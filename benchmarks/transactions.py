@@ -36,7 +36,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,11 +46,10 @@ from confluent_kafka import IsolationLevel, Producer, TopicPartition, libversion
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Mock, Ottla, produce_blocking, progress  # noqa: E402
+from brokerproc import Children, Mock, Ottla, cpu_seconds, produce_blocking, progress  # noqa: E402
 
 TARGET = 0.90  # the issue's goal: transactional throughput at 100 ms commits >= 90% of idempotent
 MODES = {"idempotent": None, "txn-1s": 1.0, "txn-100ms": 0.1}  # commit interval in seconds
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _values(size: int) -> list[bytes]:
@@ -133,11 +131,6 @@ def _check(admin: AdminClient, topic: str, partitions: int, mode: str, result: d
         raise RuntimeError(f"{mode}: {high} offsets in the log for {result['records']} records sent")
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
-
-
 class _Target:
     """Where a run's producer writes: Ottla (checked, broker CPU measured) or librdkafka's mock
     cluster, a broker that does no work -- what the client itself loses by committing."""
@@ -152,14 +145,9 @@ def _run(children: Children, target: _Target, mode: str, args: argparse.Namespac
     target.create_topic(topic, args.partitions)
     command = [sys.executable, __file__, "--role", "producer", "--mode", mode, "--bootstrap", target.bootstrap,
                "--topic", topic, "--records", str(args.records), "--value-size", str(args.value_size)]
-    cpu_before = _cpu_seconds(target.pid) if target.pid else 0.0
-    proc = children.spawn(command, stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate()
-    children.procs.remove(proc)
-    if proc.returncode:
-        raise RuntimeError(f"{mode} producer process failed with code {proc.returncode}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["broker_cpu"] = _cpu_seconds(target.pid) - cpu_before if target.pid else None
+    cpu_before = cpu_seconds(target.pid) if target.pid else 0.0
+    result = children.run_json(command, f"{mode} producer")
+    result["broker_cpu"] = cpu_seconds(target.pid) - cpu_before if target.pid else None
     if target.admin is not None:
         _check(target.admin, topic, args.partitions, mode, result)
     return result
