@@ -96,6 +96,15 @@ class Node:
                 for h, records in iter_batches(data) if h.is_control]
 
 
+async def started_node(tmp_path, topics=("t",)) -> Node:
+    """A node whose transaction coordinator has loaded, with one-partition `topics`."""
+    node = Node(tmp_path, itertools.count(7))
+    await node.broker.transactions.start()
+    for topic in topics:
+        node.broker.logs.create_topic(topic, 1, {})
+    return node
+
+
 async def settle():
     for _ in range(20):
         await asyncio.sleep(0.01)
@@ -134,9 +143,7 @@ def test_commit_writes_markers_and_moves_the_lso(tmp_path):
 
 def test_unknown_partition_is_not_added(tmp_path):
     async def scenario():
-        node = Node(tmp_path, itertools.count(7))
-        await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 1, {})
+        node = await started_node(tmp_path)
         await node.init()
         assert await node.add(7, 0, [("t", 0), ("missing", 0)]) == {
             ("t", 0): E.operation_not_attempted, ("missing", 0): E.unknown_topic_or_partition}
@@ -150,9 +157,7 @@ def test_unknown_partition_is_not_added(tmp_path):
 @pytest.mark.parametrize("version,fenced_error", [(1, E.invalid_producer_epoch), (2, E.producer_fenced)])
 def test_fenced_error_code_depends_on_the_request_version(tmp_path, version, fenced_error):
     async def scenario():
-        node = Node(tmp_path, itertools.count(7))
-        await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 1, {})
+        node = await started_node(tmp_path)
         await node.init()
         await node.init()                                   # a second instance: epoch 1
         assert await node.end(7, 0, commit=True, version=version) is fenced_error
@@ -171,9 +176,7 @@ def test_fenced_error_code_depends_on_the_request_version(tmp_path, version, fen
 
 def test_restart_rolls_forward_a_decided_commit(tmp_path):
     async def first_life():
-        node = Node(tmp_path, itertools.count(7))
-        await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 1, {})
+        node = await started_node(tmp_path)
         await node.init()
         await node.add(7, 0, [("t", 0)])
         node.produce("t", 0, 7, 0, 0)
@@ -207,10 +210,7 @@ def test_restart_rolls_forward_a_decided_commit(tmp_path):
 
 def test_markers_for_a_deleted_topic_are_dropped(tmp_path):
     async def scenario():
-        node = Node(tmp_path, itertools.count(7))
-        await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 1, {})
-        node.broker.logs.create_topic("gone", 1, {})
+        node = await started_node(tmp_path, ("t", "gone"))
         await node.init()
         await node.add(7, 0, [("t", 0), ("gone", 0)])
         node.broker.logs.delete_topic("gone")
@@ -311,10 +311,7 @@ class Refusing:
 
 def test_acls_are_checked_in_kafkas_terms(tmp_path):
     async def scenario():
-        node = Node(tmp_path, itertools.count(7))
-        await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 1, {})
-        node.broker.logs.create_topic("secret", 1, {})
+        node = await started_node(tmp_path, ("t", "secret"))
         await node.init()
         await node.init(tid="hidden")
         node.broker.authorizer = Refusing((Op.WRITE, R.TRANSACTIONAL_ID, "denied"), (Op.WRITE, R.TOPIC, "secret"),
