@@ -333,8 +333,8 @@ class FakeBrokerConnection(socketserver.BaseRequestHandler):
             for frame in decoder.feed(data):
                 request = decode_request(frame, self.server.supported)
                 response = self.server.answer(request.api_key, request.api_version, request.body)
-                self.request.sendall(encode_response(request.api_key, request.api_version,
-                                                     request.correlation_id, response))
+                self.request.sendall(b"".join(encode_response(request.api_key, request.api_version,
+                                                              request.correlation_id, response)))
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_encode_response_uses_header_v0_for_api_versions():
     import datetime
 
     response = ApiVersionsResponse(error_code=ErrorCode.none, api_keys=(), throttle_time=datetime.timedelta(0))
-    frame = encode_response(18, 3, 42, response)
+    frame = b"".join(encode_response(18, 3, 42, response))
     size, correlation_id = struct.unpack_from(">ii", frame)
     assert size == len(frame) - 4 and correlation_id == 42
     body, body_size = entity_reader(ApiVersionsResponse)(frame, 8)  # header v0: no tagged fields
@@ -106,3 +106,37 @@ def test_decoder_receives_large_frames_into_their_own_buffer():
         frames += decoder.buffer_updated(count)
     assert [bytes(f) for f in frames] == [big, small]
     assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize("version", [4, 12])
+def test_encode_response_keeps_fetched_records_by_reference(version):
+    """A fetch response's record batches become chunks of their own, not copies in one buffer,
+    and the chunks concatenate to the frame kio itself encodes."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+    from kio.serial import entity_writer
+
+    from ottla.protocol.build import make, nested
+    from ottla.protocol.codec import response_schema
+
+    response_type = response_schema(1, version)
+    partition_type = nested(response_type, "PartitionData")
+    topic_type = nested(response_type, "FetchableTopicResponse")
+    big, small = bytes(range(256)) * 256, b"tiny batch"  # 64 KiB, and one under the threshold
+    partitions = tuple(
+        make(partition_type, partition_index=i, error_code=ErrorCode.none, high_watermark=10, last_stable_offset=10,
+             log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1, records=records)
+        for i, records in enumerate([big, small, big])
+    )
+    response = make(response_type, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
+                    responses=(make(topic_type, topic="t", partitions=partitions),))
+    chunks = encode_response(1, version, 7, response)
+    assert [chunk for chunk in chunks if chunk is big] == [big, big]
+    frame = b"".join(chunks)
+    expected = io.BytesIO()
+    header_schema = response_type.__header_schema__
+    entity_writer(header_schema)(expected, header_schema(correlation_id=7))
+    entity_writer(response_type)(expected, response)
+    assert frame[4:] == expected.getvalue()
+    assert struct.unpack_from(">i", frame)[0] == len(frame) - 4

@@ -55,7 +55,7 @@ class AppendResult(NamedTuple):
 
 
 class FetchData(NamedTuple):
-    records: bytes
+    records: bytes | memoryview  # whole batches, read from the segment file
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int

@@ -205,7 +205,7 @@ class LogSegment:
                 return header
         return None
 
-    def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> bytes:
+    def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> bytes | memoryview:
         """Whole batches from `position`: at most `max_bytes` (but one batch at least when asked),
         none whose last offset reaches `max_offset`.
 
@@ -238,7 +238,7 @@ class LogSegment:
                 return b""
             size = _BASE_AND_LENGTH.unpack_from(first, 0)[1] + LOG_OVERHEAD
             return data[:size] if length >= size else os.pread(fd, size, position)
-        return data if end == length else data[:end]
+        return data if end == length else memoryview(data)[:end]  # no copy of what is kept
 
     # -- truncation and recovery -------------------------------------------------------------
 

@@ -8,7 +8,6 @@ answer (ApiVersions with UNSUPPORTED_VERSION) or close the connection.
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 from functools import cache
@@ -180,14 +179,44 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Decod
     return DecodedRequest(api_key, api_version, correlation_id, header, body)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> bytes:
-    """Size-prefixed response frame; the header version follows the response schema."""
+class _FrameChunks:
+    """A kio `Writable` that keeps large values (fetched record batches) by reference.
+
+    Small fields accumulate in a bytearray; a value of `_BY_REFERENCE_BYTES` or more becomes
+    a chunk of its own, so a fetch response is never copied into one buffer before the
+    socket copies it once more.
+    """
+
+    __slots__ = ("chunks", "_small")
+
+    def __init__(self):
+        self._small = bytearray(_SIZE.size)  # the size prefix, filled in by `frame`
+        self.chunks: list[bytes | bytearray | memoryview] = [self._small]
+
+    def write(self, data) -> int:
+        if len(data) >= _BY_REFERENCE_BYTES:
+            self.chunks.append(data)
+            self._small = bytearray()
+            self.chunks.append(self._small)
+        else:
+            self._small += data
+        return len(data)
+
+    def frame(self) -> list[bytes | bytearray | memoryview]:
+        chunks = [chunk for chunk in self.chunks if len(chunk)]
+        _SIZE.pack_into(chunks[0], 0, sum(len(chunk) for chunk in chunks) - _SIZE.size)
+        return chunks
+
+
+_BY_REFERENCE_BYTES = 16 * 1024
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any
+                    ) -> list[bytes | bytearray | memoryview]:
+    """A size-prefixed response frame, as chunks to write in order (their concatenation is
+    the frame); the header version follows the response schema."""
     header_schema, write_header, write_body = _response_writers(api_key, api_version)
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
+    out = _FrameChunks()
     write_header(out, header_schema(correlation_id=correlation_id))
     write_body(out, response)
-    frame = out.getbuffer()
-    _SIZE.pack_into(frame, 0, len(frame) - 4)
-    del frame
-    return out.getvalue()
+    return out.frame()

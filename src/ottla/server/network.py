@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ottla.network")
 
 _MAX_QUEUED_REQUESTS = 64
+# Responses go to the transport in slices of this size (see Connection._send).
+_WRITE_SLICE_BYTES = 256 * 1024
 _connection_ids = itertools.count(1)
 
 
@@ -115,7 +117,8 @@ class Connection(asyncio.BufferedProtocol):
                 request = decode_request(frame, supported)
             except UnsupportedApiVersion as exc:
                 if exc.api_key == API_VERSIONS_KEY:
-                    self._write(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, self._unsupported_api_versions()))
+                    await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
+                                                     self._unsupported_api_versions()))
                     continue
                 self.close(str(exc))
                 return
@@ -137,13 +140,23 @@ class Connection(asyncio.BufferedProtocol):
                 return
             if response is None:  # Produce with acks=0 has no response
                 continue
-            self._write(encode_response(request.api_key, request.api_version, request.correlation_id, response))
-            if not self.writable.is_set():
-                await self.writable.wait()
+            await self._send(encode_response(request.api_key, request.api_version, request.correlation_id, response))
 
-    def _write(self, data: bytes):
-        if not self.closed:
-            self.transport.write(data)
+    async def _send(self, chunks: list[bytes | bytearray | memoryview]):
+        """Write a response a slice at a time, waiting for the transport to drain between slices.
+
+        asyncio's transport (3.11) keeps what the socket did not take in one bytearray and cuts
+        the sent part off its front after every send: a fetch response of tens of MB handed to
+        it whole is copied and moved again for every few hundred KB the socket takes.
+        """
+        for chunk in chunks:
+            view = memoryview(chunk)
+            for start in range(0, len(view), _WRITE_SLICE_BYTES):
+                if self.closed:
+                    return
+                self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
+                if not self.writable.is_set():
+                    await self.writable.wait()
 
     def _unsupported_api_versions(self) -> ApiVersionsResponse:
         return ApiVersionsResponse(
