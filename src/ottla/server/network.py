@@ -152,8 +152,8 @@ class Connection(asyncio.BufferedProtocol):
         for chunk in chunks:
             view = memoryview(chunk)
             for start in range(0, len(view), _WRITE_SLICE_BYTES):
-                if self.closed:
-                    return
+                if self.closed or self.transport.is_closing():
+                    return  # the peer is gone: connection_lost has only been scheduled yet
                 self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
                 if not self.writable.is_set():
                     await self.writable.wait()
