@@ -91,6 +91,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("log.flush.interval.ms", _int, None),
         ConfigDef("log.flush.scheduler.interval.ms", _int, 2**63 - 1, 0),
         ConfigDef("log.flush.offset.checkpoint.interval.ms", _int, 60000, 0),
+        # Ottla's own (not Kafka's): see log/page_cache.py. 0 leaves the page cache to the kernel.
+        ConfigDef("log.page.cache.max.bytes", _int, 256 * 1024 * 1024, 0),
         ConfigDef("log.retention.ms", _int, None),
         ConfigDef("log.retention.minutes", _int, None),
         ConfigDef("log.retention.hours", _int, 168),

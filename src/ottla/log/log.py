@@ -35,6 +35,7 @@ from ..records.batch import (
 )
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
 
@@ -135,11 +136,13 @@ class Log:
         log_start_offset: int = 0,
         clean_shutdown: bool = False,
         now_ms: int = 0,
+        recent_appends: RecentAppends | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.log_start_offset = log_start_offset
+        self._recent_appends = recent_appends
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
         self._producer_state: ProducerStateManager | None = None
@@ -408,6 +411,8 @@ class Log:
             )
         segment = self.active_segment
         segment.append(parts, assigned)
+        if self._recent_appends is not None:
+            self._recent_appends.appended(segment)
         self._leo = next_offset
         self.high_watermark = next_offset
         completed = state.apply(plan)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from ..config import BrokerConfig, TopicConfig
 from ..errors import ConfigError, ErrorCode, KafkaError
 from .log import Log
+from .page_cache import RecentAppends
 
 __all__ = ["LogManager", "TopicInfo", "validate_topic_name"]
 
@@ -126,6 +127,8 @@ class LogManager:
         self.topics: dict[str, TopicInfo] = {}
         self.logs: dict[tuple[str, int], Log] = {}
         self._clock = clock
+        recent_appends = RecentAppends(broker_config["log.page.cache.max.bytes"])
+        self.recent_appends = recent_appends if recent_appends.enabled else None
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
@@ -168,6 +171,7 @@ class LogManager:
                     log_start_offset=start_offsets.get(key, 0),
                     clean_shutdown=clean,
                     now_ms=self._clock(),
+                    recent_appends=self.recent_appends,
                 )
         if clean:
             # From here on a crash must be noticed: the marker's removal has to be durable.
@@ -190,6 +194,11 @@ class LogManager:
         _write_atomically(self._topic_file(info), json.dumps(meta, sort_keys=True))
 
     # -- catalog -------------------------------------------------------------------------
+
+    def _new_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
+        return Log(
+            self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends
+        )
 
     def _topic_config(self, configs: Mapping[str, Any] | None) -> TopicConfig:
         try:
@@ -235,7 +244,7 @@ class LogManager:
         if validate_only:
             return info
         new_logs = {
-            (name, p): Log(self._partition_dir(name, p), config, now_ms=self._clock())
+            (name, p): self._new_log(name, p, config)
             for p in range(partitions)
         }
         _fsync_dir(self.data_dir)
@@ -265,7 +274,7 @@ class LogManager:
         if validate_only:
             return updated
         for p in range(info.partitions, total):
-            self.logs[(name, p)] = Log(self._partition_dir(name, p), info.config, now_ms=self._clock())
+            self.logs[(name, p)] = self._new_log(name, p, info.config)
         _fsync_dir(self.data_dir)
         self._write_topic(updated)
         self.topics[name] = updated

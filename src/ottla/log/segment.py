@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc, read_header
+from . import page_cache
 from .index import OffsetIndex, TimeIndex
 from .txn_index import TransactionIndex, index_path
 
@@ -55,6 +56,8 @@ class LogSegment:
         self._max_timestamp: tuple[int, int] | None = None
         self._first_timestamp: int | None = None
         self._txn_index: TransactionIndex | None = None
+        # Where the .log's last writeback started (see page_cache.RecentAppends).
+        self.writeback_started_to = 0
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -68,7 +71,7 @@ class LogSegment:
     def _open(self) -> int:
         if self._fd < 0:
             self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            self._size = os.fstat(self._fd).st_size
+            self._size = self.writeback_started_to = os.fstat(self._fd).st_size
         return self._fd
 
     def create(self) -> None:
@@ -96,6 +99,16 @@ class LogSegment:
     def duplicate_fd(self) -> int | None:
         """A duplicate of the .log's descriptor (see Log.duplicate_data_fd)."""
         return os.dup(self._fd) if self._fd >= 0 else None
+
+    def start_writeback(self, start: int, end: int) -> None:
+        if self._fd >= 0:
+            page_cache.start_writeback(self._fd, start, end - start)
+        self.writeback_started_to = end
+
+    def drop_cached_before(self, end: int) -> None:
+        """A no-op once the segment is closed or deleted."""
+        if self._fd >= 0:
+            page_cache.drop_clean_pages(self._fd, end)
 
     def seal(self) -> None:
         """The segment stops being active: record its final max timestamp, trim and fsync everything."""
@@ -250,6 +263,7 @@ class LogSegment:
             return None
         os.ftruncate(self._fd, header.position)
         self._size = header.position
+        self.writeback_started_to = min(self.writeback_started_to, self._size)
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)
         self.txn_index.truncate_to(header.base_offset)
@@ -323,6 +337,7 @@ class LogSegment:
         if truncated:
             os.ftruncate(fd, position)
         self._size = position
+        self.writeback_started_to = min(self.writeback_started_to, position)
         return next_offset, truncated
 
     def _account(self, header: BatchHeader, chunk_start: int) -> None:

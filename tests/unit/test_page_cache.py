@@ -1,0 +1,100 @@
+"""The page-cache budget for fresh appends (log/page_cache.py), on a real log on disk."""
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+
+import pytest
+
+from ottla.config import BrokerConfig, TopicConfig
+from ottla.log import Log
+from ottla.log.manager import LogManager
+from ottla.log.page_cache import CHUNK_BYTES, RecentAppends
+from ottla.records.records import Record, build_batch, iter_batches
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+
+
+def resident_bytes(path) -> int:
+    """How much of the file is in the page cache (mincore over a read-only mapping)."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = ctypes.create_string_buffer(pages)
+        try:
+            assert _libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            _libc.munmap(address, size)
+        return sum(byte & 1 for byte in vector.raw[:pages]) * mmap.PAGESIZE
+    finally:
+        os.close(fd)
+
+
+BATCH = build_batch([Record(None, os.urandom(1000), (), 1_000) for _ in range(256)])  # ~260 KB
+
+
+def _fill(log: Log, megabytes: int) -> int:
+    count = megabytes * (1 << 20) // len(BATCH) + 1
+    for _ in range(count):
+        log.append(BATCH, now_ms=2_000)
+    return count
+
+
+def _segment_path(log: Log):
+    return log.active_segment.log_path
+
+
+def test_appends_past_the_budget_leave_the_page_cache(tmp_path):
+    budget = 4 * CHUNK_BYTES
+    log = Log(tmp_path / "t-0", TopicConfig(BrokerConfig({}), {}), recent_appends=RecentAppends(budget))
+    _fill(log, 16)
+    os.fsync(os.open(_segment_path(log), os.O_RDONLY))  # every page clean: the next drop takes all
+    _fill(log, 2)
+    size = os.path.getsize(_segment_path(log))
+    resident = resident_bytes(_segment_path(log))
+    assert size > 17 * CHUNK_BYTES
+    assert resident <= budget + 2 * CHUNK_BYTES, (resident, size)
+
+
+def test_dropped_data_reads_back_unchanged(tmp_path):
+    log = Log(tmp_path / "t-0", TopicConfig(BrokerConfig({}), {}), recent_appends=RecentAppends(2 * CHUNK_BYTES))
+    count = _fill(log, 12)
+    offset, batches = 0, 0
+    while offset < log.log_end_offset:
+        for header, records in iter_batches(log.read(offset, 1 << 20, max_offset=log.log_end_offset).records):
+            assert [r.value for r in records] == [r.value for _, rs in iter_batches(BATCH) for r in rs]
+            offset = header.last_offset + 1
+            batches += 1
+    assert batches == count
+
+
+def test_zero_budget_leaves_the_page_cache_to_the_kernel(tmp_path):
+    manager = LogManager(tmp_path, BrokerConfig({"log.page.cache.max.bytes": 0}))
+    assert manager.recent_appends is None
+    manager.create_topic("t", 1, {})
+    log = manager.get_log("t", 0)
+    _fill(log, 8)
+    assert resident_bytes(_segment_path(log)) >= os.path.getsize(_segment_path(log))  # whole pages
+    manager.close()
+
+
+def test_the_broker_default_is_a_budget(tmp_path):
+    manager = LogManager(tmp_path, BrokerConfig({}))
+    assert manager.recent_appends is not None and manager.recent_appends.max_bytes == 256 << 20
+    manager.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "lots"])
+def test_a_bad_budget_is_refused(value):
+    from ottla.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="log.page.cache.max.bytes"):
+        BrokerConfig({"log.page.cache.max.bytes": value})
