@@ -11,6 +11,8 @@ from kafka import TopicPartition as KPTopicPartition
 from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
 
+from tests.pagecache import resident_bytes
+
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
 
@@ -191,3 +193,32 @@ def test_create_topic_errors(ottla_broker):
         assert info.value.args[0].code() == code.value, label
     listed = admin.list_topics(timeout=10).topics
     assert {name for name in listed if not name.startswith("__")} == {"exists"}
+
+
+def test_records_past_the_page_cache_budget_come_back_from_the_files(ottla_broker_factory):
+    """With a 2 MiB page-cache budget, 12 MB produced with confluent-kafka leave the cache as
+    newer records arrive, and kafka-python reads every record back, byte-exact, from disk."""
+    broker = ottla_broker_factory({"log.page.cache.max.bytes": 2 << 20})
+    _create(broker.bootstrap, "aged", 1)
+    count = 12_000
+
+    def value(i: int) -> bytes:
+        return i.to_bytes(4, "big") * 250
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(count):
+        producer.produce("aged", key=str(i).encode(), value=value(i))
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    segment = broker.data_dir / "aged-0" / f"{0:020d}.log"
+    size = segment.stat().st_size
+    assert size > count * 1000
+    assert resident_bytes(segment) < size // 2
+
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=10_000)
+    consumer.assign([KPTopicPartition("aged", 0)])
+    got = [(m.offset, m.key, m.value) for m in consumer]
+    consumer.close()
+    assert got == [(i, str(i).encode(), value(i)) for i in range(count)]

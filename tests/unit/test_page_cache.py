@@ -1,8 +1,5 @@
 """The page-cache budget for fresh appends (log/page_cache.py), on a real log on disk."""
 
-import ctypes
-import ctypes.util
-import mmap
 import os
 
 import pytest
@@ -12,31 +9,7 @@ from ottla.log import Log
 from ottla.log.manager import LogManager
 from ottla.log.page_cache import CHUNK_BYTES, RecentAppends
 from ottla.records.records import Record, build_batch, iter_batches
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-
-
-def resident_bytes(path) -> int:
-    """How much of the file is in the page cache (mincore over a read-only mapping)."""
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vector = ctypes.create_string_buffer(pages)
-        try:
-            assert _libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
-        finally:
-            _libc.munmap(address, size)
-        return sum(byte & 1 for byte in vector.raw[:pages]) * mmap.PAGESIZE
-    finally:
-        os.close(fd)
-
+from tests.pagecache import resident_bytes
 
 BATCH = build_batch([Record(None, os.urandom(1000), (), 1_000) for _ in range(256)])  # ~260 KB
 
