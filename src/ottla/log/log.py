@@ -35,6 +35,7 @@ from ..records.batch import (
 )
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from .leader_epoch import EpochEntry, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
@@ -181,6 +182,12 @@ class Log:
         bases.sort()
         self._segments = [self._new_segment(b) for b in bases]
         self._bases = bases
+        self.leader_epoch_cache, cache_usable = LeaderEpochCache.load(self.directory)
+        self._load_segments(recovery_point, clean_shutdown)
+        fit_to_log(self.leader_epoch_cache, cache_usable, self._segments, self.log_start_offset, self._leo)
+
+    def _load_segments(self, recovery_point: int | None, clean_shutdown: bool) -> None:
+        bases = self._bases
         if not bases:
             self._add_segment(self.log_start_offset)
             self._leo = self.log_start_offset
@@ -260,9 +267,11 @@ class Log:
                 },
             )
 
-    @staticmethod
-    def _replay_into(state: ProducerStateManager, segment: LogSegment):
+    def _replay_into(self, state: ProducerStateManager, segment: LogSegment):
+        epochs = self.leader_epoch_cache
+
         def on_batch(header: BatchHeader, chunk, position: int) -> None:
+            epochs.assign(header.partition_leader_epoch, header.base_offset)
             item = header
             if header.is_control:
                 item = ControlBatch(header, read_end_txn_marker(chunk, header._replace(position=position)))
@@ -321,6 +330,10 @@ class Log:
         if unstable is None:
             return self.high_watermark
         return max(self.log_start_offset, min(unstable, self.high_watermark))
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEntry:
+        """OffsetsForLeaderEpoch: `(epoch, end offset)` from the leader epoch cache (KIP-279)."""
+        return self.leader_epoch_cache.end_offset_for(epoch, self._leo)
 
     @property
     def active_segment(self) -> LogSegment:
@@ -409,12 +422,15 @@ class Log:
                 self.log_start_offset,
                 True,
             )
+        for header in assigned:  # before the bytes, as Kafka: recovery cuts the cache back to the log
+            self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         segment = self.active_segment
         segment.append(parts, assigned)
         if self._recent_appends is not None:
             self._recent_appends.appended(segment)
         self._leo = next_offset
-        self.high_watermark = next_offset
+        if origin != "replication":  # a follower's HW comes from its leader's fetch responses
+            self.high_watermark = next_offset
         completed = state.apply(plan)
         if completed:
             for txn in aborted_entries(completed, state.first_unstable_offset()):
@@ -589,6 +605,7 @@ class Log:
 
     def _advance_log_start(self, offset: int) -> None:
         self.log_start_offset = offset
+        self.leader_epoch_cache.truncate_from_start(offset)
         while len(self._segments) > 1 and self._bases[1] <= offset:
             self._segments.pop(0).delete()
             self._bases.pop(0)
@@ -612,6 +629,7 @@ class Log:
                 self._leo = removed_from
             else:  # the cut falls in a gap between batches, or exactly at a segment boundary
                 self._leo = new_end if new_end is not None else offset
+        self.leader_epoch_cache.truncate_from_end(self._leo)
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
         self._reload_producer_state()
@@ -621,6 +639,7 @@ class Log:
             segment.delete()
         self._segments, self._bases = [], []
         self._add_segment(offset)
+        self.leader_epoch_cache.clear()
         self.log_start_offset = offset
         self._leo = offset
 
