@@ -324,6 +324,11 @@ class Log:
     def log_end_offset(self) -> int:
         return self._leo
 
+    def restore_high_watermark(self, offset: int) -> None:
+        """The HW from replication-offset-checkpoint, kept within [log start, log end] as Kafka
+        does. Only a leader whose ISR is itself alone may then raise it to the log end."""
+        self.high_watermark = max(self.log_start_offset, min(offset, self._leo))
+
     @property
     def last_stable_offset(self) -> int:
         unstable = self.producer_state.first_unstable_offset()
@@ -632,6 +637,12 @@ class Log:
         self.leader_epoch_cache.truncate_from_end(self._leo)
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
+        self._reload_producer_state()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and restart it at `offset`: a follower behind its leader's log start."""
+        self._truncate_fully(offset)
+        self.high_watermark = self.recovery_point = offset
         self._reload_producer_state()
 
     def _truncate_fully(self, offset: int) -> None:

@@ -78,6 +78,10 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
+        for log_ in self.logs.logs.values():
+            # A single node leads every partition with an ISR of itself alone, so its HW is
+            # its log end whatever the checkpoint said (Kafka's makeLeader, one-member ISR).
+            log_.high_watermark = log_.log_end_offset
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
         self.groups = GroupService(self, now_ms)
