@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["LeaderEpochCache", "EpochEntry", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "CHECKPOINT_FILE"]
+__all__ = ["LeaderEpochCache", "EpochEntry", "EpochEndOffset", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "CHECKPOINT_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,16 @@ _VERSION = 0
 class EpochEntry(NamedTuple):
     epoch: int
     start_offset: int
+
+
+class EpochEndOffset(NamedTuple):
+    """An OffsetsForLeaderEpoch answer: the largest epoch <= the one asked, and its end."""
+
+    leader_epoch: int
+    end_offset: int
+
+
+_UNDEFINED = EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
 
 
 class CorruptCheckpointError(ValueError):
@@ -129,7 +139,7 @@ class LeaderEpochCache:
         i = bisect.bisect_right(self._offsets, offset) - 1
         return self._epochs[i] if i >= 0 else None
 
-    def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> EpochEntry:
+    def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> EpochEndOffset:
         """Kafka's OffsetsForLeaderEpoch answer, `(epoch, end_offset)`:
 
         - the latest epoch: `(epoch, log_end_offset)` (it is still being written);
@@ -140,15 +150,15 @@ class LeaderEpochCache:
         - UNDEFINED_EPOCH, newer than the latest, or an empty cache: `(-1, -1)`.
         """
         if requested_epoch == UNDEFINED_EPOCH or not self._epochs:
-            return EpochEntry(UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+            return _UNDEFINED
         if requested_epoch == self._epochs[-1]:
-            return EpochEntry(requested_epoch, log_end_offset)
+            return EpochEndOffset(requested_epoch, log_end_offset)
         higher = bisect.bisect_right(self._epochs, requested_epoch)
         if higher == len(self._epochs):
-            return EpochEntry(UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+            return _UNDEFINED
         if higher == 0:
-            return EpochEntry(requested_epoch, self._offsets[0])
-        return EpochEntry(self._epochs[higher - 1], self._offsets[higher])
+            return EpochEndOffset(requested_epoch, self._offsets[0])
+        return EpochEndOffset(self._epochs[higher - 1], self._offsets[higher])
 
     # -- changes -------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from ..records.batch import (
 )
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
-from .leader_epoch import EpochEntry, LeaderEpochCache, fit_to_log
+from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
@@ -336,7 +336,7 @@ class Log:
             return self.high_watermark
         return max(self.log_start_offset, min(unstable, self.high_watermark))
 
-    def end_offset_for_epoch(self, epoch: int) -> EpochEntry:
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         """OffsetsForLeaderEpoch: `(epoch, end offset)` from the leader epoch cache (KIP-279)."""
         return self.leader_epoch_cache.end_offset_for(epoch, self._leo)
 
