@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ..leader_epochs import leader_epoch_error
 
 API_KEY = 1
 VERSIONS = (4, 12)
@@ -30,9 +31,13 @@ def _read_partitions(ctx, request, response_type):
         partitions = []
         for wanted in topic.partitions:
             log = broker.find_log(topic.topic, wanted.partition)
-            if log is None:
+            error = ErrorCode.unknown_topic_or_partition
+            if log is not None:  # KIP-320: a fetcher with another leader epoch's metadata
+                error = leader_epoch_error(broker, topic.topic, wanted.partition,
+                                           getattr(wanted, "current_leader_epoch", -1))
+            if error is not ErrorCode.none:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=ErrorCode.unknown_topic_or_partition, high_watermark=-1,
+                                       error_code=error, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                                        preferred_read_replica=-1, records=None))
                 failed = True

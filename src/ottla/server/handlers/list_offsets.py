@@ -1,9 +1,13 @@
-"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp."""
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp.
+
+Each answer carries the leader epoch of the offset it names (the current epoch for latest),
+and a request naming another current leader epoch is fenced (KIP-320)."""
 
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ..leader_epochs import leader_epoch_error, partition_leader_epoch
 
 API_KEY = 2
 VERSIONS = (1, 8)
@@ -25,6 +29,18 @@ def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
     return found if found is not None else (-1, -1)
 
 
+def _epoch_of(broker, topic: str, partition: int, log, timestamp: int, offset: int) -> int:
+    """Kafka's answer: the current epoch for latest, else the epoch whose leader wrote `offset`
+    (-1 when no offset was found)."""
+    if offset < 0:
+        return -1
+    current = partition_leader_epoch(broker, topic, partition)
+    if timestamp == LATEST:
+        return current
+    epoch = log.leader_epoch_cache.epoch_for_offset(offset)
+    return current if epoch is None else epoch  # nothing written since this leader's election
+
+
 async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "ListOffsetsTopicResponse")
@@ -35,17 +51,22 @@ async def handle(ctx, request):
         partitions = []
         for wanted in topic.partitions:
             log = ctx.broker.find_log(topic.name, wanted.partition_index)
-            error, offset, timestamp = ErrorCode.none, -1, -1
+            error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
             if log is None:
                 error = ErrorCode.unknown_topic_or_partition
             elif wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
                 error = ErrorCode.unsupported_version
             else:
+                error = leader_epoch_error(ctx.broker, topic.name, wanted.partition_index,
+                                           getattr(wanted, "current_leader_epoch", -1))
+            if error is ErrorCode.none:
                 try:
                     offset, timestamp = _lookup(log, wanted.timestamp, read_committed)
                 except KafkaError as exc:
                     error = exc.code
+                else:
+                    epoch = _epoch_of(ctx.broker, topic.name, wanted.partition_index, log, wanted.timestamp, offset)
             partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,
-                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1))
+                                   timestamp=timestamp, offset=offset, leader_epoch=epoch))
         topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
     return make(response_type, throttle_time=timedelta(0), topics=tuple(topics))
