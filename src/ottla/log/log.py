@@ -267,11 +267,9 @@ class Log:
                 },
             )
 
-    def _replay_into(self, state: ProducerStateManager, segment: LogSegment):
-        epochs = self.leader_epoch_cache
-
+    @staticmethod
+    def _replay_into(state: ProducerStateManager, segment: LogSegment):
         def on_batch(header: BatchHeader, chunk, position: int) -> None:
-            epochs.assign(header.partition_leader_epoch, header.base_offset)
             item = header
             if header.is_control:
                 item = ControlBatch(header, read_end_txn_marker(chunk, header._replace(position=position)))
