@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -331,20 +332,28 @@ SESSION_CHILD = textwrap.dedent("""
 """)
 
 
+def line_reader(stream) -> "queue.Queue[str]":
+    """A child's stdout lines in a queue, so the test waits with a timeout, never hangs."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in stream], daemon=True).start()
+    return lines
+
+
 def test_session_expiry_drops_ephemerals_and_fires_the_callback(stores, connect):
     """SIGSTOP a client past its session timeout: ZooKeeper expires the session, deletes its
     registration, and the client learns it when it runs again (then registers anew)."""
     child = subprocess.Popen([sys.executable, "-c", SESSION_CHILD, connect, "3000"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ})
+    lines = line_reader(child.stdout)
     try:
-        assert child.stdout.readline().strip() == "registered"
+        assert lines.get(timeout=60) == "registered"
         observer = stores()
         first = observer.live_brokers()[7]
         os.kill(child.pid, signal.SIGSTOP)
         wait_for(lambda: 7 not in observer.live_brokers(), what="the expired session's registration to go")
         os.kill(child.pid, signal.SIGCONT)
-        assert child.stdout.readline().strip() == "lost"
-        assert child.stdout.readline().strip() == "re-registered"
+        assert lines.get(timeout=60) == "lost"
+        assert lines.get(timeout=60) == "re-registered"
         assert observer.live_brokers()[7].epoch > first.epoch
     finally:
         os.kill(child.pid, signal.SIGCONT)
