@@ -384,8 +384,6 @@ class ZkClusterStore:
 
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
-        if self._get(topic_path(topic)) is None:
-            raise NoSuchTopic(topic)
         states = {}
         for child in self._children(f"{TOPICS}/{topic}/partitions"):
             current = self._get(state_path(topic, int(child)))
