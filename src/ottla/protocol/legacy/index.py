@@ -1,6 +1,14 @@
 """(api key, version) -> "module:Class" for every generated request and response."""
 
 REQUESTS = {
+    (0, 0): "ottla.protocol.legacy.produce.v0.request:ProduceRequest",
+    (0, 1): "ottla.protocol.legacy.produce.v1.request:ProduceRequest",
+    (0, 2): "ottla.protocol.legacy.produce.v2.request:ProduceRequest",
+    (1, 0): "ottla.protocol.legacy.fetch.v0.request:FetchRequest",
+    (1, 1): "ottla.protocol.legacy.fetch.v1.request:FetchRequest",
+    (1, 2): "ottla.protocol.legacy.fetch.v2.request:FetchRequest",
+    (1, 3): "ottla.protocol.legacy.fetch.v3.request:FetchRequest",
+    (2, 0): "ottla.protocol.legacy.list_offsets.v0.request:ListOffsetsRequest",
     (4, 0): "ottla.protocol.legacy.leader_and_isr.v0.request:LeaderAndIsrRequest",
     (4, 1): "ottla.protocol.legacy.leader_and_isr.v1.request:LeaderAndIsrRequest",
     (4, 2): "ottla.protocol.legacy.leader_and_isr.v2.request:LeaderAndIsrRequest",
@@ -27,9 +35,25 @@ REQUESTS = {
     (7, 1): "ottla.protocol.legacy.controlled_shutdown.v1.request:ControlledShutdownRequest",
     (7, 2): "ottla.protocol.legacy.controlled_shutdown.v2.request:ControlledShutdownRequest",
     (7, 3): "ottla.protocol.legacy.controlled_shutdown.v3.request:ControlledShutdownRequest",
+    (8, 0): "ottla.protocol.legacy.offset_commit.v0.request:OffsetCommitRequest",
+    (8, 1): "ottla.protocol.legacy.offset_commit.v1.request:OffsetCommitRequest",
+    (9, 0): "ottla.protocol.legacy.offset_fetch.v0.request:OffsetFetchRequest",
+    (19, 0): "ottla.protocol.legacy.create_topics.v0.request:CreateTopicsRequest",
+    (19, 1): "ottla.protocol.legacy.create_topics.v1.request:CreateTopicsRequest",
+    (20, 0): "ottla.protocol.legacy.delete_topics.v0.request:DeleteTopicsRequest",
+    (27, 0): "ottla.protocol.legacy.write_txn_markers.v0.request:WriteTxnMarkersRequest",
+    (32, 0): "ottla.protocol.legacy.describe_configs.v0.request:DescribeConfigsRequest",
 }
 
 RESPONSES = {
+    (0, 0): "ottla.protocol.legacy.produce.v0.response:ProduceResponse",
+    (0, 1): "ottla.protocol.legacy.produce.v1.response:ProduceResponse",
+    (0, 2): "ottla.protocol.legacy.produce.v2.response:ProduceResponse",
+    (1, 0): "ottla.protocol.legacy.fetch.v0.response:FetchResponse",
+    (1, 1): "ottla.protocol.legacy.fetch.v1.response:FetchResponse",
+    (1, 2): "ottla.protocol.legacy.fetch.v2.response:FetchResponse",
+    (1, 3): "ottla.protocol.legacy.fetch.v3.response:FetchResponse",
+    (2, 0): "ottla.protocol.legacy.list_offsets.v0.response:ListOffsetsResponse",
     (4, 0): "ottla.protocol.legacy.leader_and_isr.v0.response:LeaderAndIsrResponse",
     (4, 1): "ottla.protocol.legacy.leader_and_isr.v1.response:LeaderAndIsrResponse",
     (4, 2): "ottla.protocol.legacy.leader_and_isr.v2.response:LeaderAndIsrResponse",
@@ -56,4 +80,12 @@ RESPONSES = {
     (7, 1): "ottla.protocol.legacy.controlled_shutdown.v1.response:ControlledShutdownResponse",
     (7, 2): "ottla.protocol.legacy.controlled_shutdown.v2.response:ControlledShutdownResponse",
     (7, 3): "ottla.protocol.legacy.controlled_shutdown.v3.response:ControlledShutdownResponse",
+    (8, 0): "ottla.protocol.legacy.offset_commit.v0.response:OffsetCommitResponse",
+    (8, 1): "ottla.protocol.legacy.offset_commit.v1.response:OffsetCommitResponse",
+    (9, 0): "ottla.protocol.legacy.offset_fetch.v0.response:OffsetFetchResponse",
+    (19, 0): "ottla.protocol.legacy.create_topics.v0.response:CreateTopicsResponse",
+    (19, 1): "ottla.protocol.legacy.create_topics.v1.response:CreateTopicsResponse",
+    (20, 0): "ottla.protocol.legacy.delete_topics.v0.response:DeleteTopicsResponse",
+    (27, 0): "ottla.protocol.legacy.write_txn_markers.v0.response:WriteTxnMarkersResponse",
+    (32, 0): "ottla.protocol.legacy.describe_configs.v0.response:DescribeConfigsResponse",
 }
