@@ -11,7 +11,7 @@ from ottla.errors import ErrorCode, KafkaError
 from ottla.log import Log
 from ottla.records.batch import parse_batches
 from ottla.records.control import build_control_batch
-from test_log import batch, config
+from tests.unit.test_log import batch, config
 
 SEGMENT = 700
 

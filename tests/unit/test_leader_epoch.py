@@ -14,7 +14,7 @@ from ottla.log.leader_epoch import (
     UNDEFINED_EPOCH_OFFSET,
 )
 from ottla.records.batch import parse_batches
-from test_log import batch, config
+from tests.unit.test_log import batch, config
 
 UNDEFINED = (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
 

@@ -7,7 +7,7 @@ from ottla.errors import ErrorCode
 from ottla.log import Log
 from ottla.replication.epochs import check_current_leader_epoch, epoch_end_offset
 from ottla.replication.follower import FetchPhase, FollowerFetchState, Truncation, truncation_for
-from test_log import batch, config
+from tests.unit.test_log import batch, config
 
 
 def log_with(path, epochs):

@@ -14,7 +14,7 @@ import pytest
 
 from ottla.errors import ErrorCode
 from ottla.records.records import Record, build_batch, iter_batches
-from replicas import Replica, batches, fetch, serve_fetch, truncate
+from tests.replicas import Replica, batches, fetch, serve_fetch, truncate
 
 A, B = 1, 2
 REPLICAS = (A, B)
