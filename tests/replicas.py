@@ -116,4 +116,4 @@ def batches(replica: Replica, upto: int | None = None) -> list[bytes]:
     log = replica.log
     end = log.log_end_offset if upto is None else upto
     data = bytes(log.read(log.log_start_offset, 1 << 30, max_offset=end).records) if end > log.log_start_offset else b""
-    return [data[h.position:h.position + h.size] for h in parse_batches(data)]
+    return [data[h.position:h.position + h.size] for h in parse_batches(data)] if data else []
