@@ -46,6 +46,7 @@ def write_leader(log: Log) -> dict:
     produce(7, producer_epoch=1)
     produce(4, txn=True)  # stays open
     last = produce(7, producer_epoch=1)
+    log.update_high_watermark(log.log_end_offset)  # every follower has it all, in the end
     return {"last": last}
 
 
@@ -55,7 +56,7 @@ def replicate(leader: Log, follower: Log, max_bytes: int) -> int:
     while follower.log_end_offset < leader.log_end_offset:
         data = leader.read(follower.log_end_offset, max_bytes, max_offset=leader.log_end_offset)
         follower.append(bytes(data.records), now_ms=99, origin="replication")
-        follower.high_watermark = min(leader.high_watermark, follower.log_end_offset)
+        follower.update_high_watermark(leader.high_watermark)
         fetches += 1
     return fetches
 

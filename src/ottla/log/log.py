@@ -322,11 +322,6 @@ class Log:
     def log_end_offset(self) -> int:
         return self._leo
 
-    def restore_high_watermark(self, offset: int) -> None:
-        """The HW from replication-offset-checkpoint, kept within [log start, log end] as Kafka
-        does. Only a leader whose ISR is itself alone may then raise it to the log end."""
-        self.high_watermark = max(self.log_start_offset, min(offset, self._leo))
-
     @property
     def last_stable_offset(self) -> int:
         unstable = self.producer_state.first_unstable_offset()
@@ -432,8 +427,7 @@ class Log:
         if self._recent_appends is not None:
             self._recent_appends.appended(segment)
         self._leo = next_offset
-        if origin != "replication":  # a follower's HW comes from its leader's fetch responses
-            self.high_watermark = next_offset
+        self.high_watermark = next_offset
         completed = state.apply(plan)
         if completed:
             for txn in aborted_entries(completed, state.first_unstable_offset()):
@@ -613,6 +607,12 @@ class Log:
             self._segments.pop(0).delete()
             self._bases.pop(0)
         self.producer_state.on_log_start_offset(offset)
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the high watermark, kept within [log start, log end]; the partition decides it
+        (leader: the smallest LEO of the ISR), never an append."""
+        self.high_watermark = min(max(offset, self.log_start_offset), self._leo)
+        return self.high_watermark
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of

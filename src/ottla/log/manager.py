@@ -177,7 +177,7 @@ class LogManager:
                     now_ms=self._clock(),
                     recent_appends=self.recent_appends,
                 )
-                self.logs[key].restore_high_watermark(high_watermarks.get(key, 0))
+                self.logs[key].update_high_watermark(high_watermarks.get(key, 0))
         if clean:
             # From here on a crash must be noticed: the marker's removal has to be durable.
             marker.unlink()

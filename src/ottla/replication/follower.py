@@ -142,7 +142,7 @@ class FollowerFetchState:
         log = self.log
         if records:
             log.append(records, now_ms=now_ms if append_now_ms is None else append_now_ms, origin="replication")
-        log.high_watermark = max(log.log_start_offset, min(high_watermark, log.log_end_offset))
+        log.update_high_watermark(high_watermark)
         if log_start_offset > log.log_start_offset and log_start_offset <= log.high_watermark:
             log.delete_records_before(log_start_offset)
 
