@@ -2,6 +2,7 @@
 current_leader_epoch in Fetch and ListOffsets; real consumers, which send their metadata's
 leader epoch, read as before."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -121,3 +122,33 @@ def test_real_consumers_read_with_their_leader_epochs(epoch_topic):
         assert [m.value for m in python_consumer][:COUNT] == [b"%d" % i for i in range(COUNT)]
     finally:
         python_consumer.close()
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_checkpoints_survive_kill_9_and_a_lost_epoch_file_is_rebuilt(ottla_broker_factory, raw_connection):
+    broker = ottla_broker_factory({"replica.high.watermark.checkpoint.interval.ms": 200})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(COUNT):
+        producer.produce(TOPIC, value=b"%d" % i, partition=0)
+    producer.flush(10)
+    hw_file = broker.data_dir / "replication-offset-checkpoint"
+    wait_for(lambda: hw_file.exists() and f"{TOPIC} 0 {COUNT}\n" in hw_file.read_text())
+    epoch_file = broker.data_dir / f"{TOPIC}-0" / "leader-epoch-checkpoint"
+    assert epoch_file.read_text() == "0\n1\n0 0\n"
+
+    broker.kill()
+    epoch_file.unlink()
+    hw_file.write_text(f"0\n1\n{TOPIC} 0 2\n")  # a stale HW: a lone leader's HW is its log end anyway
+    broker.start()
+    assert epoch_file.read_text() == "0\n1\n0 0\n"
+    sock = raw_connection(broker.bootstrap)
+    assert offsets_for_epoch(sock, 4, 0, current_leader_epoch=0) == (ErrorCode.none, 0, COUNT)
+    assert fetch(sock, 0).high_watermark == COUNT
