@@ -58,12 +58,13 @@ def test_offsets_for_leader_epoch_answers_a_follower_the_same(epoch_topic):
     assert offsets_for_epoch(sock, 4, 0, current_leader_epoch=0, replica_id=2) == (ErrorCode.none, 0, COUNT)
 
 
-def fetch(sock, current_leader_epoch):
+def fetch(sock, current_leader_epoch, *, fetch_offset=0, last_fetched_epoch=-1):
     request = FetchRequest(cluster_id=None, replica_id=-1, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20,
                            isolation_level=0, session_id=0, session_epoch=-1,
                            topics=(FetchTopic(topic=TOPIC, partitions=(FetchPartition(
-                               partition=0, current_leader_epoch=current_leader_epoch, fetch_offset=0,
-                               last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+                               partition=0, current_leader_epoch=current_leader_epoch, fetch_offset=fetch_offset,
+                               last_fetched_epoch=last_fetched_epoch, log_start_offset=-1,
+                               partition_max_bytes=1 << 20),)),),
                            forgotten_topics_data=(), rack_id="")
     return roundtrip(sock, request)[1].responses[0].partitions[0]
 
@@ -77,6 +78,20 @@ def test_fetch_checks_the_current_leader_epoch(epoch_topic):
     assert newer.error_code == ErrorCode.unknown_leader_epoch and not newer.records and newer.high_watermark == -1
     older = fetch(sock, -5)  # any epoch below the partition's, which is 0 on a single node
     assert older.error_code == ErrorCode.fenced_leader_epoch and not older.records
+
+
+def test_fetch_answers_a_diverging_epoch(epoch_topic):
+    """Fetch v12's last_fetched_epoch (KIP-595): a fetcher ahead of the leader in epoch 0 is
+    told where epoch 0 ends here instead of getting records or OFFSET_OUT_OF_RANGE."""
+    _, sock = epoch_topic
+    ahead = fetch(sock, 0, fetch_offset=COUNT + 3, last_fetched_epoch=0)
+    assert ahead.error_code == ErrorCode.none and not ahead.records
+    assert (ahead.diverging_epoch.epoch, ahead.diverging_epoch.end_offset) == (0, COUNT)
+    agreeing = fetch(sock, 0, fetch_offset=2, last_fetched_epoch=0)
+    assert agreeing.error_code == ErrorCode.none and agreeing.records
+    assert agreeing.diverging_epoch.epoch == -1
+    unknown = fetch(sock, 0, fetch_offset=2, last_fetched_epoch=3)
+    assert unknown.error_code == ErrorCode.offset_out_of_range
 
 
 def list_offsets(sock, timestamp, current_leader_epoch):

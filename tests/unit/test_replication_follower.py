@@ -3,9 +3,9 @@ logs with explicit time."""
 
 import pytest
 
-from ottla.errors import ErrorCode
+from ottla.errors import ErrorCode, KafkaError
 from ottla.log import Log
-from ottla.replication.epochs import check_current_leader_epoch, epoch_end_offset
+from ottla.replication.epochs import check_current_leader_epoch, diverging_epoch, epoch_end_offset
 from ottla.replication.follower import FetchPhase, FollowerFetchState, Truncation, truncation_for
 from tests.unit.test_log import batch, config
 
@@ -105,3 +105,17 @@ def test_offset_out_of_range_behind_the_leaders_start_restarts_the_log_there(tmp
 ])
 def test_current_leader_epoch_check(requested, current, expected):
     assert check_current_leader_epoch(requested, current) is expected
+
+
+def test_diverging_epoch_in_fetch(tmp_path):
+    """KIP-595: a fetch naming its last fetched epoch learns where that epoch ends here when
+    its data went further than the leader's (leader: 0 [0,3), 1 [3,8), 4 [8,10))."""
+    leader = log_with(tmp_path / "l", [0] * 3 + [1] * 5 + [4] * 2)
+    assert diverging_epoch(leader, 4, 1, 8) is None  # epoch 1 ended exactly there
+    assert diverging_epoch(leader, 4, 4, 10) is None  # the current epoch, at the log end
+    assert diverging_epoch(leader, 4, 1, 9) == (1, 8)  # the fetcher has epoch-1 data the leader lacks
+    assert diverging_epoch(leader, 4, 2, 9) == (1, 8)  # an epoch the leader never had
+    assert diverging_epoch(leader, 4, 4, 12) == (4, 10)  # ahead of the leader in its own epoch
+    with pytest.raises(KafkaError) as info:
+        diverging_epoch(leader, 4, 6, 10)  # an epoch newer than anything here
+    assert info.value.code is ErrorCode.offset_out_of_range

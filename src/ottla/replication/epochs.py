@@ -1,13 +1,13 @@
-"""Leader epoch checks a leader makes on requests (KIP-320) and its OffsetsForLeaderEpoch
-answer (KIP-101/KIP-279), shared by the Fetch, ListOffsets and OffsetsForLeaderEpoch handlers
-and by follower fetchers."""
+"""Leader epoch checks a leader makes on requests (KIP-320, and KIP-595's diverging epoch in
+Fetch) and its OffsetsForLeaderEpoch answer (KIP-101/KIP-279), shared by the Fetch,
+ListOffsets and OffsetsForLeaderEpoch handlers and by follower fetchers."""
 
 from __future__ import annotations
 
-from ..errors import ErrorCode
-from ..log.leader_epoch import EpochEndOffset
+from ..errors import ErrorCode, KafkaError
+from ..log.leader_epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET, EpochEndOffset
 
-__all__ = ["check_current_leader_epoch", "epoch_end_offset", "NO_EPOCH_CHECK"]
+__all__ = ["check_current_leader_epoch", "epoch_end_offset", "diverging_epoch", "NO_EPOCH_CHECK"]
 
 NO_EPOCH_CHECK = -1  # a request's current_leader_epoch of -1 asks for no check
 
@@ -28,3 +28,21 @@ def epoch_end_offset(log, partition_epoch: int, requested_epoch: int) -> EpochEn
     if requested_epoch == partition_epoch:
         return EpochEndOffset(partition_epoch, log.log_end_offset)
     return log.end_offset_for_epoch(requested_epoch)
+
+
+def diverging_epoch(log, partition_epoch: int, last_fetched_epoch: int, fetch_offset: int) -> EpochEndOffset | None:
+    """Kafka's check of a Fetch carrying `last_fetched_epoch` (v12+, KIP-595): where the
+    fetcher's last epoch ends on this leader when its data diverged (the leader never had that
+    epoch, or it ended before the fetch offset), else None. The fetcher truncates there and
+    fetches again. Raises OFFSET_OUT_OF_RANGE when the leader cannot place the epoch or the
+    offset is below its log start, so the fetcher resets as for any out-of-range offset."""
+    found = epoch_end_offset(log, partition_epoch, last_fetched_epoch)
+    if found.end_offset == UNDEFINED_EPOCH_OFFSET or found.leader_epoch == UNDEFINED_EPOCH:
+        raise KafkaError(ErrorCode.offset_out_of_range,
+                         f"the end offset of last fetched epoch {last_fetched_epoch} is unknown here")
+    if fetch_offset < log.log_start_offset:
+        raise KafkaError(ErrorCode.offset_out_of_range,
+                         f"offset {fetch_offset} is below the log start {log.log_start_offset}")
+    if found.leader_epoch < last_fetched_epoch or found.end_offset < fetch_offset:
+        return found
+    return None

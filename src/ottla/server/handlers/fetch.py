@@ -9,7 +9,8 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
-from ..leader_epochs import leader_epoch_error
+from ...replication.epochs import diverging_epoch
+from ..leader_epochs import leader_epoch_error, partition_leader_epoch
 
 API_KEY = 1
 VERSIONS = (4, 12)
@@ -17,11 +18,23 @@ VERSIONS = (4, 12)
 READ_COMMITTED = 1
 
 
+def _diverging(broker, topic: str, wanted, log, epoch_type):
+    """KIP-595's diverging epoch for a Fetch v12+ carrying last_fetched_epoch, as the
+    response's EpochEndOffset, or None."""
+    last_fetched = getattr(wanted, "last_fetched_epoch", -1)
+    if last_fetched < 0:
+        return None
+    found = diverging_epoch(log, partition_leader_epoch(broker, topic, wanted.partition), last_fetched,
+                            wanted.fetch_offset)
+    return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
+
+
 def _read_partitions(ctx, request, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
+    epoch_type = nested(response_type, "EpochEndOffset")
     read_committed = request.isolation_level == READ_COMMITTED
     remaining = request.max_bytes
     total = 0
@@ -44,19 +57,23 @@ def _read_partitions(ctx, request, response_type):
                 continue
             high_watermark = log.high_watermark
             stable = log.last_stable_offset
-            error, records, aborted = ErrorCode.none, b"", None
+            error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
-                data = log.read(
-                    wanted.fetch_offset,
-                    min(wanted.partition_max_bytes, max(remaining, 0)),
-                    max_offset=stable if read_committed else high_watermark,
-                    min_one_batch=total == 0,
-                    with_aborted=read_committed,
-                )
-                records = data.records
-                if read_committed:
-                    aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
-                                    for txn in data.aborted_transactions)
+                diverging = _diverging(broker, topic.topic, wanted, log, epoch_type)
+                if diverging is not None:  # the fetcher must truncate first: answer at once
+                    failed = True
+                else:
+                    data = log.read(
+                        wanted.fetch_offset,
+                        min(wanted.partition_max_bytes, max(remaining, 0)),
+                        max_offset=stable if read_committed else high_watermark,
+                        min_one_batch=total == 0,
+                        with_aborted=read_committed,
+                    )
+                    records = data.records
+                    if read_committed:
+                        aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
+                                        for txn in data.aborted_transactions)
             except KafkaError as exc:
                 error = exc.code
                 failed = True
@@ -65,7 +82,8 @@ def _read_partitions(ctx, request, response_type):
             partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
                                    high_watermark=high_watermark, last_stable_offset=stable,
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
-                                   preferred_read_replica=-1, records=records))
+                                   preferred_read_replica=-1, records=records,
+                                   **({} if diverging is None else {"diverging_epoch": diverging})))
         topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
     return topics, total, failed
 
