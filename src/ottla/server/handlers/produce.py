@@ -6,13 +6,15 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
+from ...records.legacy import up_convert
 from ..clock import now_ms
 from ..context import CloseConnection
 from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
-VERSIONS = (3, 11)
+# v0-v2 carry message format v0/v1, up-converted to a v2 batch (removed in Kafka 4.0, KIP-896).
+VERSIONS = (0, 11)
 
 _UTC = datetime.timezone.utc
 
@@ -21,23 +23,23 @@ def _append_time(ms: int):
     return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, _UTC)
 
 
-def _unverified_transactional_write(broker, transactional_id, topic: str, data):
+def _unverified_transactional_write(broker, transactional_id, topic: str, index: int, records):
     """KIP-890 part 1: a transactional batch may only land in a partition its ongoing
     transaction has added; otherwise a late or stray write would open a transaction no
     coordinator closes and freeze the partition's last stable offset."""
-    if len(data.records) < HEADER_SIZE:
+    if len(records) < HEADER_SIZE:
         return None  # the log rejects the truncated batch with CORRUPT_MESSAGE
-    header = read_header(data.records)
+    header = read_header(records)
     if not header.is_transactional:
         return None
     if transactional_id is None:
         return ErrorCode.invalid_request, "transactional batch without a transactional id"
     verdict = broker.transactions.coordinator.verify_partitions(
-        transactional_id, header.producer_id, header.producer_epoch, [(topic, data.index)])[(topic, data.index)]
+        transactional_id, header.producer_id, header.producer_epoch, [(topic, index)])[(topic, index)]
     if verdict is ErrorCode.none:
         return None
     return (fencing_as_version_says(verdict),
-            f"partition {topic}-{data.index} is not part of the ongoing transaction of {transactional_id}")
+            f"partition {topic}-{index} is not part of the ongoing transaction of {transactional_id}")
 
 
 async def handle(ctx, request):
@@ -46,6 +48,7 @@ async def handle(ctx, request):
     topic_type = nested(response_type, "TopicProduceResponse")
     partition_type = nested(response_type, "PartitionProduceResponse")
     acks = request.acks
+    transactional_id = getattr(request, "transactional_id", None)
     timestamp = now_ms()
     topics = []
     for topic in request.topic_data:
@@ -56,19 +59,28 @@ async def handle(ctx, request):
             error, message = ErrorCode.none, None
             base_offset, append_time, start_offset = -1, -1, -1
             log = broker.find_log(name, data.index)
+            records, conversion_error = data.records, None
+            if ctx.api_version < 3 and records:
+                try:
+                    records = up_convert(records, timestamp)
+                except KafkaError as exc:
+                    conversion_error = exc
             if acks not in (0, 1, -1):
                 error = ErrorCode.invalid_required_acks
             elif internal:
                 error, message = ErrorCode.invalid_topic_exception, f"cannot append to internal topic {name}"
             elif log is None:
                 error = ErrorCode.unknown_topic_or_partition
-            elif not data.records:
+            elif not records:
                 error, message = ErrorCode.invalid_record, "empty record set"
-            elif (refused := _unverified_transactional_write(broker, request.transactional_id, name, data)) is not None:
+            elif conversion_error is not None:
+                error, message = conversion_error.code, conversion_error.message
+            elif (refused := _unverified_transactional_write(broker, transactional_id, name, data.index,
+                                                             records)) is not None:
                 error, message = refused
             else:
                 try:
-                    result = broker.append(name, data.index, data.records, now=timestamp, origin="client")
+                    result = broker.append(name, data.index, records, now=timestamp, origin="client")
                     base_offset, append_time, start_offset = result.base_offset, result.log_append_time, result.log_start_offset
                 except KafkaError as exc:
                     error, message = exc.code, exc.message
