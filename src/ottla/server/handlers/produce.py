@@ -3,7 +3,7 @@
 import datetime
 from datetime import timedelta
 
-from ...errors import ErrorCode, KafkaError
+from ...errors import ErrorCode, InvalidRecords, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ...records.legacy import up_convert
@@ -47,6 +47,7 @@ async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "TopicProduceResponse")
     partition_type = nested(response_type, "PartitionProduceResponse")
+    record_error_type = nested(response_type, "BatchIndexAndErrorMessage")  # v8+ (KIP-467)
     acks = request.acks
     transactional_id = getattr(request, "transactional_id", None)
     timestamp = now_ms()
@@ -56,7 +57,7 @@ async def handle(ctx, request):
         internal = name in INTERNAL_TOPICS
         partitions = []
         for data in topic.partition_data:
-            error, message = ErrorCode.none, None
+            error, message, record_errors = ErrorCode.none, None, ()
             base_offset, append_time, start_offset = -1, -1, -1
             log = broker.find_log(name, data.index)
             records, conversion_error = data.records, None
@@ -82,11 +83,15 @@ async def handle(ctx, request):
                 try:
                     result = broker.append(name, data.index, records, now=timestamp, origin="client")
                     base_offset, append_time, start_offset = result.base_offset, result.log_append_time, result.log_start_offset
+                except InvalidRecords as exc:
+                    error, message = exc.code, exc.message
+                    record_errors = tuple(make(record_error_type, batch_index=index, batch_index_error_message=text)
+                                          for index, text in exc.record_errors) if record_error_type else ()
                 except KafkaError as exc:
                     error, message = exc.code, exc.message
             partitions.append(make(partition_type, index=data.index, error_code=error, base_offset=base_offset,
                                    log_append_time=_append_time(append_time), log_start_offset=start_offset,
-                                   record_errors=(), error_message=message))
+                                   record_errors=record_errors, error_message=message))
         topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
     if acks == 0:
         failed = [f"{t.name}-{p.index}: {p.error_code.name}" for t in topics for p in t.partition_responses
