@@ -48,7 +48,7 @@ class OffsetsLogStore:
         batch = build_batch([Record(key, value, (), now) for key, value in records], producer_id=producer_id,
                             producer_epoch=producer_epoch, is_transactional=producer_id >= 0, now_ms=now)
         try:
-            result = self._broker.append(OFFSETS_TOPIC, partition, batch, now=now, origin="coordinator")
+            result = self._broker.replicas.append(OFFSETS_TOPIC, partition, batch, now_ms=now, origin="coordinator")
         except KafkaError as exc:
             on_durable(exc.code, -1)
             return
@@ -100,7 +100,7 @@ class GroupService:
         logs = self._broker.logs
         partitions = self.coordinator.num_partitions
         if OFFSETS_TOPIC not in logs.topics:
-            logs.create_topic(OFFSETS_TOPIC, partitions, {
+            self._broker.create_topic(OFFSETS_TOPIC, partitions, {
                 "cleanup.policy": "compact",
                 "compression.type": "producer",
                 "segment.bytes": config["offsets.topic.segment.bytes"],

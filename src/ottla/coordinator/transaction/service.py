@@ -68,7 +68,7 @@ class TransactionLogStore:
         now = self._clock()
         batch = build_batch([Record(key, value, (), now)], now_ms=now)
         try:
-            self._broker.append(TRANSACTION_STATE_TOPIC, partition, batch, now=now, origin="coordinator")
+            self._broker.replicas.append(TRANSACTION_STATE_TOPIC, partition, batch, now_ms=now, origin="coordinator")
         except KafkaError as exc:
             on_durable(exc.code)
             return
@@ -185,7 +185,7 @@ class TransactionService:
     async def start(self) -> None:
         config = self._broker.config
         if TRANSACTION_STATE_TOPIC not in self._broker.logs.topics:
-            self._broker.logs.create_topic(TRANSACTION_STATE_TOPIC, config["transaction.state.log.num.partitions"], {
+            self._broker.create_topic(TRANSACTION_STATE_TOPIC, config["transaction.state.log.num.partitions"], {
                 "cleanup.policy": "compact",
                 "compression.type": "uncompressed",
                 "segment.bytes": config["transaction.state.log.segment.bytes"],
