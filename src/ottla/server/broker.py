@@ -25,6 +25,7 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
+from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
 from .handlers import load_handlers
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
@@ -88,8 +89,10 @@ class Broker:
         self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
-        self.groups = GroupService(self, now_ms)
-        self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
+        self.coordinator_runtime = BrokerCoordinatorRuntime(self)
+        self.groups = GroupService(self.coordinator_runtime, config, now_ms)
+        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+                                               self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
