@@ -123,6 +123,7 @@ def test_promoted_follower_dedupes_a_retry_and_keeps_the_open_transaction(pair):
         follower.append(batch(2, producer_id=7, epoch=1, seq=9), now_ms=500, leader_epoch=3)
     assert info.value.code is ErrorCode.out_of_order_sequence_number
     follower.append(build_control_batch(4, 0, 3, True, 500), now_ms=500, origin="coordinator", leader_epoch=3)
+    follower.update_high_watermark(follower.log_end_offset)  # a leader alone in its ISR
     assert follower.last_stable_offset == follower.high_watermark == follower.log_end_offset
 
 

@@ -9,23 +9,26 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ...records.legacy import down_convert
 from ...replication.epochs import diverging_epoch
-from ..leader_epochs import leader_epoch_error, partition_leader_epoch
+from ..leader_epochs import leader_partition_at
 
 API_KEY = 1
-VERSIONS = (4, 12)
+# v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
+# Kafka 3.9 did (removed in Kafka 4.0, KIP-896). v3 adds the response size limit.
+VERSIONS = (0, 12)
+_NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
 
 
-def _diverging(broker, topic: str, wanted, log, epoch_type):
+def _diverging(wanted, partition, epoch_type):
     """KIP-595's diverging epoch for a Fetch v12+ carrying last_fetched_epoch, as the
     response's EpochEndOffset, or None."""
     last_fetched = getattr(wanted, "last_fetched_epoch", -1)
     if last_fetched < 0:
         return None
-    found = diverging_epoch(log, partition_leader_epoch(broker, topic, wanted.partition), last_fetched,
-                            wanted.fetch_offset)
+    found = diverging_epoch(partition.log, partition.leader_epoch, last_fetched, wanted.fetch_offset)
     return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
 
 
@@ -35,22 +38,21 @@ def _read_partitions(ctx, request, response_type):
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
-    read_committed = request.isolation_level == READ_COMMITTED
-    remaining = request.max_bytes
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    remaining = getattr(request, "max_bytes", _NO_LIMIT)
     total = 0
     failed = False
     topics = []
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            log = broker.find_log(topic.topic, wanted.partition)
-            error = ErrorCode.unknown_topic_or_partition
-            if log is not None:  # KIP-320: a fetcher with another leader epoch's metadata
-                error = leader_epoch_error(broker, topic.topic, wanted.partition,
-                                           getattr(wanted, "current_leader_epoch", -1))
-            if error is not ErrorCode.none:
+            try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
+                partition = leader_partition_at(broker, topic.topic, wanted.partition,
+                                                getattr(wanted, "current_leader_epoch", -1))
+                log = partition.log
+            except KafkaError as exc:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=error, high_watermark=-1,
+                                       error_code=exc.code, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                                        preferred_read_replica=-1, records=None))
                 failed = True
@@ -59,7 +61,7 @@ def _read_partitions(ctx, request, response_type):
             stable = log.last_stable_offset
             error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
-                diverging = _diverging(broker, topic.topic, wanted, log, epoch_type)
+                diverging = _diverging(wanted, partition, epoch_type)
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
                 else:
@@ -71,6 +73,8 @@ def _read_partitions(ctx, request, response_type):
                         with_aborted=read_committed,
                     )
                     records = data.records
+                    if ctx.api_version < 4:
+                        records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
                     if read_committed:
                         aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
                                         for txn in data.aborted_transactions)
@@ -103,7 +107,7 @@ async def handle(ctx, request):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.wait_for_data(keys, remaining)
+        await ctx.broker.replicas.wait_for_data(keys, remaining)
         topics, total, failed = _read_partitions(ctx, request, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))

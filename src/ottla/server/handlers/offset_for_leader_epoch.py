@@ -8,10 +8,10 @@ debugging tool); the answer is the leader's either way.
 
 from datetime import timedelta
 
-from ...errors import ErrorCode
+from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...replication.epochs import epoch_end_offset
-from ..leader_epochs import leader_epoch_error, partition_leader_epoch
+from ..leader_epochs import leader_partition_at
 
 API_KEY = 23
 VERSIONS = (2, 4)
@@ -19,13 +19,11 @@ VERSIONS = (2, 4)
 
 def _answer(broker, topic: str, wanted) -> tuple[ErrorCode, int, int]:
     """(error, leader epoch, end offset); an epoch the log cannot place answers (-1, -1)."""
-    log = broker.find_log(topic, wanted.partition)
-    if log is None:
-        return ErrorCode.unknown_topic_or_partition, -1, -1
-    error = leader_epoch_error(broker, topic, wanted.partition, wanted.current_leader_epoch)
-    if error is not ErrorCode.none:
-        return error, -1, -1
-    found = epoch_end_offset(log, partition_leader_epoch(broker, topic, wanted.partition), wanted.leader_epoch)
+    try:
+        partition = leader_partition_at(broker, topic, wanted.partition, wanted.current_leader_epoch)
+    except KafkaError as exc:
+        return exc.code, -1, -1
+    found = epoch_end_offset(partition.log, partition.leader_epoch, wanted.leader_epoch)
     return ErrorCode.none, found.leader_epoch, found.end_offset
 
 
