@@ -33,8 +33,8 @@ from ..records.batch import (
     set_partition_leader_epoch,
     validate_client_batch,
 )
-from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from .append_settings import AppendSettings, check_create_times
 from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
@@ -68,57 +68,6 @@ class FetchData(NamedTuple):
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
-
-
-class _AppendSettings:
-    """The topic configs every append reads, resolved once per config change: a TopicConfig
-    lookup walks overrides and broker synonyms, too slow for tens of thousands of appends/s."""
-
-    __slots__ = (
-        "max_message_bytes",
-        "compacted",
-        "target_codec",
-        "log_append_time",
-        "timestamp_before_max_ms",
-        "timestamp_after_max_ms",
-        "segment_bytes",
-        "segment_ms",
-        "flush_messages",
-        "flush_ms",
-    )
-
-    def __init__(self, config: TopicConfig):
-        self.max_message_bytes = config["max.message.bytes"]
-        self.compacted = "compact" in config["cleanup.policy"]
-        target = config["compression.type"]
-        self.target_codec = None if target == "producer" else CODEC_IDS[target]
-        self.log_append_time = config["message.timestamp.type"] == "LogAppendTime"
-        self.timestamp_before_max_ms = config["message.timestamp.before.max.ms"]
-        self.timestamp_after_max_ms = config["message.timestamp.after.max.ms"]
-        self.segment_bytes = config["segment.bytes"]
-        self.segment_ms = config["segment.ms"]
-        self.flush_messages = config["flush.messages"]
-        self.flush_ms = config["flush.ms"]
-
-
-_UNBOUNDED_MS = 2**63 - 1
-
-
-def _check_create_times(buf, header: BatchHeader, now_ms: int, settings: _AppendSettings) -> None:
-    """Kafka's `message.timestamp.before.max.ms` / `after.max.ms` (KIP-937) for CreateTime
-    topics: a stamp further in the past or future than allowed is INVALID_TIMESTAMP; records
-    without a timestamp (-1) pass. The header's max timestamp bounds every record from above,
-    so the default settings (no lower bound) never decode a record; a finite lower bound
-    needs each record's stamp, and costs a decode on that topic only."""
-    earliest = now_ms - settings.timestamp_before_max_ms
-    latest = now_ms + settings.timestamp_after_max_ms
-    stamp = header.max_timestamp
-    if stamp <= latest and settings.timestamp_before_max_ms < _UNBOUNDED_MS:
-        stamp = min((r.timestamp for r in decode_batch(buf, header) if r.timestamp >= 0), default=-1)
-    if stamp >= 0 and not earliest <= stamp <= latest:
-        raise KafkaError(ErrorCode.invalid_timestamp,
-                         f"timestamp {stamp} is out of range: it must lie within [{earliest}, {latest}] "
-                         f"(message.timestamp.before.max.ms / message.timestamp.after.max.ms)")
 
 
 class Log:
@@ -162,7 +111,7 @@ class Log:
     def config(self, config: TopicConfig) -> None:
         """AlterConfigs takes effect from the next append (index sizes: from the next segment)."""
         self._config = config
-        self._settings = _AppendSettings(config)
+        self._settings = AppendSettings(config)
 
     # -- loading and recovery ------------------------------------------------------------
 
@@ -364,7 +313,7 @@ class Log:
                 raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
             validate_client_batch(headers[0])
             if not settings.log_append_time:
-                _check_create_times(buf, headers[0], now_ms, settings)
+                check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):
                 message = f"Compacted topic cannot accept message without key in topic partition {self.directory.name}."
                 raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
