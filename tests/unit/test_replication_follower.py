@@ -119,3 +119,14 @@ def test_diverging_epoch_in_fetch(tmp_path):
     with pytest.raises(KafkaError) as info:
         diverging_epoch(leader, 4, 6, 10)  # an epoch newer than anything here
     assert info.value.code is ErrorCode.offset_out_of_range
+
+
+def test_a_diverging_epoch_answer_truncates_the_follower(tmp_path):
+    leader = log_with(tmp_path / "l", [0] * 3 + [1] * 5 + [4] * 2)
+    follower_log = log_with(tmp_path / "f", [0] * 3 + [1] * 7)  # three epoch-1 records the leader lacks
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=4)
+    state.phase = FetchPhase.FETCHING  # e.g. a fetcher that skips OffsetsForLeaderEpoch
+    found = diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset)
+    assert state.on_diverging_epoch(found.leader_epoch, found.end_offset, now_ms=0) == Truncation(8, True)
+    assert state.phase is FetchPhase.FETCHING and follower_log.log_end_offset == 8
+    assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None

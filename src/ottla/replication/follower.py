@@ -66,8 +66,9 @@ class FollowerFetchState:
 
     - `TRUNCATING`: OffsetsForLeaderEpoch for `latest_epoch()` with `current_leader_epoch`,
       answer through `on_epoch_end_offset`;
-    - `FETCHING`: Fetch from `fetch_offset` with `current_leader_epoch`, answer through
-      `on_fetch_response`;
+    - `FETCHING`: Fetch from `fetch_offset` with `current_leader_epoch` (and `latest_epoch()`
+      as last_fetched_epoch), answer through `on_fetch_response`, or `on_diverging_epoch`
+      when the answer names one;
     - `RESETTING`: ListOffsets earliest and latest, answer through `on_leader_offsets`;
     - `FENCED`: nothing until `become_follower` with a newer epoch.
 
@@ -129,7 +130,7 @@ class FollowerFetchState:
         return decision
 
     def on_fetch_response(self, error: ErrorCode, records: bytes, high_watermark: int, log_start_offset: int,
-                          now_ms: int, *, append_now_ms: int | None = None) -> None:
+                          now_ms: int) -> None:
         """Append what the leader sent at the fetch offset; then the follower's HW is the
         leader's, capped at its own log end, and its log start follows the leader's."""
         if self.phase is not FetchPhase.FETCHING:
@@ -141,10 +142,19 @@ class FollowerFetchState:
             return
         log = self.log
         if records:
-            log.append(records, now_ms=now_ms if append_now_ms is None else append_now_ms, origin="replication")
+            log.append(records, now_ms=now_ms, origin="replication")
         log.update_high_watermark(high_watermark)
         if log_start_offset > log.log_start_offset and log_start_offset <= log.high_watermark:
             log.delete_records_before(log_start_offset)
+
+    def on_diverging_epoch(self, leader_epoch: int, end_offset: int, now_ms: int) -> Truncation | None:
+        """A Fetch v12+ answer with a diverging epoch (the fetch sent `latest_epoch()` as
+        last_fetched_epoch, KIP-595): truncate as for an OffsetsForLeaderEpoch answer; when the
+        leader named an epoch this log never had, finish through OffsetsForLeaderEpoch."""
+        if self.phase is not FetchPhase.FETCHING:
+            return None
+        self.phase = FetchPhase.TRUNCATING
+        return self.on_epoch_end_offset(ErrorCode.none, leader_epoch, end_offset, now_ms)
 
     def on_leader_offsets(self, error: ErrorCode, leader_start: int, leader_end: int, now_ms: int) -> None:
         """Kafka's fetchOffsetAndTruncate after OFFSET_OUT_OF_RANGE: a follower ahead of the
