@@ -381,3 +381,28 @@ def test_store_survives_the_ensemble_losing_its_leader(tmp_path):
             assert store.claim_producer_id_block(1, 1000) == (0, 999)
         finally:
             store.close()
+
+
+def test_calls_give_store_unavailable_while_zookeeper_is_down_then_work_again(tmp_path):
+    with zookeeper(root=tmp_path / "zk") as server:
+        store = ZkClusterStore(server.connect, session_timeout_ms=SESSION_MS, connection_timeout_ms=2000)
+        try:
+            store.register_broker(BrokerRegistration(1, "127.0.0.1", 9092))
+            server.kill()
+            with pytest.raises(StoreUnavailable, match="did not answer within 2000 ms"):
+                store.live_brokers()
+            with pytest.raises(StoreUnavailable):
+                store.claim_producer_id_block(1, 1000)
+            server.start()  # same data dir: the session is still valid if it reconnects in time
+            wait_for(lambda: _answers(store), what="the store to answer again")
+            assert store.claim_producer_id_block(1, 1000) == (0, 999)
+        finally:
+            store.close()
+
+
+def _answers(store) -> bool:
+    try:
+        store.live_brokers()
+        return True
+    except StoreUnavailable:
+        return False
