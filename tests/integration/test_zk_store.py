@@ -379,6 +379,17 @@ def test_store_survives_the_ensemble_losing_its_leader(tmp_path):
             store.create_topic(TopicAssignment("t", uuid.uuid4(), {0: (1,)}), {})
             store.create_partition_states({("t", 0): LeaderAndIsr(1, 0, (1,), epoch.epoch)}, epoch)
             assert store.claim_producer_id_block(1, 1000) == (0, 999)
+            # The killed member comes back; then the leader hangs (SIGSTOP) instead of dying.
+            killed = next(s for s in ensemble.servers if not s.running())
+            killed.start()
+            hung = ensemble.leader()
+            hung.pause()
+            try:
+                assert ensemble.leader() is not hung
+                assert store.claim_producer_id_block(1, 1000) == (1000, 1999)
+                assert set(store.live_brokers()) == {1}
+            finally:
+                hung.resume()
         finally:
             store.close()
 
