@@ -99,6 +99,10 @@ class Broker:
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
         self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
         self.groups = GroupService(self, now_ms)
+        # In a cluster: this broker's controller candidacy and its side of the controller
+        # protocol; None on a single node, which is its own controller.
+        self.controller_service = None
+        self.controller_link = None
         self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
         self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._server: asyncio.base_events.Server | None = None
