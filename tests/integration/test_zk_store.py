@@ -106,11 +106,13 @@ def test_broker_registration_is_ephemeral_and_unique(stores, connect, raw):
     assert two.live_brokers() == {1: reg, 2: two.live_brokers()[2]}
     assert two.live_brokers()[2].epoch > reg.epoch
 
-    changed = threading.Event()
+    changed, lost = threading.Event(), threading.Event()
     two.watch("brokers", changed.set)
+    one.on_session_lost(lost.set)
     one.close()  # session closed: the ephemeral registration goes at once
     assert changed.wait(30)
     assert set(two.live_brokers()) == {2}
+    assert not lost.is_set()  # closing is not losing the session
 
 
 def test_controller_race_one_wins_and_the_deposed_is_fenced(stores, connect, raw):

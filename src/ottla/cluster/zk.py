@@ -158,6 +158,7 @@ class ZkClusterStore:
         self._watches: list[object] = []
         self._topic_watches: dict[str, DataWatch] = {}
         self._lock = threading.Lock()
+        self._closing = False
         self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         try:
@@ -278,7 +279,8 @@ class ZkClusterStore:
 
     def _state_changed(self, state: str) -> None:
         # Runs on kazoo's connection thread, which must not block: callbacks get a thread.
-        if state == KazooState.LOST:
+        # kazoo reports LOST for its own close too; that is no session loss to react to.
+        if state == KazooState.LOST and not self._closing:
             for callback in list(self._session_lost):
                 threading.Thread(target=callback, name="zk-session-lost", daemon=True).start()
 
@@ -631,6 +633,7 @@ class ZkClusterStore:
         self._session_lost.append(callback)
 
     def close(self) -> None:
+        self._closing = True
         try:
             self._zk.stop()
         finally:
