@@ -94,11 +94,9 @@ def _write_checkpoint(path: Path, entries: list[EpochEntry]) -> None:
 
 
 class LeaderEpochCache:
-    """Epoch -> start offset, strictly increasing in both. Every change is written through.
-
-    `entries` is None-free and sorted; a file that fails to parse is reported by `load`
-    (the log then rebuilds the cache from its batches).
-    """
+    """Epoch -> start offset, both strictly increasing; every change is written through to
+    the checkpoint file. `load` reports a file that fails to parse, and the log then rebuilds
+    the entries from its batches."""
 
     def __init__(self, directory: Path, entries: list[EpochEntry] | None = None):
         self.path = Path(directory) / CHECKPOINT_FILE
@@ -129,10 +127,6 @@ class LeaderEpochCache:
     @property
     def latest_epoch(self) -> int | None:
         return self._epochs[-1] if self._epochs else None
-
-    @property
-    def earliest_entry(self) -> EpochEntry | None:
-        return EpochEntry(self._epochs[0], self._offsets[0]) if self._epochs else None
 
     def epoch_for_offset(self, offset: int) -> int | None:
         """The epoch whose leader wrote `offset` (None below the first entry)."""
