@@ -181,3 +181,15 @@ def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ott
     finally:
         client.stop()
         client.close()
+
+
+def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):
+    """Kafka's InconsistentClusterIdException: meta.properties names the cluster a data dir
+    belongs to; a broker pointed at another cluster's ZooKeeper must not mix them."""
+    alone = BrokerProcess(tmp_path / "data").start()  # no zookeeper.connect: a cluster id of its own
+    alone.stop()
+    result = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect={zk_cluster.connect}",
+                    "--config", "broker.id=9"])
+    assert result.returncode == 1
+    assert "doesn't match stored clusterId" in result.stderr and "trying to join the wrong cluster" in result.stderr
+    assert zk.exists("/brokers/ids/9") is None
