@@ -8,6 +8,7 @@ asyncio edges: the listener, the delayed-fetch waiters and the periodic duties
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import fcntl
 import logging
 import os
@@ -18,6 +19,8 @@ from pathlib import Path
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
+from ..failpoints import from_environment as failpoints_from_environment
+from ..log.cleaner.service import LogCleaner
 from ..log.manager import LogManager
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -54,6 +57,25 @@ def _load_or_create_cluster_id(data_dir: Path, node_id: int) -> str:
     return cluster_id
 
 
+def _runner_on(loop: asyncio.AbstractEventLoop):
+    """For the log cleaner's threads: run a function on the event loop thread and wait for it."""
+
+    def run(function):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return future.result()
+
+    return run
+
+
 class Broker:
     def __init__(
         self,
@@ -78,6 +100,7 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
+        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
         self.groups = GroupService(self, now_ms)
@@ -106,6 +129,7 @@ class Broker:
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
 
@@ -121,6 +145,7 @@ class Broker:
         self.groups.stop()
         for connection in list(self.connections):
             connection.close()
+        await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
         self.logs.close()
         self.release_data_dir()
         self._stopped.set()
