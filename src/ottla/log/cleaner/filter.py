@@ -58,6 +58,9 @@ class OffsetMap:
 
     @staticmethod
     def _digest(key: bytes) -> bytes:
+        """Keys shorter than a digest stand for themselves (they cannot collide with one)."""
+        if len(key) < 16:
+            return key
         return hashlib.md5(key, usedforsecurity=False).digest()
 
     def put(self, key: bytes, offset: int) -> None:
@@ -131,43 +134,70 @@ class _Record(NamedTuple):
     key: bytes | None
     has_value: bool
     attributes: int
-    tail: bytes  # key, value and headers, exactly as written
+    tail: memoryview  # key, value and headers, exactly as written
+
+
+def _varint(data, position: int) -> tuple[int, int]:
+    """decode_varint with the one- and two-byte cases inline: nearly every varint of a record
+    is that short, and this loop is the cleaner's hot path."""
+    byte = data[position]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), position + 1
+    second = data[position + 1]
+    if second < 0x80:
+        raw = (byte & 0x7F) | (second << 7)
+        return (raw >> 1) ^ -(raw & 1), position + 2
+    return decode_varint(data, position)
 
 
 def _records(data: bytes, header: BatchHeader) -> list[_Record]:
     """Each record's fields the cleaner needs, and its bytes from the key on."""
     records = []
+    view = memoryview(data)
     position = 0
+    first_timestamp = header.first_timestamp
     for _ in range(header.records_count):
-        length, position = decode_varint(data, position)
+        length, position = _varint(data, position)
         end = position + length
         attributes = data[position]
-        timestamp_delta, cursor = decode_varint(data, position + 1)
-        offset_delta, cursor = decode_varint(data, cursor)
+        timestamp_delta, cursor = _varint(data, position + 1)
+        offset_delta, cursor = _varint(data, cursor)
         tail_start = cursor
-        key_length, cursor = decode_varint(data, cursor)
+        key_length, cursor = _varint(data, cursor)
         key = None
         if key_length >= 0:
             key = data[cursor:cursor + key_length]
             cursor += key_length
-        value_length, cursor = decode_varint(data, cursor)
-        records.append(_Record(offset_delta, header.first_timestamp + timestamp_delta, key, value_length >= 0,
-                               attributes, data[tail_start:end]))
+        value_length = _varint(data, cursor)[0]
+        records.append(_Record(offset_delta, first_timestamp + timestamp_delta, key, value_length >= 0,
+                               attributes, view[tail_start:end]))
         position = end
     return records
 
 
+def _body(chunk, header: BatchHeader) -> bytes:
+    return decompress(header.compression, memoryview(chunk)[header.position + HEADER_SIZE:header.position + header.size])
+
+
 def _batch_records(chunk, header: BatchHeader) -> list[_Record]:
-    body = decompress(header.compression, memoryview(chunk)[header.position + HEADER_SIZE:header.position + header.size])
-    return _records(body, header)
+    return _records(_body(chunk, header), header)
 
 
 def map_batch(chunk, header: BatchHeader, offset_map: OffsetMap) -> None:
-    """Put every keyed record of a data batch into the offset map."""
+    """Put every keyed record of a data batch into the offset map (only keys are decoded)."""
+    data = _body(chunk, header)
     base = header.base_offset
-    for record in _batch_records(chunk, header):
-        if record.key is not None:
-            offset_map.put(record.key, base + record.offset_delta)
+    put = offset_map.put
+    position = 0
+    for _ in range(header.records_count):
+        length, position = _varint(data, position)
+        end = position + length
+        cursor = _varint(data, position + 1)[1]  # past the attributes and timestamp delta
+        offset_delta, cursor = _varint(data, cursor)
+        key_length, cursor = _varint(data, cursor)
+        if key_length >= 0:
+            put(data[cursor:cursor + key_length], base + offset_delta)
+        position = end
 
 
 def _build(header: BatchHeader, records: list[_Record], base_timestamp: int, horizon_set: bool) -> bytes:
