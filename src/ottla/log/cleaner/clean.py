@@ -16,7 +16,9 @@ result on the event loop thread.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from ..txn_index import AbortedTxn, TransactionIndex
 from .filter import BatchFilter, OffsetMap, TxnTracker, map_batch
 
 __all__ = ["SegmentInfo", "CleanTask", "CleanedGroup", "CleanResult", "Throttler", "CleaningAborted",
-           "clean", "cleaned_suffix_paths"]
+           "clean", "clean_in_worker", "cleaned_suffix_paths", "die_with_parent", "discard"]
 
 _MAX_RELATIVE_OFFSET = 2**31 - 1
 CLEANED = ".cleaned"
@@ -304,6 +306,23 @@ def clean(task: CleanTask, offset_map: OffsetMap, throttler: Throttler, check: C
     result.earliest_horizon = filt.earliest_horizon
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Cleaner process initializer: a worker must die with a broker killed with -9, or it
+    could go on writing `.cleaned` files next to the restarted broker's (Linux prctl)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def clean_in_worker(task: CleanTask, map_memory: int, load_factor: float, io_bytes_per_second: float) -> CleanResult:
+    """`clean` in a cleaner worker process, which has its own offset map and throttler."""
+    try:
+        return clean(task, OffsetMap(map_memory, load_factor), Throttler(io_bytes_per_second), lambda: None)
+    except FileNotFoundError as exc:  # retention or a deletion got to a segment first
+        raise CleaningAborted(str(exc)) from None
 
 
 def discard(directory: Path, bases: list[int]) -> None:

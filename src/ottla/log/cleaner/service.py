@@ -12,8 +12,11 @@ Who touches what:
   (retention or truncation may unlink them: the read keeps its descriptor, or fails and the
   pass is dropped), and writes only its own `.cleaned` files. The commit checks that every
   segment it read is still the same object in the log, else it changes nothing.
-- Reads and writes are throttled together (`log.cleaner.io.max.bytes.per.second`). The
-  thread still shares the interpreter lock with the event loop: record decoding is Python.
+- The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes), so
+  decoding records in Python never holds the event loop's interpreter lock; the thread waits
+  for it. Each process throttles its reads and writes to its share of
+  `log.cleaner.io.max.bytes.per.second`. Stopping the broker terminates the pool; a pass cut
+  short leaves only `.cleaned` files.
 
 A log is cleaned when its dirty ratio (bytes in [first dirty, first uncleanable) over bytes
 from the log start to the first uncleanable offset) exceeds `min.cleanable.dirty.ratio`,
@@ -28,13 +31,25 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
+import multiprocessing.pool
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from ..manager import read_offset_checkpoint, write_offset_checkpoint
 from ..txn_index import AbortedTxn
-from .clean import CleaningAborted, CleanResult, CleanTask, SegmentInfo, Throttler, clean, discard
+from .clean import (
+    CleaningAborted,
+    CleanResult,
+    CleanTask,
+    SegmentInfo,
+    Throttler,
+    clean,
+    clean_in_worker,
+    die_with_parent,
+    discard,
+)
 from .filter import OffsetMap
 from .swap import commit_swap, crash_at, remove_files
 
@@ -82,7 +97,9 @@ class LogCleaner:
         self._map_memory = config["log.cleaner.dedupe.buffer.size"] // max(1, self.threads)
         self._load_factor = config["log.cleaner.io.buffer.load.factor"]
         self._backoff_s = config["log.cleaner.backoff.ms"] / 1000
-        self._throttler = Throttler(config["log.cleaner.io.max.bytes.per.second"])
+        self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
+        self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
+        self._pool: multiprocessing.pool.Pool | None = None
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
@@ -189,13 +206,17 @@ class LogCleaner:
 
     def clean_once(self, run_on_owner: Callable[[Callable], object]) -> CleanResult | None:
         """Clean the filthiest log once; None when no log needs it. Called by each cleaner
-        thread, and directly by tests with `run_on_owner=lambda f: f()`."""
+        thread, and directly by tests with `run_on_owner=lambda f: f()` (no `start`: the pass
+        then runs in the calling thread)."""
         grabbed = run_on_owner(self._grab)
         if grabbed is None:
             return None
         try:
-            offset_map = OffsetMap(self._map_memory, self._load_factor)
-            result = clean(grabbed.task, offset_map, self._throttler, self._check)
+            try:
+                result = self._clean(grabbed.task)
+            except BaseException:
+                discard(grabbed.task.directory, [s.base for s in grabbed.task.segments])
+                raise
             crash_at("cleaner.after_cleaned", self._failpoints)
             try:
                 leftovers, checkpoints, version = run_on_owner(lambda: self._commit(grabbed, result))
@@ -216,6 +237,20 @@ class LogCleaner:
                         "bytes_written": result.bytes_written, "elapsed_s": result.elapsed_s})
         return result
 
+    def _clean(self, task: CleanTask) -> CleanResult:
+        """The pass itself: in a worker process once `start` made the pool, so record decoding
+        never holds the event loop's interpreter lock; in the calling thread before (tests)."""
+        if self._pool is None:
+            return clean(task, OffsetMap(self._map_memory, self._load_factor), self._throttler, self._check)
+        pending = self._pool.apply_async(clean_in_worker, (task, self._map_memory, self._load_factor,
+                                                           self._io_rate / self.threads))
+        while True:
+            self._check()
+            try:
+                return pending.get(timeout=0.2)
+            except multiprocessing.TimeoutError:
+                continue
+
     def _write_checkpoint(self, checkpoints: dict[tuple[str, int], int], version: int) -> None:
         with self._checkpoint_lock:
             if version > self._written_version:
@@ -225,6 +260,7 @@ class LogCleaner:
     def start(self, run_on_owner: Callable[[Callable], object]) -> None:
         if not self.enabled:
             return
+        self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=die_with_parent)
         for i in range(self.threads):
             worker = threading.Thread(target=self._run, args=(run_on_owner,), name=f"kafka-log-cleaner-thread-{i}",
                                       daemon=True)
@@ -253,6 +289,9 @@ class LogCleaner:
         """Ask the threads to stop and wait for them; call off the owner thread, which must
         keep running meanwhile so a thread waiting on it can finish."""
         self._stop.set()
+        if self._pool is not None:
+            self._pool.terminate()  # a pass cut short leaves only .cleaned files, removed below or at load
+            self._pool.join()
         for worker in self._workers:
             worker.join()
         self._workers.clear()
