@@ -333,3 +333,27 @@ def test_idempotent_retry_after_its_batches_were_compacted_is_still_a_duplicate(
     assert send(sock, 2, b"idempotent-2") == offsets[2]
     assert read_all(broker.bootstrap, topic)[-1][0] == end
     assert send(sock, 3, b"idempotent-3") > end  # and the producer carries on in sequence
+
+
+def test_describe_configs_shows_the_cleaner_settings(ottla_broker_factory):
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    broker = ottla_broker_factory({"log.cleaner.threads": "2", "log.cleaner.delete.retention.ms": "5000"})
+    create(broker.bootstrap, "described", min_compaction_lag_ms=100)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    node = ConfigResource(ResourceType.BROKER, "0")
+    configs = admin.describe_configs([node])[node].result(30)
+    assert {name: configs[name].value for name in (
+        "log.cleaner.enable", "log.cleaner.threads", "log.cleaner.dedupe.buffer.size",
+        "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms", "log.cleaner.min.cleanable.ratio",
+        "log.cleaner.delete.retention.ms", "log.cleaner.max.compaction.lag.ms",
+        "log.cleaner.min.compaction.lag.ms")} == {
+        "log.cleaner.enable": "true", "log.cleaner.threads": "2", "log.cleaner.dedupe.buffer.size": "134217728",
+        "log.cleaner.io.max.bytes.per.second": "1.7976931348623157e+308", "log.cleaner.backoff.ms": "15000",
+        "log.cleaner.min.cleanable.ratio": "0.5", "log.cleaner.delete.retention.ms": "5000",
+        "log.cleaner.max.compaction.lag.ms": "9223372036854775807", "log.cleaner.min.compaction.lag.ms": "0"}
+    topic = ConfigResource(ResourceType.TOPIC, "described")
+    configs = admin.describe_configs([topic])[topic].result(30)
+    assert (configs["cleanup.policy"].value, configs["min.compaction.lag.ms"].value,
+            configs["max.compaction.lag.ms"].value, configs["delete.retention.ms"].value,
+            configs["min.cleanable.dirty.ratio"].value) == ("compact", "100", "9223372036854775807", "4000", "0.01")
