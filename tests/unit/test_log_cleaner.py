@@ -37,9 +37,16 @@ def setup(tmp_path, clock, topic_config=None, broker_config=None):
     return manager, LogCleaner(manager, manager.broker_config, clock=clock)
 
 
+def append(log, data, now_ms, **kwargs):
+    """Append and move the high watermark along, as the replica manager does on one node."""
+    result = log.append(data, now_ms=now_ms, **kwargs)
+    log.update_high_watermark(log.log_end_offset)
+    return result
+
+
 def put(log, key, value, clock, **batch_args):
     records = [Record(key, value, (), clock.now)]
-    return log.append(build_batch(records, now_ms=clock.now, **batch_args), now_ms=clock.now)
+    return append(log, build_batch(records, now_ms=clock.now, **batch_args), clock.now)
 
 
 def contents(log):
@@ -140,7 +147,7 @@ def test_record_timestamps_survive_the_horizon_rewrite(tmp_path):
     log = manager.get_log("t", 0)
     records = [Record(b"a", b"1", (), NOW - 5000), Record(b"b", None, (("h", b"x"),), NOW - 4000),
                Record(b"c", b"3", (), NOW - 3000)]
-    log.append(build_batch(records, compression="gzip"), now_ms=clock.now)
+    append(log, build_batch(records, compression="gzip"), clock.now)
     fill(log, clock, updates=100, keys=100, prefix=b"more")
     cleaner.clean_once(INLINE)
     header, decoded = next(iter_batches(log.segments[0].log_path.read_bytes()))
@@ -160,12 +167,12 @@ def test_min_compaction_lag_and_lso_bound_what_is_cleaned(tmp_path):
 
 
 def _txn(log, pid, epoch, seq, key, value, clock):
-    return log.append(build_batch([Record(key, value, (), clock.now)], producer_id=pid, producer_epoch=epoch,
-                                  base_sequence=seq, is_transactional=True, now_ms=clock.now), now_ms=clock.now)
+    return append(log, build_batch([Record(key, value, (), clock.now)], producer_id=pid, producer_epoch=epoch,
+                                   base_sequence=seq, is_transactional=True, now_ms=clock.now), clock.now)
 
 
 def _marker(log, pid, epoch, commit, clock):
-    return log.append(build_control_batch(pid, epoch, 0, commit, clock.now), now_ms=clock.now, origin="coordinator")
+    return append(log, build_control_batch(pid, epoch, 0, commit, clock.now), clock.now, origin="coordinator")
 
 
 def test_transactions_aborted_removed_open_untouched_markers_kept_until_safe(tmp_path):
@@ -211,9 +218,9 @@ def test_producer_last_batch_kept_empty_so_retries_stay_deduplicated(tmp_path):
     manager, cleaner = setup(tmp_path, clock)
     log = manager.get_log("t", 0)
     first = build_batch([Record(b"key-0", b"old", (), NOW)], producer_id=7, producer_epoch=0, base_sequence=0, now_ms=NOW)
-    log.append(first, now_ms=NOW)
+    append(log, first, NOW)
     last = build_batch([Record(b"key-0", b"new", (), NOW)], producer_id=7, producer_epoch=0, base_sequence=1, now_ms=NOW)
-    original = log.append(last, now_ms=NOW)
+    original = append(log, last, NOW)
     fill(log, clock, updates=100, keys=1)
     fill(log, clock, updates=100, keys=100)
     cleaner.clean_once(INLINE)
@@ -223,7 +230,7 @@ def test_producer_last_batch_kept_empty_so_retries_stay_deduplicated(tmp_path):
     assert original.base_offset not in headers  # no record survives in it
     manager.close()
     log = LogManager(tmp_path, BrokerConfig(), clock=clock).get_log("t", 0)
-    retry = log.append(last, now_ms=NOW)
+    retry = append(log, last, NOW)
     assert retry.duplicate and retry.base_offset == original.base_offset
 
 

@@ -38,15 +38,12 @@ async def handle(ctx, request):
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            log = ctx.broker.find_log(topic.name, wanted.partition_index)
             error, low_watermark = ErrorCode.none, -1
-            if log is None:
-                error = ErrorCode.unknown_topic_or_partition
-            else:
-                try:
-                    low_watermark = _delete(log, topic.name, wanted.offset)
-                except KafkaError as exc:
-                    error = exc.code
+            try:
+                partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
+                low_watermark = _delete(partition.log, topic.name, wanted.offset)
+            except KafkaError as exc:
+                error = exc.code
             partitions.append(make(partition_type, partition_index=wanted.partition_index,
                                    low_watermark=low_watermark, error_code=error))
         topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
