@@ -33,7 +33,7 @@ from ..txn_index import AbortedTxn, TransactionIndex
 from .filter import BatchFilter, OffsetMap, TxnTracker, map_batch
 
 __all__ = ["SegmentInfo", "CleanTask", "CleanedGroup", "CleanResult", "Throttler", "CleaningAborted",
-           "clean", "clean_in_worker", "cleaned_suffix_paths", "die_with_parent", "discard"]
+           "clean", "clean_in_worker", "cleaned_suffix_paths", "discard", "init_worker"]
 
 _MAX_RELATIVE_OFFSET = 2**31 - 1
 CLEANED = ".cleaned"
@@ -311,10 +311,15 @@ def clean(task: CleanTask, offset_map: OffsetMap, throttler: Throttler, check: C
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """Cleaner process initializer: a worker must die with a broker killed with -9, or it
-    could go on writing `.cleaned` files next to the restarted broker's (Linux prctl)."""
+_WORKER_NICENESS = 10
+
+
+def init_worker() -> None:
+    """Cleaner process initializer. The worker dies with a broker killed with -9, or it could
+    go on writing `.cleaned` files next to the restarted broker's (Linux prctl); and it runs
+    at a lower CPU priority, so on a busy machine produce and fetch get the CPU first."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.nice(_WORKER_NICENESS)
 
 
 def clean_in_worker(task: CleanTask, map_memory: int, load_factor: float, io_bytes_per_second: float) -> CleanResult:

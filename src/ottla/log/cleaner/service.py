@@ -12,9 +12,9 @@ Who touches what:
   (retention or truncation may unlink them: the read keeps its descriptor, or fails and the
   pass is dropped), and writes only its own `.cleaned` files. The commit checks that every
   segment it read is still the same object in the log, else it changes nothing.
-- The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes), so
-  decoding records in Python never holds the event loop's interpreter lock; the thread waits
-  for it. Each process throttles its reads and writes to its share of
+- The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes, at
+  nice 10), so decoding records in Python never holds the event loop's interpreter lock and
+  yields the CPU to the broker on a busy machine; the thread waits for it. Each process throttles its reads and writes to its share of
   `log.cleaner.io.max.bytes.per.second`. Stopping the broker terminates the pool; a pass cut
   short leaves only `.cleaned` files.
 
@@ -47,8 +47,8 @@ from .clean import (
     Throttler,
     clean,
     clean_in_worker,
-    die_with_parent,
     discard,
+    init_worker,
 )
 from .filter import OffsetMap
 from .swap import commit_swap, crash_at, remove_files
@@ -260,7 +260,7 @@ class LogCleaner:
     def start(self, run_on_owner: Callable[[Callable], object]) -> None:
         if not self.enabled:
             return
-        self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=die_with_parent)
+        self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=init_worker)
         for i in range(self.threads):
             worker = threading.Thread(target=self._run, args=(run_on_owner,), name=f"kafka-log-cleaner-thread-{i}",
                                       daemon=True)
