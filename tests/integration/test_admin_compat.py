@@ -48,3 +48,39 @@ def test_every_topic_config_kafka_defines_is_accepted_and_described(ottla_broker
     assert described["remote.storage.enable"]["value"] == "false"
     assert ottla_broker.read_stderr().count(
         "topic config max.compaction.lag.ms is accepted and stored but not applied") == 1
+
+
+def test_delete_groups_right_after_a_session_times_out(ottla_broker_factory, raw_connection):
+    """A member that stops heartbeating is gone as soon as its session runs out: DeleteGroups
+    sent just after the timeout succeeds, as in Kafka (not NON_EMPTY_GROUP until a timer tick).
+    Raw frames on connections opened beforehand keep the client's own latency out of it."""
+    import time
+    from datetime import timedelta
+
+    from kio.schema.errors import ErrorCode
+
+    from ottla.protocol.build import make, nested
+    from ottla.protocol.schemas import request_schema
+    from tests.wire import roundtrip
+
+    broker = ottla_broker_factory({"group.initial.rebalance.delay.ms": 0})
+    sock, admin_sock = raw_connection(broker.bootstrap), raw_connection(broker.bootstrap)
+    join_type = request_schema(11, 5)
+    protocol = make(nested(join_type, "JoinGroupRequestProtocol"), name="range", metadata=b"")
+
+    def join(member_id):
+        return roundtrip(sock, make(join_type, group_id="expiring", session_timeout=timedelta(seconds=6),
+                                    rebalance_timeout=timedelta(seconds=6), member_id=member_id,
+                                    group_instance_id=None, protocol_type="consumer", protocols=(protocol,)))[1]
+
+    member = join(join("").member_id).member_id
+    sync_type = request_schema(14, 3)
+    assignment = make(nested(sync_type, "SyncGroupRequestAssignment"), member_id=member, assignment=b"")
+    _, synced = roundtrip(sock, make(sync_type, group_id="expiring", generation_id=1, member_id=member,
+                                     group_instance_id=None, assignments=(assignment,)))
+    answered = time.monotonic()
+    assert synced.error_code == ErrorCode.none
+    # The broker set the session deadline before it answered; the member now stays silent past it.
+    time.sleep(max(0.0, answered + 6.002 - time.monotonic()))
+    _, deleted = roundtrip(admin_sock, request_schema(42, 2)(groups_names=("expiring",)))
+    assert deleted.results[0].error_code == ErrorCode.none

@@ -2,7 +2,8 @@
 
 `GroupCoordinator` is a pure state machine; this module creates the compacted internal
 topic, hands the coordinator the topic's partitions as its `OffsetsStore`, loads them at
-start and runs `poll` on a short tick. For the group API handlers it has the ACL check and
+start and runs `poll` when the coordinator's next deadline is due (one timer, re-armed
+whenever an earlier deadline is scheduled), so a session expires when it times out. For the group API handlers it has the ACL check and
 a future to await for replies that wait (JoinGroup, SyncGroup, commits).
 """
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ottla.group")
 
 _LOAD_CHUNK_BYTES = 1 << 20
-# Timers need no more precision than this: Kafka's own delayed operations are best effort.
-_TICK_S = 0.05
 
 
 class OffsetsLogStore:
@@ -92,8 +91,11 @@ class GroupService:
         existing = broker.logs.topics.get(OFFSETS_TOPIC)
         self._store = OffsetsLogStore(broker, clock)
         self.coordinator = GroupCoordinator(broker.config, self._store,
-                                            num_partitions=existing.partitions if existing else None)
-        self._timer: asyncio.Task | None = None
+                                            num_partitions=existing.partitions if existing else None,
+                                            on_deadline=self._arm)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for: int | None = None
 
     async def start(self) -> None:
         config = self._broker.config
@@ -111,16 +113,28 @@ class GroupService:
         for partition in range(partitions):
             self.coordinator.load_partition(partition, self._clock())
         log.info("loaded %d groups from %s", len(self.coordinator.list_groups().groups), OFFSETS_TOPIC)
-        self._timer = asyncio.get_running_loop().create_task(self._run_timer())
+        self._loop = asyncio.get_running_loop()
+        self._fire()
 
-    async def _run_timer(self) -> None:
-        while True:
-            try:
-                self.coordinator.poll(self._clock())
-            except Exception:
-                # A bug must not stop every other group's session and rebalance timers for good.
-                log.exception("group coordinator timer failed")
-            await asyncio.sleep(_TICK_S)
+    def _arm(self, deadline_ms: int) -> None:
+        """Make sure a timer fires by `deadline_ms` (an earlier armed one already does)."""
+        if self._loop is None or (self._armed_for is not None and self._armed_for <= deadline_ms):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = deadline_ms
+        self._timer = self._loop.call_later(max(deadline_ms - self._clock(), 0) / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._armed_for = None
+        try:
+            self.coordinator.poll(self._clock())
+        except Exception:
+            # A bug must not stop every other group's session and rebalance timers for good.
+            log.exception("group coordinator timer failed")
+        deadline = self.coordinator.next_deadline()
+        if deadline is not None:
+            self._arm(deadline)
 
     def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int]) -> None:
         """The producer's COMMIT/ABORT marker is now in these `__consumer_offsets` partitions."""
@@ -132,6 +146,7 @@ class GroupService:
         they look for the coordinator again once the broker is back."""
         if self._timer is not None:
             self._timer.cancel()
+        self._loop = None
         self._store.close()
         now = self._clock()
         for partition in range(self.coordinator.num_partitions):
