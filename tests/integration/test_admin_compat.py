@@ -84,3 +84,26 @@ def test_delete_groups_right_after_a_session_times_out(ottla_broker_factory, raw
     time.sleep(max(0.0, answered + 6.002 - time.monotonic()))
     _, deleted = roundtrip(admin_sock, request_schema(42, 2)(groups_names=("expiring",)))
     assert deleted.results[0].error_code == ErrorCode.none
+
+
+def test_authorized_operations_are_reported_as_kafka_without_an_authorizer_does(ottla_broker):
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    admin = _admin(ottla_broker.bootstrap)
+    admin.create_topics([NewTopic("ops", 1, 1)])["ops"].result(15)
+    topic = admin.describe_topics(TopicCollection(["ops"]), include_authorized_operations=True)["ops"].result(15)
+    assert set(topic.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DESCRIBE, AclOperation.DELETE,
+        AclOperation.ALTER, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(15)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+        AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER, AclOperation.DESCRIBE}
+    from confluent_kafka import Consumer
+    consumer = Consumer({"bootstrap.servers": ottla_broker.bootstrap, "group.id": "ops-group"})
+    consumer.subscribe(["ops"])
+    consumer.poll(5)
+    group = admin.describe_consumer_groups(["ops-group"], include_authorized_operations=True)["ops-group"].result(15)
+    consumer.close()
+    assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
