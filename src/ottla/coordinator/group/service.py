@@ -89,7 +89,6 @@ class GroupService:
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._loop = None
         self._armed_for = deadline_ms
         self._timer = self._loop.call_later(max(deadline_ms - self._clock(), 0) / 1000, self._fire)
 
@@ -125,6 +124,7 @@ class GroupService:
         they look for the coordinator again once the broker is back."""
         if self._timer is not None:
             self._timer.cancel()
+        self._loop = None
         self._runtime.close(OFFSETS_TOPIC)
         for partition in sorted(self._loaded):
             self._on_resigned(partition, -1)
