@@ -15,6 +15,7 @@ HANDLER_MODULES = [
     "offset_for_leader_epoch",
     "create_topics",
     "delete_topics",
+    "delete_records",
     "create_partitions",
     "describe_configs",
     "incremental_alter_configs",
@@ -47,6 +48,7 @@ HANDLER_MODULES = [
     "elect_leaders",
     "alter_partition_reassignments",
     "list_partition_reassignments",
+    "consumer_group_heartbeat",
 ]
 
 
