@@ -177,3 +177,46 @@ def test_a_lost_or_corrupt_checkpoint_is_rebuilt_from_the_batches(tmp_path, dama
     again = Log(tmp_path / "t-0", config(), recovery_point=12, clean_shutdown=True)
     assert again.leader_epoch_cache.entries == [(0, 0), (2, 4), (7, 10)]
     assert path.read_text() == "0\n3\n0 0\n2 4\n7 10\n"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_cache_always_matches_the_batches_in_the_log(tmp_path, seed):
+    """Random appends under rising epochs, truncations, log start moves and crash reopens:
+    the cache always says what the log's own batches say (what a rebuild finds)."""
+    import random
+
+    from ottla.log.leader_epoch import entries_from_batches
+
+    rng = random.Random(seed)
+    directory = tmp_path / "t-0"
+    log = Log(directory, config(segment_bytes=500))
+    epoch = 0
+
+    def rebuilt():
+        headers = [h for s in log.segments for h in s.headers_from(0) if h.base_offset < log.log_end_offset]
+        expected = LeaderEpochCache(tmp_path / "scratch")
+        expected.replace(entries_from_batches(headers))
+        expected.truncate_from_start(log.log_start_offset)
+        return expected.entries
+
+    def describing_data(entries):
+        """Entries for epochs with data in the log: one that starts at the log end (the log
+        start moved up to it) says nothing, and a reload drops it, as Kafka's does."""
+        return [e for e in entries if e.start_offset < log.log_end_offset]
+
+    (tmp_path / "scratch").mkdir()
+    for _ in range(60):
+        action = rng.choice(["append"] * 5 + ["epoch", "truncate", "start", "reopen"])
+        if action == "append":
+            log.append(batch(rng.randint(1, 3)), now_ms=0, leader_epoch=epoch)
+        elif action == "epoch":
+            epoch += rng.randint(1, 3)
+        elif action == "truncate" and log.log_end_offset > log.log_start_offset:
+            log.truncate_to(rng.randint(log.log_start_offset, log.log_end_offset))
+        elif action == "start" and log.log_end_offset > log.log_start_offset:
+            log.update_high_watermark(log.log_end_offset)
+            log.delete_records_before(rng.randint(log.log_start_offset, log.log_end_offset))
+        elif action == "reopen":
+            log = Log(directory, config(segment_bytes=500), recovery_point=0,
+                      log_start_offset=log.log_start_offset)
+        assert describing_data(log.leader_epoch_cache.entries) == describing_data(rebuilt()), action

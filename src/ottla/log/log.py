@@ -593,6 +593,8 @@ class Log:
                 self._leo = removed_from
             else:  # the cut falls in a gap between batches, or exactly at a segment boundary
                 self._leo = new_end if new_end is not None else offset
+            if self._leo < self.log_start_offset:  # a batch straddling the log start went whole
+                self._truncate_fully(self.log_start_offset)
         self.leader_epoch_cache.truncate_from_end(self._leo)
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
