@@ -313,3 +313,19 @@ def test_delete_and_compact_applies_both_policies(tmp_path):
     state = latest(log)
     assert not [k for k in state if k.startswith(b"old")]
     assert {k: v for k, v in state.items()} == expected
+
+
+def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    fill(manager.get_log("t", 0), clock, updates=1500)
+    assert cleaner.clean_once(INLINE) is not None
+    manager.delete_topic("t")
+    manager.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": "2048"})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock, updates=1000, prefix=b"a")  # below where the old log's checkpoint was...
+    expected.update(fill(log, clock, updates=1000, prefix=b"b"))  # ...and past it, with other keys
+    assert cleaner.clean_once(INLINE) is not None
+    sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
+    assert len(sealed) == len(set(sealed))  # everything was cleaned, not only what lay past the old checkpoint
+    assert latest(log) == expected
