@@ -7,10 +7,13 @@ Topic configs fall back to the broker's `log.*` settings the way Kafka's do.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+
+_log = logging.getLogger("ottla.config")
 
 
 def _bool(value: str | bool) -> bool:
@@ -172,6 +175,42 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
     ]
 }
 
+# Topic configs Kafka 3.9 defines whose behaviour Ottla does not have (replication
+# throttles, tiered storage, preallocation, compression levels, ...). They are accepted,
+# stored and described like the others so tools that set them keep working, and the
+# first time each is set the broker logs that it is not applied (`report_not_applied`).
+_NOT_APPLIED = [
+    ConfigDef("compression.gzip.level", _int, -1, -1),
+    ConfigDef("compression.lz4.level", _int, 9, 1),
+    ConfigDef("compression.zstd.level", _int, 3, -131072),
+    ConfigDef("follower.replication.throttled.replicas", _str, ""),
+    ConfigDef("leader.replication.throttled.replicas", _str, ""),
+    ConfigDef("local.retention.bytes", _int, -2, -2),
+    ConfigDef("local.retention.ms", _int, -2, -2),
+    ConfigDef("max.compaction.lag.ms", _int, 2**63 - 1, 1),
+    ConfigDef("message.downconversion.enable", _bool, True),
+    ConfigDef("message.format.version", _str, "3.0-IV1"),
+    ConfigDef("message.timestamp.difference.max.ms", _int, 2**63 - 1, 0),
+    ConfigDef("preallocate", _bool, False),
+    ConfigDef("remote.log.copy.disable", _bool, False),
+    ConfigDef("remote.log.delete.on.disable", _bool, False),
+    ConfigDef("remote.storage.enable", _bool, False),
+    ConfigDef("segment.jitter.ms", _int, 0, 0),
+    ConfigDef("unclean.leader.election.enable", _bool, False),
+]
+NOT_APPLIED_TOPIC_CONFIGS = frozenset(d.name for d in _NOT_APPLIED if d.name not in TOPIC_CONFIGS)
+for _definition in _NOT_APPLIED:
+    TOPIC_CONFIGS.setdefault(_definition.name, _definition)
+_reported: set[str] = set()
+
+
+def report_not_applied(names) -> None:
+    """Log, once per config name, that a topic sets a config Ottla stores but does not act on."""
+    for name in sorted(set(names) & NOT_APPLIED_TOPIC_CONFIGS - _reported):
+        _reported.add(name)
+        _log.warning("topic config %s is accepted and stored but not applied by Ottla", name)
+
+
 # Which broker setting supplies a topic config's default (Kafka's synonyms).
 TOPIC_TO_BROKER_SYNONYM = {
     "cleanup.policy": "log.cleanup.policy",
@@ -262,6 +301,7 @@ def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
         if definition is None:
             raise ConfigError(f"unknown topic config {name!r}")
         result[name] = definition.coerce(raw)
+    report_not_applied(result)
     return result
 
 

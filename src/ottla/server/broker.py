@@ -225,7 +225,7 @@ class Broker:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
         partition at leader epoch 0 (ISR = itself)."""
         host, port = self.advertised
-        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
+        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
         self.replicas.apply_partition_states(

@@ -47,6 +47,7 @@ HANDLER_MODULES = [
     "elect_leaders",
     "alter_partition_reassignments",
     "list_partition_reassignments",
+    "consumer_group_heartbeat",
 ]
 
 
