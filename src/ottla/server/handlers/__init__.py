@@ -47,6 +47,10 @@ HANDLER_MODULES = [
     "alter_partition_reassignments",
     "list_partition_reassignments",
     "consumer_group_heartbeat",
+    "create_acls",
+    "describe_acls",
+    "delete_acls",
+    "describe_log_dirs",
 ]
 
 
