@@ -161,3 +161,26 @@ def _log_dir_sizes(response) -> dict:
     return {(topic["name"], partition["partition_index"]): partition["partition_size"]
             for broker in response for log_dir in broker["log_dirs"] for topic in log_dir["topics"]
             for partition in topic["partitions"]}
+
+
+def test_describe_topic_partitions_pages_with_a_cursor_and_list_config_resources(ottla_broker):
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    admin.create_topics([KPNewTopic("paged-a", 3, 1), KPNewTopic("paged-b", 2, 1)])
+    first = admin.describe_topic_partitions(["paged-a", "paged-b", "missing"], response_partition_limit=4)
+    pages = [first]
+    while pages[-1]["next_cursor"] is not None:
+        pages.append(admin.describe_topic_partitions(["paged-a", "paged-b", "missing"], response_partition_limit=4,
+                                                     cursor=pages[-1]["next_cursor"]))
+    assert first["next_cursor"] == {"topic_name": "paged-b", "partition_index": 1}
+    seen = [(t["name"], p["partition_index"]) for page in pages for t in page["topics"] for p in t["partitions"]]
+    assert seen == [("paged-a", 0), ("paged-a", 1), ("paged-a", 2), ("paged-b", 0), ("paged-b", 1)]
+    errors = {t["name"]: t["error_code"] for page in pages for t in page["topics"]}
+    assert errors["missing"] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+    resources = admin.list_config_resources(["TOPIC", "BROKER"])
+    admin.close()
+    assert {"paged-a", "paged-b"} <= set(resources["topic"])
+    assert resources["broker"] == ["0"]

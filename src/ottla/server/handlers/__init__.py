@@ -51,6 +51,8 @@ HANDLER_MODULES = [
     "describe_acls",
     "delete_acls",
     "describe_log_dirs",
+    "list_config_resources",
+    "describe_topic_partitions",
 ]
 
 
