@@ -130,12 +130,15 @@ def test_acl_apis_answer_security_disabled_without_an_authorizer(ottla_broker):
     from kafka.admin import ResourceType as KPResourceType
     from kafka.errors import SecurityDisabledError
 
-    kp_admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
-    with pytest.raises(SecurityDisabledError):
-        kp_admin.describe_acls(ACLFilter(principal=None, host="*", operation=ACLOperation.ANY,
-                                         permission_type=ACLPermissionType.ANY,
-                                         resource_pattern=ResourcePatternFilter(KPResourceType.TOPIC, None, ACLResourcePatternType.ANY)))
-    kp_admin.close()
+    # A client of the Kafka 1.x era sends DescribeAcls v0 (removed in Kafka 4.0).
+    for api_version in (None, (1, 1, 0)):
+        kp_admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap, api_version=api_version)
+        pattern = ACLResourcePatternType.ANY if api_version is None else ACLResourcePatternType.LITERAL
+        with pytest.raises(SecurityDisabledError):
+            kp_admin.describe_acls(ACLFilter(principal=None, host="*", operation=ACLOperation.ANY,
+                                             permission_type=ACLPermissionType.ANY,
+                                             resource_pattern=ResourcePatternFilter(KPResourceType.TOPIC, None, pattern)))
+        kp_admin.close()
 
 
 def test_describe_log_dirs_reports_partition_sizes(ottla_broker):

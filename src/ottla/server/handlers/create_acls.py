@@ -6,7 +6,7 @@ from ...errors import ErrorCode
 from ...protocol.build import make, nested
 
 API_KEY = 30
-VERSIONS = (1, 3)
+VERSIONS = (0, 3)  # v0 (removed in Kafka 4.0, KIP-896) has no pattern type: LITERAL
 
 NO_AUTHORIZER = "No Authorizer is configured."
 

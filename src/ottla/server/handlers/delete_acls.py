@@ -7,7 +7,7 @@ from ...protocol.build import make, nested
 from .create_acls import NO_AUTHORIZER
 
 API_KEY = 31
-VERSIONS = (1, 3)
+VERSIONS = (0, 3)  # v0 (removed in Kafka 4.0, KIP-896) has no pattern type: LITERAL
 
 
 async def handle(ctx, request):

@@ -7,7 +7,7 @@ from ...errors import ErrorCode
 from ...protocol.build import make, nested
 
 API_KEY = 35
-VERSIONS = (1, 4)
+VERSIONS = (0, 4)  # v0 is v1 (removed in Kafka 4.0, KIP-896)
 
 
 async def handle(ctx, request):
