@@ -139,3 +139,51 @@ def test_a_response_to_no_request_closes_the_connection():
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_markers_go_to_each_partitions_leader(tmp_path):
+    """The transaction coordinator's marker channel: partitions led here are written
+    in-process, partitions led by another broker (a real `ottla serve`, made the leader of
+    `remote` by a metadata update as a controller would send) get WriteTxnMarkers over the
+    network, and an unreachable leader answers a retriable error."""
+    import uuid
+
+    from ottla.config import BrokerConfig
+    from ottla.server.broker import Broker
+    from ottla.server.coordinator_runtime import BrokerMarkerChannel
+    from ottla.server.metadata_cache import BrokerInfo, PartitionState
+
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    with broker() as b:
+        produce(b.bootstrap, "remote", [b"x"])
+
+        async def scenario():
+            here = Broker(tmp_path, BrokerConfig({"node.id": 1}), port=0)
+            await here.start()
+            try:
+                here.create_topic("local", 1, {})
+                metadata = here.metadata
+                metadata.update(controller_id=1, controller_epoch=1, topic_ids={"remote": uuid.uuid4(),
+                                                                                  "gone": uuid.uuid4()},
+                                brokers=[*metadata.brokers, BrokerInfo(2, b.host, b.port), BrokerInfo(3, "127.0.0.1", dead_port)],
+                                partition_states=[PartitionState("remote", 0, 2, 0, (2,), (2,)),
+                                                  PartitionState("gone", 0, 3, 0, (3,), (3,))])
+                channel = BrokerMarkerChannel(here, here.interbroker)
+                outcomes = await channel.write_txn_markers(4242, 0, 0, True, frozenset(
+                    {("local", 0), ("remote", 0), ("gone", 0), ("nowhere", 0)}))
+                assert outcomes == {("local", 0): ErrorCode.none, ("remote", 0): ErrorCode.none,
+                                    ("gone", 0): ErrorCode.network_exception,
+                                    ("nowhere", 0): ErrorCode.unknown_topic_or_partition}
+                local_log = here.logs.get_log("local", 0)
+                (header, _), = list(iter_batches(local_log.read(0, 1 << 20, max_offset=1).records))
+                assert header.is_control and header.producer_id == 4242
+                fetched = await here.interbroker.send(2, b.host, b.port, fetch_request("remote", 1))
+                (header, _), = list(iter_batches(fetched.responses[0].partitions[0].records))
+                assert header.is_control and header.producer_id == 4242 and header.base_offset == 1
+            finally:
+                await here.stop()
+
+        asyncio.run(scenario())

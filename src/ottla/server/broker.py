@@ -25,8 +25,9 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
-from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
+from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
+from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
@@ -89,9 +90,10 @@ class Broker:
         self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
+        self.interbroker = InterBrokerClient(f"broker-{self.node_id}")
         self.coordinator_runtime = BrokerCoordinatorRuntime(self)
         self.groups = GroupService(self.coordinator_runtime, config, now_ms)
-        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+        self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -131,6 +133,7 @@ class Broker:
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
+        await self.interbroker.close()
         for connection in list(self.connections):
             connection.close()
         self.logs.close()
