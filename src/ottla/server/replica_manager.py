@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..errors import ErrorCode, KafkaError
+from ..errors import ErrorCode, InvalidRecords, KafkaError
 from ..log.log import AppendResult
 from ..log.manager import LogManager
 from .metadata_cache import PartitionState
@@ -41,6 +41,8 @@ class ProduceResult:
     base_offset: int = -1
     log_append_time: int = -1
     log_start_offset: int = -1
+    # KIP-467: (batch index, message) of the records that made the batch invalid
+    record_errors: tuple[tuple[int, str], ...] = ()
 
 
 class ReplicaManager:
@@ -157,6 +159,9 @@ class ReplicaManager:
                     results[(topic, index)] = ProduceResult(*refused)
                     continue
                 result = self.append(topic, index, records, now_ms=now_ms, origin=origin)
+            except InvalidRecords as exc:
+                results[(topic, index)] = ProduceResult(exc.code, exc.message, record_errors=tuple(exc.record_errors))
+                continue
             except KafkaError as exc:
                 results[(topic, index)] = ProduceResult(exc.code, exc.message)
                 continue

@@ -3,9 +3,10 @@
 import datetime
 from datetime import timedelta
 
-from ...errors import ErrorCode
+from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
+from ...records.legacy import up_convert
 from ..clock import now_ms
 from ..context import CloseConnection
 from ..replica_manager import ProduceResult
@@ -13,7 +14,8 @@ from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
-VERSIONS = (3, 11)
+# v0-v2 carry message format v0/v1, up-converted to a v2 batch (removed in Kafka 4.0, KIP-896).
+VERSIONS = (0, 11)
 
 _UTC = datetime.timezone.utc
 
@@ -41,14 +43,17 @@ def _unverified_transactional_write(broker, transactional_id, topic: str, index:
             f"partition {topic}-{index} is not part of the ongoing transaction of {transactional_id}")
 
 
-def _precheck(broker, request, internal_topics):
+def _precheck(broker, transactional_id, refused_conversions):
     """Refusals that come before any append, per partition (None: go ahead)."""
     def check(topic: str, index: int, records):
-        if topic in internal_topics:
+        if topic in INTERNAL_TOPICS:
             return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
         if not records:
             return ErrorCode.invalid_record, "empty record set"
-        return _unverified_transactional_write(broker, request.transactional_id, topic, index, records)
+        if (topic, index) in refused_conversions:
+            refused = refused_conversions[(topic, index)]
+            return refused.code, refused.message
+        return _unverified_transactional_write(broker, transactional_id, topic, index, records)
     return check
 
 
@@ -57,25 +62,38 @@ async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "TopicProduceResponse")
     partition_type = nested(response_type, "PartitionProduceResponse")
+    record_error_type = nested(response_type, "BatchIndexAndErrorMessage")  # v8+ (KIP-467)
     acks = request.acks
+    timestamp = now_ms()
     order = [(topic.name, [data.index for data in topic.partition_data]) for topic in request.topic_data]
     if acks not in (0, 1, -1):
         results = {(name, index): ProduceResult(ErrorCode.invalid_required_acks)
                    for name, indexes in order for index in indexes}
     else:
-        entries = {(topic.name, data.index): data.records for topic in request.topic_data for data in topic.partition_data}
+        entries, refused_conversions = {}, {}
+        for topic in request.topic_data:
+            for data in topic.partition_data:
+                records = data.records
+                if ctx.api_version < 3 and records:
+                    try:
+                        records = up_convert(records, timestamp)
+                    except KafkaError as exc:
+                        refused_conversions[(topic.name, data.index)] = exc
+                entries[(topic.name, data.index)] = records
         results = await broker.replicas.append_records(
-            entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=now_ms(),
-            origin="client", precheck=_precheck(broker, request, INTERNAL_TOPICS))
+            entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
+            origin="client", precheck=_precheck(broker, getattr(request, "transactional_id", None), refused_conversions))
     topics = []
     for name, indexes in order:
         partitions = []
         for index in indexes:
             result = results[(name, index)]
+            record_errors = tuple(make(record_error_type, batch_index=i, batch_index_error_message=text)
+                                  for i, text in result.record_errors) if record_error_type else ()
             partitions.append(make(partition_type, index=index, error_code=result.error,
                                    base_offset=result.base_offset,
                                    log_append_time=_append_time(result.log_append_time),
-                                   log_start_offset=result.log_start_offset, record_errors=(),
+                                   log_start_offset=result.log_start_offset, record_errors=record_errors,
                                    error_message=result.message))
         topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
     if acks == 0:
