@@ -201,8 +201,15 @@ class Broker:
     # the local controller ----------------------------------------------------------
     def _publish_local_metadata(self) -> None:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
-        partition at leader epoch 0 (ISR = itself)."""
+        partition at leader epoch 0 (ISR = itself). In a cluster only the controller's
+        UpdateMetadata and LeaderAndIsr give topics and roles; until the first one arrives
+        the cache knows this broker alone."""
         host, port = self.advertised
+        if self.membership is not None:
+            if self.metadata.controller_epoch < 0:
+                self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[BrokerInfo(self.node_id, host, port)],
+                                     partition_states=[], topic_ids={}, full=True)
+            return
         deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
