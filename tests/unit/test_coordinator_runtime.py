@@ -59,3 +59,37 @@ def test_leadership_moves_load_and_unload_the_coordinators(tmp_path):
             await broker.stop()
 
     asyncio.run(scenario())
+
+
+def test_markers_are_answered_once_the_high_watermark_passes_them(tmp_path):
+    from kio.schema.write_txn_markers.v1.request import (
+        WritableTxnMarker,
+        WritableTxnMarkerTopic,
+        WriteTxnMarkersRequest,
+    )
+
+    from ottla.server.context import RequestContext
+    from ottla.server.handlers import write_txn_markers
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
+        await broker.start()
+        try:
+            broker.create_topic("t", 1, {})
+            broker.replicas.apply_partition_states([PartitionState("t", 0, 1, 1, (1, 2), (1, 2))])
+            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+                producer_id=9, producer_epoch=0, transaction_result=False, coordinator_epoch=0,
+                topics=(WritableTxnMarkerTopic(name="t", partition_indexes=(0,)),)),))
+            ctx = RequestContext(broker, write_txn_markers.API_KEY, 1, None, "test")
+            answer = asyncio.ensure_future(write_txn_markers.write_markers(ctx, request))
+            await asyncio.sleep(0.2)
+            assert not answer.done()  # follower 2 of the ISR does not have the marker yet
+            partition = broker.replicas.get_partition("t", 0)
+            partition.update_follower_fetch(2, partition.log_end_offset, now_ms())
+            broker.replicas.high_watermark_moved("t", 0)
+            response = await asyncio.wait_for(answer, 30)
+            assert response.markers[0].topics[0].partitions[0].error_code == E.none
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())

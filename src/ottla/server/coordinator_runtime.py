@@ -149,7 +149,7 @@ class BrokerMarkerChannel:
                 coordinator_epoch=coordinator_epoch),))
             if node_id == self._broker.node_id:
                 ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
-                _collect(outcomes, write_txn_markers.write_markers(ctx, request))
+                _collect(outcomes, await write_txn_markers.write_markers(ctx, request))
             else:
                 sends.append(self._send(metadata.broker(node_id), request, topics, outcomes))
         if sends:
