@@ -48,10 +48,14 @@ class BrokerCoordinatorRuntime:
 
     def ensure_topic(self, topic: str, partitions: int, configs: Mapping[str, Any]) -> int:
         existing = self._broker.metadata.topic(topic)
-        if existing is None:
-            self._broker.create_topic(topic, partitions, dict(configs))
-            existing = self._broker.metadata.topic(topic)
-        return existing.partition_count
+        if existing is not None:
+            return existing.partition_count
+        # Not in the metadata yet (a cluster broker before the controller's first update): the
+        # local catalog's copy, else a new topic through the broker's topic admin.
+        local = self._broker.logs.topics.get(topic)
+        if local is not None:
+            return local.partitions
+        return self._broker.create_topic(topic, partitions, dict(configs)).partitions
 
     def partition_count(self, topic: str) -> int | None:
         info = self._broker.metadata.topic(topic)
