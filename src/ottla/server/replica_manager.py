@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..errors import ErrorCode, InvalidRecords, KafkaError
+from ..errors import ErrorCode, KafkaError
 from ..log.log import AppendResult
 from ..log.manager import LogManager
 from .metadata_cache import PartitionState
@@ -41,7 +41,7 @@ class ProduceResult:
     base_offset: int = -1
     log_append_time: int = -1
     log_start_offset: int = -1
-    # KIP-467: (batch index, message) of the records that made the batch invalid
+    # KIP-467: (batch index, message) of each record at fault, for Produce v8+.
     record_errors: tuple[tuple[int, str], ...] = ()
 
 
@@ -159,11 +159,9 @@ class ReplicaManager:
                     results[(topic, index)] = ProduceResult(*refused)
                     continue
                 result = self.append(topic, index, records, now_ms=now_ms, origin=origin)
-            except InvalidRecords as exc:
-                results[(topic, index)] = ProduceResult(exc.code, exc.message, record_errors=tuple(exc.record_errors))
-                continue
             except KafkaError as exc:
-                results[(topic, index)] = ProduceResult(exc.code, exc.message)
+                results[(topic, index)] = ProduceResult(exc.code, exc.message,
+                                                        record_errors=tuple(getattr(exc, "record_errors", ())))
                 continue
             results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
                                                     result.log_append_time, result.log_start_offset)

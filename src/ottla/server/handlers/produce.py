@@ -43,18 +43,33 @@ def _unverified_transactional_write(broker, transactional_id, topic: str, index:
             f"partition {topic}-{index} is not part of the ongoing transaction of {transactional_id}")
 
 
-def _precheck(broker, transactional_id, refused_conversions):
+def _precheck(broker, request, internal_topics):
     """Refusals that come before any append, per partition (None: go ahead)."""
     def check(topic: str, index: int, records):
-        if topic in INTERNAL_TOPICS:
+        if topic in internal_topics:
             return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
         if not records:
             return ErrorCode.invalid_record, "empty record set"
-        if (topic, index) in refused_conversions:
-            refused = refused_conversions[(topic, index)]
-            return refused.code, refused.message
-        return _unverified_transactional_write(broker, transactional_id, topic, index, records)
+        return _unverified_transactional_write(broker, getattr(request, "transactional_id", None), topic, index,
+                                               records)
     return check
+
+
+def _records_as_v2(ctx, request, now: int):
+    """Each partition's records as v2 batches (v0-v2 requests carry the old message formats),
+    and the partitions whose conversion failed with the error to answer."""
+    entries, refused = {}, {}
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            records = data.records
+            if ctx.api_version < 3 and records:
+                try:
+                    records = up_convert(records, now)
+                except KafkaError as exc:
+                    refused[(topic.name, data.index)] = ProduceResult(exc.code, exc.message)
+                    continue
+            entries[(topic.name, data.index)] = records
+    return entries, refused
 
 
 async def handle(ctx, request):
@@ -64,25 +79,16 @@ async def handle(ctx, request):
     partition_type = nested(response_type, "PartitionProduceResponse")
     record_error_type = nested(response_type, "BatchIndexAndErrorMessage")  # v8+ (KIP-467)
     acks = request.acks
-    timestamp = now_ms()
     order = [(topic.name, [data.index for data in topic.partition_data]) for topic in request.topic_data]
     if acks not in (0, 1, -1):
         results = {(name, index): ProduceResult(ErrorCode.invalid_required_acks)
                    for name, indexes in order for index in indexes}
     else:
-        entries, refused_conversions = {}, {}
-        for topic in request.topic_data:
-            for data in topic.partition_data:
-                records = data.records
-                if ctx.api_version < 3 and records:
-                    try:
-                        records = up_convert(records, timestamp)
-                    except KafkaError as exc:
-                        refused_conversions[(topic.name, data.index)] = exc
-                entries[(topic.name, data.index)] = records
-        results = await broker.replicas.append_records(
+        timestamp = now_ms()
+        entries, results = _records_as_v2(ctx, request, timestamp)
+        results.update(await broker.replicas.append_records(
             entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
-            origin="client", precheck=_precheck(broker, getattr(request, "transactional_id", None), refused_conversions))
+            origin="client", precheck=_precheck(broker, request, INTERNAL_TOPICS)))
     topics = []
     for name, indexes in order:
         partitions = []
