@@ -33,8 +33,9 @@ def _str(value: str) -> str:
 
 
 def _cleanup_policy(value: str) -> str:
+    """A list of delete and compact; empty (no cleanup at all) is valid, as in Kafka 3.9."""
     parts = [p.strip() for p in str(value).split(",") if p.strip()]
-    if not parts or any(p not in ("delete", "compact") for p in parts):
+    if any(p not in ("delete", "compact") for p in parts):
         raise ValueError(f"expected delete, compact or both, got {value!r}")
     return ",".join(parts)
 
