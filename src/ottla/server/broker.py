@@ -144,6 +144,7 @@ class Broker:
             if self.membership is None:
                 self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            self._publish_self()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
@@ -224,19 +225,27 @@ class Broker:
         self._publish_local_metadata()
         return info
 
+    def _publish_self(self) -> None:
+        """In a cluster, until the controller's first UpdateMetadata, Metadata answers with this
+        broker alone (and no topics), so clients that bootstrap here can reach it."""
+        host, port = self.advertised
+        if self.metadata.brokers:
+            return
+        self.metadata.update(controller_id=self.metadata.controller_id,
+                             controller_epoch=max(self.metadata.controller_epoch, 0),
+                             brokers=[BrokerInfo(self.node_id, host, port)], partition_states=[], topic_ids={})
+
     def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
         """In a cluster only the coordinators' internal topics come here, and they stay on this
         broker, led by it, until the coordinators move onto the cluster (issue 12): created
         once, found again after a restart, and published to the metadata cache without
         touching what the controller said about the cluster's topics."""
         info = self.logs.topics.get(name) or self.logs.create_topic(name, partitions, configs)
-        host, port = self.advertised
-        me = BrokerInfo(self.node_id, host, port)
         states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
                   for p in range(info.partitions)]
         self.metadata.update(controller_id=self.metadata.controller_id,
                              controller_epoch=max(self.metadata.controller_epoch, 0),
-                             brokers=self.metadata.brokers or [me], partition_states=states,
+                             brokers=self.metadata.brokers, partition_states=states,
                              topic_ids={name: info.topic_id})
         self.replicas.apply_partition_states(states)
         return info
