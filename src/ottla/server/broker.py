@@ -30,10 +30,11 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
+from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .interbroker import InterBrokerClient
-from .metadata_cache import BrokerInfo, MetadataCache
+from .metadata_cache import BrokerInfo, MetadataCache, PartitionState
 from .network import Connection
 from .replica_manager import ReplicaManager
 
@@ -126,7 +127,8 @@ class Broker:
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
-        self._publish_local_metadata()
+        if membership is None:
+            self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
@@ -138,6 +140,8 @@ class Broker:
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
+        self.cluster: ClusterNode | None = None
+        self._stopping = False
         self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
@@ -162,13 +166,17 @@ class Broker:
             raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
-            self._publish_local_metadata()  # the advertised port is known only now
+            if self.membership is None:
+                self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            self._publish_self()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            self.cluster = ClusterNode(self)
+            await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
@@ -176,8 +184,12 @@ class Broker:
 
     async def stop(self) -> None:
         """Clean shutdown: stop accepting, drop connections, flush and checkpoint the logs."""
-        if self._stopped.is_set():
+        if self._stopping:
             return  # a second SIGTERM while stopping
+        self._stopping = True
+        if self.cluster is not None:
+            # Still serving: the controller moves leadership away (controlled shutdown).
+            await self.cluster.stop()
         if self._server is not None:
             self._server.close()
         for task in self._duties:
@@ -243,8 +255,35 @@ class Broker:
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        if self.membership is not None:
+            return self._local_internal_topic(name, partitions, configs)
         info = self.logs.create_topic(name, partitions, configs)
         self._publish_local_metadata()
+        return info
+
+    def _publish_self(self) -> None:
+        """In a cluster, until the controller's first UpdateMetadata, Metadata answers with this
+        broker alone (and no topics), so clients that bootstrap here can reach it."""
+        host, port = self.advertised
+        if self.metadata.brokers:
+            return
+        self.metadata.update(controller_id=self.metadata.controller_id,
+                             controller_epoch=max(self.metadata.controller_epoch, 0),
+                             brokers=[BrokerInfo(self.node_id, host, port)], partition_states=[], topic_ids={})
+
+    def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        """In a cluster only the coordinators' internal topics come here, and they stay on this
+        broker, led by it, until the coordinators move onto the cluster (issue 12): created
+        once, found again after a restart, and published to the metadata cache without
+        touching what the controller said about the cluster's topics."""
+        info = self.logs.topics.get(name) or self.logs.create_topic(name, partitions, configs)
+        states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
+                  for p in range(info.partitions)]
+        self.metadata.update(controller_id=self.metadata.controller_id,
+                             controller_epoch=max(self.metadata.controller_epoch, 0),
+                             brokers=self.metadata.brokers, partition_states=states,
+                             topic_ids={name: info.topic_id})
+        self.replicas.apply_partition_states(states)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
