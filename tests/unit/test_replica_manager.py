@@ -30,7 +30,7 @@ def manager(tmp_path):
 
 
 def lead(manager, partition=0, epoch=0, isr=(1,), replicas=(1,)):
-    return manager.apply_partition_states([PartitionState("t", partition, 1, epoch, replicas, isr)])
+    return manager.apply_partition_states([PartitionState("t", partition, 1, epoch, replicas, isr)], now_ms=NOW)
 
 
 def test_leader_appends_and_moves_the_high_watermark_to_the_isr_minimum(manager):

@@ -28,6 +28,8 @@ from ..controller.service import ControllerService
 from ..errors import ErrorCode
 from ..protocol.schemas import response_schema
 from .controller_link import ControllerLink
+from .isr_updates import IsrUpdates
+from .replica_fetcher import ReplicaFetcherManager
 
 __all__ = ["ClusterNode"]
 
@@ -89,8 +91,13 @@ class ClusterNode:
         self.service = ControllerService(broker.node_id, self.store,
                                          ControllerConfig.from_broker_config(broker.config), self._send)
         self._channels: dict[int, _Channel] = {}
+        self.fetchers = ReplicaFetcherManager(broker, broker.interbroker)
+        self.isr_updates = IsrUpdates(broker.replicas, self.store)
 
     async def start(self) -> None:
+        # Replication first: the controller's first LeaderAndIsr may follow at once.
+        self.broker.replicas.fetchers = self.fetchers
+        self.isr_updates.start()
         self.broker.controller_link = self.link
         self.broker.controller_service = self.service
         await self.service.start()
@@ -149,5 +156,8 @@ class ClusterNode:
         if self.broker.config["controlled.shutdown.enable"]:
             await self.controlled_shutdown()
         await self.service.stop()
+        self.broker.replicas.fetchers = None
+        await self.fetchers.stop()
+        await self.isr_updates.stop()
         for channel in self._channels.values():
             channel.close()

@@ -2,6 +2,11 @@
 
 Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
 cache is full: session id 0, so clients keep sending full fetch requests.
+
+A Fetch with `replica_id` >= 0 comes from a follower (up to v12 the id is a top-level field;
+v15 moved it into `replica_state`, which Ottla does not serve yet): it reads up to the
+leader's log end, not the HW, its fetch offset is the follower's progress the leader's
+state needs (HW, ISR), and the answer carries the HW the follower copies.
 """
 
 import time
@@ -38,7 +43,8 @@ def _read_partitions(ctx, request, response_type):
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
-    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    replica_id = getattr(request, "replica_id", -1)
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
     remaining = getattr(request, "max_bytes", _NO_LIMIT)
     total = 0
     failed = False
@@ -62,13 +68,19 @@ def _read_partitions(ctx, request, response_type):
             error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
                 diverging = _diverging(wanted, partition, epoch_type)
+                if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
+                    # Only a fetch that continues the leader's log tells the follower's progress.
+                    broker.replicas.follower_fetched(topic.topic, wanted.partition, replica_id, wanted.fetch_offset,
+                                                     int(time.time() * 1000))
+                    high_watermark = log.high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
                 else:
                     data = log.read(
                         wanted.fetch_offset,
                         min(wanted.partition_max_bytes, max(remaining, 0)),
-                        max_offset=stable if read_committed else high_watermark,
+                        max_offset=(log.log_end_offset if replica_id >= 0
+                                    else stable if read_committed else high_watermark),
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
                     )
