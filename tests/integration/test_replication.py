@@ -98,12 +98,10 @@ class SteadyProducer:
     def _run(self):
         n = 0
         while not self._stop.is_set():
-            try:
+            if n - len(self.acked) - len(self.errors) < 100:  # a steady rate: at most 100 in flight
                 self.producer.produce(self.topic, str(n).encode(), on_delivery=self._delivered)
                 n += 1
-            except BufferError:
-                pass
-            self.producer.poll(0.005)
+            self.producer.poll(0.002)
 
     def __enter__(self):
         self._thread.start()
@@ -112,7 +110,7 @@ class SteadyProducer:
     def stop(self):
         self._stop.set()
         self._thread.join()
-        assert self.producer.flush(120) == 0
+        return self.producer.flush(120)
 
     def __exit__(self, *exc):
         if not self._stop.is_set():
@@ -135,7 +133,7 @@ def test_leader_kill_loses_no_acknowledged_record_and_replicas_converge(three):
         wait_for(lambda: (lambda i: i is not None and len(i[2]) == 3)(partition_info(three.bootstrap, topic)),
                  what="the old leader back in the ISR")
         wait_for(lambda: len(producer.acked) >= at_kill + 600, what="records acknowledged with three in sync")
-        producer.stop()
+        assert producer.stop() == 0
     assert producer.errors == []
 
     consumer = KafkaConsumer(bootstrap_servers=three.bootstrap, auto_offset_reset="earliest",
