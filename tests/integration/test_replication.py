@@ -22,6 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from ottla.records.batch import parse_batches
 from ottla.testing import cluster
+from tests.faultproxy import FaultProxy
 
 LAG_MS = 3000
 CONFIG = {"replica.lag.time.max.ms": LAG_MS, "replica.fetch.backoff.ms": 200}
@@ -160,3 +161,57 @@ def test_leader_kill_loses_no_acknowledged_record_and_replicas_converge(three):
         assert batches == reference, f"broker {broker_id}'s log differs"
     for handle in three.brokers.values():
         handle.start()
+
+
+FETCH = 1
+
+
+def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insync(tmp_path):
+    """Broker 3 (the leader) advertises a TCP proxy, so its followers fetch through it."""
+    topic = "cut"
+    with FaultProxy(seed=13) as proxy, cluster(brokers=2, config=CONFIG, root=tmp_path) as two:
+        leader = two.add_broker(start=False)
+        leader.extra_args += ["--advertised", proxy.address]
+        leader.start()
+        proxy.upstream = ("127.0.0.1", leader.port)
+        admin = AdminClient({"bootstrap.servers": two.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[3, 1, 2]],
+                                      config={"min.insync.replicas": "2"})])[topic].result(60)
+        bootstrap = two.bootstrap
+
+        def isr():
+            info = partition_info(bootstrap, topic)
+            return info[2] if info is not None and info[0] == 3 else None
+
+        wait_for(lambda: isr() == (1, 2, 3), what="a full ISR")
+        with SteadyProducer(bootstrap, topic) as producer:
+            wait_for(lambda: len(producer.acked) >= 100, what="records acknowledged")
+            # Follower 1's fetches reach the leader but their answers never come back.
+            proxy.drop_responses(1.0, api_key=FETCH, client_id="broker-1")
+            cut_at = time.monotonic()
+            wait_for(lambda: isr() == (2, 3), what="broker 1 out of the ISR")
+            assert time.monotonic() - cut_at >= LAG_MS / 1000 * 0.9  # not before replica.lag.time.max.ms
+            acked = len(producer.acked)
+            wait_for(lambda: len(producer.acked) >= acked + 100, what="acks=all with ISR [2, 3]")
+            proxy.clear_faults()
+            wait_for(lambda: isr() == (1, 2, 3), what="broker 1 back in the ISR")
+            assert producer.stop() == 0
+        assert producer.errors == []
+
+        # Both followers cut off: the ISR shrinks to the leader, below min.insync.replicas.
+        proxy.drop_responses(1.0, api_key=FETCH)
+        one = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 0})
+
+        def shrunk():  # acks=1 keeps the leader's log growing, so the followers fall behind
+            one.produce(topic, b"acks=1")
+            one.flush(10)
+            return isr() == (3,)
+        wait_for(shrunk, what="the ISR down to the leader")
+        strict = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+                           "retries": 0, "message.timeout.ms": 30000})
+        outcome = []
+        strict.produce(topic, b"lonely", on_delivery=lambda err, msg: outcome.append(err))
+        strict.flush(60)
+        assert [e.code() if e is not None else None for e in outcome] == [CKafkaError.NOT_ENOUGH_REPLICAS]
+        proxy.clear_faults()
+        wait_for(lambda: isr() == (1, 2, 3), what="both followers back in the ISR")
