@@ -187,3 +187,33 @@ def test_describe_topic_partitions_pages_with_a_cursor_and_list_config_resources
     admin.close()
     assert {"paged-a", "paged-b"} <= set(resources["topic"])
     assert resources["broker"] == ["0"]
+
+
+def test_scram_credentials_are_stored_described_and_survive_a_restart(ottla_broker):
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+                                       UserScramCredentialUpsertion)
+
+    admin = _admin(ottla_broker.bootstrap)
+    upsert = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192),
+                                          b"secret", b"salt")
+    too_few = UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 100),
+                                           b"secret", b"salt")
+    results = admin.alter_user_scram_credentials([upsert, too_few])
+    results["alice"].result(15)
+    with pytest.raises(KafkaException) as failed:
+        results["bob"].result(15)
+    assert failed.value.args[0].code() == KafkaError.UNACCEPTABLE_CREDENTIAL
+
+    ottla_broker.restart()
+    admin = _admin(ottla_broker.bootstrap)
+    described = admin.describe_user_scram_credentials(["alice"])["alice"].result(15)
+    assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_256, 8192)]
+    with pytest.raises(KafkaException) as missing:
+        admin.describe_user_scram_credentials(["bob"])["bob"].result(15)
+    assert missing.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
+    deletion = UserScramCredentialDeletion("alice", ScramMechanism.SCRAM_SHA_256)
+    admin.alter_user_scram_credentials([deletion])["alice"].result(15)
+    with pytest.raises(KafkaException):
+        admin.describe_user_scram_credentials(["alice"])["alice"].result(15)
