@@ -13,6 +13,7 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from kafka import KafkaAdminClient
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -142,14 +143,53 @@ def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
         try:
             assert client.exists("/ottla") is None
             client.create("/ottla")
-            handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4})
+            handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4,
+                                                       "broker.rack": "rack-a"})
             handle.start()
             try:
                 assert client.get_children("/ottla/brokers/ids") == ["4"]
+                assert json.loads(client.get("/ottla/brokers/ids/4")[0])["rack"] == "rack-a"
                 assert client.exists("/ottla/cluster/id") and client.exists("/brokers") is None
+                admin = KafkaAdminClient(bootstrap_servers=handle.bootstrap)
+                try:
+                    described = admin.describe_cluster()
+                finally:
+                    admin.close()
+                assert [(b["broker_id"], b["rack"]) for b in described["brokers"]] == [(4, "rack-a")]
             finally:
                 handle.stop()
             assert client.get_children("/ottla/brokers/ids") == []  # a clean stop ends the session at once
         finally:
             client.stop()
             client.close()
+
+
+def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ottla_cluster):
+    """kill -9 leaves the registration until the old session times out; a restart right away
+    waits for it to go instead of failing (Kafka's KAFKA-7165), then registers anew."""
+    client = KazooClient(hosts=ottla_cluster.connect)
+    client.start(timeout=30)
+    try:
+        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
+        before = client.get("/brokers/ids/3")[1]
+        handle = ottla_cluster.brokers[3]
+        handle.kill()
+        handle.start()
+        after = client.get("/brokers/ids/3")[1]
+        assert after.czxid > before.czxid and after.ephemeralOwner != before.ephemeralOwner
+        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):
+    """Kafka's InconsistentClusterIdException: meta.properties names the cluster a data dir
+    belongs to; a broker pointed at another cluster's ZooKeeper must not mix them."""
+    alone = BrokerProcess(tmp_path / "data").start()  # no zookeeper.connect: a cluster id of its own
+    alone.stop()
+    result = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect={zk_cluster.connect}",
+                    "--config", "broker.id=9"])
+    assert result.returncode == 1
+    assert "doesn't match stored clusterId" in result.stderr and "trying to join the wrong cluster" in result.stderr
+    assert zk.exists("/brokers/ids/9") is None

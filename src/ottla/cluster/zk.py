@@ -3,7 +3,7 @@
 Kafka's tools and knowledge apply unchanged: `zookeeper-shell ... get /brokers/ids/1` shows
 what a Kafka broker would have written. Every call blocks for one or a few round trips and
 gives up after `zookeeper.connection.timeout.ms` with `StoreUnavailable`; a request that
-was lost with its connection is retried (kazoo's retry), so a conditional write whose reply
+was lost with its connection is sent again, so a conditional write whose reply
 was lost may report `StaleVersion` although it applied: callers re-read, as they must after
 any `StaleVersion`.
 
@@ -14,136 +14,34 @@ bump are created in one multi too, so exactly one broker wins an election.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
 import time
-import uuid
 from typing import Any, Callable, Mapping
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (BadVersionError, ConnectionClosedError, KazooException, NodeExistsError,
-                              NoNodeError, NotEmptyError, RolledBackError,
-                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss, KazooException,
+                              NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
+                              RolledBackError, RuntimeInconsistency, SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
-from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.retry import KazooRetry
 
 from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdBlock, ProducerIdBlockStore,
                                         ProducerIdsExhaustedError)
 from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
                     NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists,
                     TopicPartition, WatchTarget)
+from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
+                      INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
+                      PRODUCER_ID_BLOCK, REASSIGN, TOPICS, config_bytes, decode_assignment, decode_broker,
+                      decode_state, encode_assignment, encode_broker, encode_state, now_ms, partition_list,
+                      split_chroot, state_path, to_json, topic_path)
 
 log = logging.getLogger(__name__)
 
-BROKER_IDS = "/brokers/ids"
-TOPICS = "/brokers/topics"
-CONTROLLER = "/controller"
-CONTROLLER_EPOCH = "/controller_epoch"
-CLUSTER_ID = "/cluster/id"
-CONFIG_CHANGES = "/config/changes"
-DELETE_TOPICS = "/admin/delete_topics"
-REASSIGN = "/admin/reassign_partitions"
-PREFERRED_ELECTION = "/admin/preferred_replica_election"
-ISR_CHANGES = "/isr_change_notification"
-PRODUCER_ID_BLOCK = "/latest_producer_id_block"
-# Kafka's ZkData.PersistentZkPaths (plus ConfigType.all), created at start-up if missing.
-PERSISTENT_PATHS = ("/consumers", BROKER_IDS, TOPICS, CONFIG_CHANGES, DELETE_TOPICS, "/brokers/seqid",
-                    ISR_CHANGES, PRODUCER_ID_BLOCK, "/log_dir_event_notification", "/config/topics",
-                    "/config/clients", "/config/users", "/config/brokers", "/config/ips")
-INITIAL_CONTROLLER_EPOCH = 0  # Kafka's KafkaController.InitialControllerEpoch
-_DISCONNECTED = (KazooTimeoutError, ConnectionClosedError, SessionExpiredError, RetryFailedError)
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _now_ms() -> str:
-    return str(int(time.time() * 1000))
-
-
-def topic_id_to_str(topic_id: uuid.UUID) -> str:
-    """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
-    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
-
-
-def topic_id_from_str(text: str) -> uuid.UUID:
-    return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-
-
-def topic_path(topic: str) -> str:
-    return f"{TOPICS}/{topic}"
-
-
-def state_path(topic: str, partition: int) -> str:
-    return f"{TOPICS}/{topic}/partitions/{partition}/state"
-
-
-def _partition_list(partitions) -> list[dict]:
-    return [{"topic": t, "partition": p} for t, p in sorted(partitions)]
-
-
-def encode_broker(reg: BrokerRegistration) -> bytes:
-    """Kafka's BrokerIdZNode JSON, version 5 (no JMX, no features)."""
-    data = {"features": {}, "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
-            "endpoints": [f"PLAINTEXT://{reg.host}:{reg.port}"], "jmx_port": -1,
-            "host": reg.host, "port": reg.port, "timestamp": _now_ms(), "version": 5}
-    if reg.rack is not None:
-        data["rack"] = reg.rack
-    return _json(data)
-
-
-def decode_broker(broker_id: int, raw: bytes, czxid: int) -> BrokerRegistration:
-    data = json.loads(raw)
-    host, port = data.get("host"), data.get("port", -1)
-    for endpoint in data.get("endpoints", ()):
-        if endpoint.startswith("PLAINTEXT://"):
-            host, _, port_text = endpoint[len("PLAINTEXT://"):].rpartition(":")
-            port = int(port_text)
-            break
-    return BrokerRegistration(broker_id, host, int(port), data.get("rack"), czxid)
-
-
-def encode_assignment(a: TopicAssignment) -> bytes:
-    """Kafka's TopicZNode JSON, version 3."""
-    def replicas(m):
-        return {str(p): list(r) for p, r in sorted(m.items())}
-    return _json({"partitions": replicas(a.partitions), "topic_id": topic_id_to_str(a.topic_id),
-                  "adding_replicas": replicas(a.adding_replicas),
-                  "removing_replicas": replicas(a.removing_replicas), "version": 3})
-
-
-def decode_assignment(name: str, raw: bytes) -> TopicAssignment:
-    data = json.loads(raw)
-
-    def replicas(key):
-        return {int(p): tuple(r) for p, r in (data.get(key) or {}).items()}
-    # A topic written by a pre-2.8 tool has no id; the controller gives it one on next write.
-    topic_id = topic_id_from_str(data["topic_id"]) if data.get("topic_id") else uuid.UUID(int=0)
-    return TopicAssignment(name, topic_id, replicas("partitions"), replicas("adding_replicas"),
-                           replicas("removing_replicas"))
-
-
-def encode_state(s: LeaderAndIsr) -> bytes:
-    return _json({"controller_epoch": s.controller_epoch, "leader": s.leader, "version": 1,
-                  "leader_epoch": s.leader_epoch, "isr": list(s.isr)})
-
-
-def decode_state(raw: bytes, version: int) -> LeaderAndIsr:
-    data = json.loads(raw)
-    return LeaderAndIsr(data["leader"], data["leader_epoch"], tuple(data["isr"]), data["controller_epoch"], version)
-
-
-def _config_bytes(configs: Mapping[str, str]) -> bytes:
-    return _json({"version": 1, "config": {k: str(v) for k, v in configs.items()}})
-
-
-def split_chroot(connect: str) -> tuple[str, str | None]:
-    hosts, slash, chroot = connect.partition("/")
-    return hosts, ("/" + chroot.rstrip("/")) if slash and chroot.strip("/") else None
+RETRY_BACKOFF_S = 0.1
 
 
 class ZkClusterStore:
@@ -158,9 +56,9 @@ class ZkClusterStore:
         self._watches: list[object] = []
         self._topic_watches: dict[str, DataWatch] = {}
         self._lock = threading.Lock()
+        self._closing = False
         self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
-                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-                               command_retry=KazooRetry(max_tries=-1, max_delay=0.5, deadline=self._timeout))
+                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         try:
             self._zk.start(timeout=self._timeout)
         except KazooTimeoutError:
@@ -170,35 +68,74 @@ class ZkClusterStore:
                                    f"{int(self._timeout * 1000)} ms") from None
         try:
             hosts, chroot = split_chroot(connect)
-            if chroot is not None and self._zk.exists("/") is None:
+            if chroot is not None and self._call("exists", "/") is None:
                 raise StoreUnavailable(f"zookeeper.connect={connect}: chroot {chroot} does not exist in "
                                        f"ZooKeeper at {hosts}; create it first")
             for path in PERSISTENT_PATHS:
-                self._zk.ensure_path(path)
+                self._call("ensure_path", path)
         except BaseException:
             self.close()
             raise
         self._zk.add_listener(self._state_changed)
 
     # -- plumbing --------------------------------------------------------------------------
-    def _call(self, fn: Callable, *args, **kwargs):
-        """One operation, retried over lost connections until the connection timeout."""
-        try:
-            return self._zk.retry(fn, *args, **kwargs)
-        except _DISCONNECTED as exc:
-            raise StoreUnavailable(f"ZooKeeper at {self.connect}: {type(exc).__name__}") from None
+    def _call(self, operation: str, *args, **kwargs):
+        """One kazoo operation by name (`"get"`, `"create"`, ...); see `_wait`."""
+        return self._wait(lambda: getattr(self._zk, operation + "_async")(*args, **kwargs))
+
+    def _wait(self, start: Callable[[], Any]):
+        """Start an operation and wait for it, again after a lost connection or session, until
+        the connection timeout; then StoreUnavailable. kazoo keeps a request queued while it
+        reconnects, so a write that timed out may still apply later (fenced writes stay fenced)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
+                                       f"{int(self._timeout * 1000)} ms")
+            try:
+                return start().get(timeout=remaining)
+            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+                time.sleep(min(RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+            except KazooTimeoutError:
+                continue  # the deadline check above reports it
+            except ConnectionClosedError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
 
     def _get(self, path: str) -> tuple[bytes, Any] | None:
         try:
-            return self._call(self._zk.get, path)
+            return self._call("get", path)
         except NoNodeError:
             return None
 
     def _children(self, path: str) -> list[str]:
         try:
-            return self._call(self._zk.get_children, path)
+            return self._call("get_children", path)
         except NoNodeError:
             return []
+
+    def _many(self, operation: str, paths: list[str], **kwargs) -> dict[str, Any]:
+        """The same operation on many paths, pipelined (as Kafka's ZooKeeperClient does): one
+        round trip's latency instead of one per path. A missing node gives None (NodeExists
+        too, for creates); a path whose request was lost is done again on its own."""
+        pending = [(path, getattr(self._zk, operation + "_async")(path, **kwargs)) for path in paths]
+        results: dict[str, Any] = {}
+        for path, request in pending:
+            try:
+                results[path] = request.get(timeout=self._timeout)
+            except (NoNodeError, NodeExistsError):
+                results[path] = None
+            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+                try:
+                    results[path] = self._call(operation, path, **kwargs)
+                except (NoNodeError, NodeExistsError):
+                    results[path] = None
+            except KazooTimeoutError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
+                                       f"{int(self._timeout * 1000)} ms") from None
+            except ConnectionClosedError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
+        return results
 
     def _commit(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None) -> list:
         """Run `ops(transaction)` as one multi, first checking the controller epoch's version.
@@ -208,8 +145,8 @@ class ZkClusterStore:
             if epoch is not None:
                 txn.check(CONTROLLER_EPOCH, epoch.version)
             ops(txn)
-            return txn.commit()
-        results = self._call(attempt)
+            return txn.commit_async()
+        results = self._wait(attempt)
         if epoch is not None:
             if isinstance(results[0], (BadVersionError, NoNodeError)):
                 raise ControllerMoved(f"controller epoch {epoch.epoch} (znode version {epoch.version}) is stale")
@@ -229,25 +166,26 @@ class ZkClusterStore:
             try:
                 if current is None:
                     if new is not None:
-                        self._call(self._zk.create, path, _json(new), makepath=True)
+                        self._call("create", path, to_json(new), makepath=True)
                 elif new is None:
-                    self._call(self._zk.delete, path, version=current[1].version)
+                    self._call("delete", path, version=current[1].version)
                 else:
-                    self._call(self._zk.set, path, _json(new), version=current[1].version)
+                    self._call("set", path, to_json(new), version=current[1].version)
                 return
             except (BadVersionError, NodeExistsError, NoNodeError):
                 continue
 
     def _state_changed(self, state: str) -> None:
         # Runs on kazoo's connection thread, which must not block: callbacks get a thread.
-        if state == KazooState.LOST:
+        # kazoo reports LOST for its own close too; that is no session loss to react to.
+        if state == KazooState.LOST and not self._closing:
             for callback in list(self._session_lost):
                 threading.Thread(target=callback, name="zk-session-lost", daemon=True).start()
 
     # -- cluster ---------------------------------------------------------------------------
     def cluster_id(self, proposed: str) -> str:
         try:
-            self._call(self._zk.create, CLUSTER_ID, _json({"version": "1", "id": proposed}), makepath=True)
+            self._call("create", CLUSTER_ID, to_json({"version": "1", "id": proposed}), makepath=True)
             return proposed
         except NodeExistsError:
             return json.loads(self._get(CLUSTER_ID)[0])["id"]
@@ -256,7 +194,7 @@ class ZkClusterStore:
     def register_broker(self, registration: BrokerRegistration) -> BrokerRegistration:
         path = f"{BROKER_IDS}/{registration.broker_id}"
         try:
-            self._call(self._zk.create, path, encode_broker(registration), ephemeral=True)
+            self._call("create", path, encode_broker(registration), ephemeral=True)
         except NodeExistsError:
             # Ours if a retried create had in fact applied (Kafka's checkedEphemeralCreate).
             current = self._get(path)
@@ -268,12 +206,10 @@ class ZkClusterStore:
                                   registration.rack, stat.czxid)
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
-        brokers = {}
-        for child in self._children(BROKER_IDS):
-            current = self._get(f"{BROKER_IDS}/{child}")
-            if current is not None:
-                brokers[int(child)] = decode_broker(int(child), current[0], current[1].czxid)
-        return brokers
+        children = self._children(BROKER_IDS)
+        found = self._many("get", [f"{BROKER_IDS}/{child}" for child in children])
+        return {int(child): decode_broker(int(child), current[0], current[1].czxid)
+                for child in children if (current := found[f"{BROKER_IDS}/{child}"]) is not None}
 
     # -- controller ------------------------------------------------------------------------
     def elect_controller(self, broker_id: int) -> ControllerEpoch | None:
@@ -282,12 +218,12 @@ class ZkClusterStore:
             current = self._get(CONTROLLER_EPOCH)
             if current is None:
                 try:
-                    self._call(self._zk.create, CONTROLLER_EPOCH, str(INITIAL_CONTROLLER_EPOCH).encode())
+                    self._call("create", CONTROLLER_EPOCH, str(INITIAL_CONTROLLER_EPOCH).encode())
                 except NodeExistsError:
                     pass
                 continue
             epoch = int(current[0]) + 1
-            controller = _json({"version": 1, "brokerid": broker_id, "timestamp": _now_ms()})
+            controller = to_json({"version": 1, "brokerid": broker_id, "timestamp": now_ms()})
 
             def ops(txn):
                 txn.create(CONTROLLER, controller, ephemeral=True)
@@ -317,18 +253,16 @@ class ZkClusterStore:
         current = self._get(CONTROLLER)
         if current is not None and int(json.loads(current[0])["brokerid"]) == broker_id:
             try:
-                self._call(self._zk.delete, CONTROLLER, version=current[1].version)
+                self._call("delete", CONTROLLER, version=current[1].version)
             except (NoNodeError, BadVersionError):
                 pass
 
     # -- topics ----------------------------------------------------------------------------
     def topics(self) -> dict[str, TopicAssignment]:
-        result = {}
-        for name in self._children(TOPICS):
-            current = self._get(topic_path(name))
-            if current is not None:
-                result[name] = decode_assignment(name, current[0])
-        return result
+        names = self._children(TOPICS)
+        found = self._many("get", [topic_path(name) for name in names])
+        return {name: decode_assignment(name, current[0])
+                for name in names if (current := found[topic_path(name)]) is not None}
 
     def create_topic(self, assignment: TopicAssignment, configs: Mapping[str, str]) -> None:
         name = assignment.name
@@ -339,9 +273,9 @@ class ZkClusterStore:
 
         def ops(txn):
             if config_exists:
-                txn.set_data(config_path, _config_bytes(configs))
+                txn.set_data(config_path, config_bytes(configs))
             else:
-                txn.create(config_path, _config_bytes(configs))
+                txn.create(config_path, config_bytes(configs))
             txn.create(topic_path(name), encode_assignment(assignment))
         try:
             self._commit(ops, None)
@@ -361,11 +295,11 @@ class ZkClusterStore:
     def _set_configs(self, path: str, entity_path: str, configs: Mapping[str, str]) -> None:
         """Replace an entity's config, then announce it (Kafka's changeEntityConfig)."""
         try:
-            self._call(self._zk.set, path, _config_bytes(configs))
+            self._call("set", path, config_bytes(configs))
         except NoNodeError:
-            self._call(self._zk.create, path, _config_bytes(configs), makepath=True)
-        self._call(self._zk.create, f"{CONFIG_CHANGES}/config_change_",
-                   _json({"version": 2, "entity_path": entity_path}), sequence=True)
+            self._call("create", path, config_bytes(configs), makepath=True)
+        self._call("create", f"{CONFIG_CHANGES}/config_change_",
+                   to_json({"version": 2, "entity_path": entity_path}), sequence=True)
 
     def topic_configs(self, name: str) -> dict[str, str]:
         return self._configs(f"/config/topics/{name}")
@@ -384,19 +318,19 @@ class ZkClusterStore:
 
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
-        states = {}
-        for child in self._children(f"{TOPICS}/{topic}/partitions"):
-            current = self._get(state_path(topic, int(child)))
-            if current is not None:
-                states[int(child)] = decode_state(current[0], current[1].version)
-        return states
+        partitions = [int(child) for child in self._children(f"{TOPICS}/{topic}/partitions")]
+        found = self._many("get", [state_path(topic, p) for p in partitions])
+        return {p: decode_state(current[0], current[1].version)
+                for p in sorted(partitions) if (current := found[state_path(topic, p)]) is not None}
 
     def create_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
                                 epoch: ControllerEpoch) -> dict[TopicPartition, LeaderAndIsr]:
-        for topic, partition in states:
-            if self._get(topic_path(topic)) is None:
-                raise NoSuchTopic(topic)
-            self._call(self._zk.ensure_path, f"{TOPICS}/{topic}/partitions/{partition}")
+        topics = sorted({topic for topic, _ in states})
+        for topic, found in self._many("exists", [topic_path(t) for t in topics]).items():
+            if found is None:
+                raise NoSuchTopic(topic.rpartition("/")[2])
+        self._many("create", [f"{TOPICS}/{t}/partitions" for t in topics])
+        self._many("create", [f"{TOPICS}/{t}/partitions/{p}" for t, p in states])
 
         def ops(txn):
             for (topic, partition), state in states.items():
@@ -423,7 +357,7 @@ class ZkClusterStore:
         if self._get(topic_path(name)) is None:
             raise NoSuchTopic(name)
         try:
-            self._call(self._zk.create, f"{DELETE_TOPICS}/{name}")
+            self._call("create", f"{DELETE_TOPICS}/{name}")
         except NodeExistsError:
             pass  # already requested: the controller is on it
 
@@ -432,9 +366,9 @@ class ZkClusterStore:
 
     def complete_topic_deletion(self, name: str, epoch: ControllerEpoch) -> None:
         doomed = []  # deepest first: a multi deletes in order and a znode with children cannot go
-        for partition in self._children(f"{TOPICS}/{name}/partitions"):
-            base = f"{TOPICS}/{name}/partitions/{partition}"
-            doomed += [f"{base}/{c}" for c in self._children(base)] + [base]
+        bases = [f"{TOPICS}/{name}/partitions/{p}" for p in self._children(f"{TOPICS}/{name}/partitions")]
+        for base, children in self._many("get_children", bases).items():
+            doomed += [f"{base}/{c}" for c in children or ()] + [base]
         if self._get(f"{TOPICS}/{name}/partitions") is not None:
             doomed.append(f"{TOPICS}/{name}/partitions")
         for path in (topic_path(name), f"/config/topics/{name}", f"{DELETE_TOPICS}/{name}"):
@@ -451,8 +385,8 @@ class ZkClusterStore:
 
     # -- notifications and admin requests --------------------------------------------------
     def notify_isr_change(self, partitions: set[TopicPartition]) -> None:
-        self._call(self._zk.create, f"{ISR_CHANGES}/isr_change_",
-                   _json({"version": 1, "partitions": _partition_list(partitions)}), sequence=True)
+        self._call("create", f"{ISR_CHANGES}/isr_change_",
+                   to_json({"version": 1, "partitions": partition_list(partitions)}), sequence=True)
 
     def take_isr_changes(self) -> set[TopicPartition]:
         changed = set()
@@ -462,7 +396,7 @@ class ZkClusterStore:
                 continue
             changed |= {(e["topic"], e["partition"]) for e in json.loads(current[0])["partitions"]}
             try:
-                self._call(self._zk.delete, f"{ISR_CHANGES}/{child}")
+                self._call("delete", f"{ISR_CHANGES}/{child}")
             except NoNodeError:
                 pass
         return changed
@@ -499,7 +433,7 @@ class ZkClusterStore:
                 if data is None:
                     txn.delete(path, version=current[1].version)
                 else:
-                    txn.set_data(path, _json(data), version=current[1].version)
+                    txn.set_data(path, to_json(data), version=current[1].version)
             try:
                 self._commit(ops, epoch)
                 return
@@ -521,7 +455,7 @@ class ZkClusterStore:
     def request_preferred_election(self, partitions: set[TopicPartition]) -> None:
         def change(data):
             merged = {(e["topic"], e["partition"]) for e in (data or {}).get("partitions", ())} | set(partitions)
-            return {"version": 1, "partitions": _partition_list(merged)} if merged else None
+            return {"version": 1, "partitions": partition_list(merged)} if merged else None
         self._update_json(PREFERRED_ELECTION, change)
 
     def clear_preferred_election(self, epoch: ControllerEpoch) -> None:
@@ -538,12 +472,12 @@ class ZkClusterStore:
             if first > MAX_PRODUCER_ID - block_size + 1:
                 raise ProducerIdsExhaustedError(f"no block of {block_size} ids left after {first - 1}")
             last = first + block_size - 1
-            data = _json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
+            data = to_json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
             try:
                 if current is None:
-                    self._call(self._zk.create, PRODUCER_ID_BLOCK, data)
+                    self._call("create", PRODUCER_ID_BLOCK, data)
                 else:
-                    self._call(self._zk.set, PRODUCER_ID_BLOCK, data, version=current[1].version)
+                    self._call("set", PRODUCER_ID_BLOCK, data, version=current[1].version)
                 return first, last
             except (BadVersionError, NodeExistsError):
                 continue  # another broker claimed a block meanwhile: claim the one after it
@@ -597,6 +531,7 @@ class ZkClusterStore:
         self._session_lost.append(callback)
 
     def close(self) -> None:
+        self._closing = True
         try:
             self._zk.stop()
         finally:
