@@ -188,7 +188,6 @@ _NOT_APPLIED = [
     ConfigDef("leader.replication.throttled.replicas", _str, ""),
     ConfigDef("local.retention.bytes", _int, -2, -2),
     ConfigDef("local.retention.ms", _int, -2, -2),
-    ConfigDef("max.compaction.lag.ms", _int, 2**63 - 1, 1),
     ConfigDef("message.downconversion.enable", _bool, True),
     ConfigDef("message.format.version", _str, "3.0-IV1"),
     ConfigDef("message.timestamp.difference.max.ms", _int, 2**63 - 1, 0),
