@@ -12,6 +12,7 @@ HANDLER_MODULES = [
     "produce",
     "fetch",
     "list_offsets",
+    "offset_for_leader_epoch",
     "create_topics",
     "delete_topics",
     "delete_records",
