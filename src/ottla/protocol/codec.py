@@ -14,38 +14,19 @@ from functools import cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
+
+from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
+from .shape import check_request
+
+__all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "api_name", "peek_header"]
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
 
 API_VERSIONS_KEY = 18
-
-
-class ProtocolViolation(Exception):
-    """The peer broke the protocol; Kafka closes the connection."""
-
-
-class FrameTooLarge(ProtocolViolation):
-    pass
-
-
-class MalformedRequest(ProtocolViolation):
-    pass
-
-
-class UnknownApi(ProtocolViolation):
-    pass
-
-
-class UnsupportedApiVersion(ProtocolViolation):
-    """A known API at a version we do not serve. Only ApiVersions gets an answer."""
-
-    def __init__(self, api_key: int, api_version: int, correlation_id: int):
-        super().__init__(f"unsupported version {api_version} of API {api_key}")
-        self.api_key = api_key
-        self.api_version = api_version
-        self.correlation_id = correlation_id
 
 
 class FrameDecoder:
@@ -151,6 +132,13 @@ def _response_writers(api_key: int, api_version: int):
     return schema.__header_schema__, entity_writer(schema.__header_schema__), entity_writer(schema)
 
 
+@cache
+def api_name(api_key: int) -> str:
+    """Kafka's name for an API ("Metadata" for 3), for log lines."""
+    name = api_key_map.get(api_key)
+    return "".join(part.title() for part in name.split("_")) if name else f"API {api_key}"
+
+
 def peek_header(frame: bytes) -> tuple[int, int, int]:
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequest(f"request of {len(frame)} bytes is shorter than a request header")
@@ -170,10 +158,11 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Decod
     except (UnknownAPIKey, UnknownEntity):
         raise UnsupportedApiVersion(api_key, api_version, correlation_id) from None
     try:
+        check_request(frame, api_key, api_version)  # kio trusts counts: see protocol/shape.py
         header, header_size = read_header(frame, 0)
         body, _ = read_body(frame, header_size)
     except Exception as exc:  # kio raises several types on garbage; all mean the same here
-        raise MalformedRequest(f"cannot parse API {api_key} v{api_version}: {exc}") from None
+        raise MalformedRequest(f"cannot parse {api_name(api_key)} v{api_version}: {exc}") from None
     # Bytes after the body are ignored, as Kafka's broker does: librdkafka's all-topics
     # Metadata v12 request carries a few.
     return DecodedRequest(api_key, api_version, correlation_id, header, body)

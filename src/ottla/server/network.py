@@ -22,6 +22,7 @@ from ..protocol.codec import (
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
+    api_name,
     decode_request,
     encode_response,
 )
@@ -62,6 +63,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.worker = asyncio.get_running_loop().create_task(self._serve())
+        self.worker.add_done_callback(self._worker_done)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
@@ -92,6 +94,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self):
         self.writable.set()
+
+    def _worker_done(self, worker: asyncio.Task):
+        """Whatever ends the request loop, the connection must not stay open unanswered."""
+        if worker.cancelled():
+            return
+        exc = worker.exception()
+        if exc is not None:
+            log.error("request loop of connection %s from %s failed, closing it: %s: %s", self.id, self.peer,
+                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        if not self.closed:
+            self.close()
 
     # request processing ------------------------------------------------------------
     def close(self, reason: str | None = None):
@@ -127,6 +140,7 @@ class Connection(asyncio.BufferedProtocol):
                 return
             context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
                                      self.peer_host)
+            what = f"{api_name(request.api_key)} v{request.api_version}"
             try:
                 response = await handlers[request.api_key].handle(context, request.body)
             except asyncio.CancelledError:
@@ -134,13 +148,23 @@ class Connection(asyncio.BufferedProtocol):
             except CloseConnection as exc:
                 self.close(str(exc))
                 return
-            except Exception:
-                log.exception("handler for API %d v%d failed; closing %s", request.api_key, request.api_version, self.id)
+            except Exception as exc:
+                # One line; the traceback only when debugging (a hostile client must not flood the log).
+                log.error("%s handler failed on connection %s from %s, closing it: %s: %s", what, self.id,
+                          self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
                 self.close()
                 return
             if response is None:  # Produce with acks=0 has no response
                 continue
-            await self._send(encode_response(request.api_key, request.api_version, request.correlation_id, response))
+            try:
+                chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
+            except Exception as exc:
+                # The client would wait forever for an answer that never comes: tell it by closing.
+                log.error("cannot encode the %s response on connection %s from %s, closing it: %s: %s", what,
+                          self.id, self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                self.close()
+                return
+            await self._send(chunks)
 
     async def _send(self, chunks: list[bytes | bytearray | memoryview]):
         """Write a response a slice at a time, waiting for the transport to drain between slices.
