@@ -33,34 +33,57 @@ class FrameDecoder:
     """Splits a TCP byte stream into Kafka frames (4-byte big-endian size, then payload).
 
     Made for asyncio's BufferedProtocol: the socket reads straight into `get_buffer()`.
-    Small frames are cut out of a staging buffer; a frame too big for it gets a buffer of
-    its own, so a 1 MB produce request is received with no intermediate copies.
+    Small frames are cut out of a staging buffer (allocated on first use, so an idle
+    connection holds none); a frame too big for it gets a buffer of its own, so a 1 MB
+    produce request is received with no intermediate copies. That buffer starts at most
+    `_FIRST_FRAME_BUFFER` and doubles as bytes arrive: a peer declaring 100 MB and sending
+    12 bytes holds 2 MiB, not 100 MB.
+
+    `reserve(size)`, when given, is asked before each frame is read (Kafka's memory pool for
+    `queued.max.request.bytes`); when it says no, the decoder stops at that frame and sets
+    `blocked` until `buffer_updated(0)` is called again. Every frame handed out carries a
+    reservation of its size, which the caller releases once the request is done.
     """
 
-    __slots__ = ("_staging", "_view", "_start", "_end", "_frame", "_filled", "_max_frame")
+    __slots__ = ("_staging", "_view", "_start", "_end", "_frame", "_frame_size", "_filled", "_max_frame",
+                 "_staging_bytes", "_reserve", "_head_reserved", "blocked")
 
-    def __init__(self, max_frame_bytes: int, staging_bytes: int = 256 * 1024):
-        self._staging = bytearray(staging_bytes)
-        self._view = memoryview(self._staging)
+    def __init__(self, max_frame_bytes: int, staging_bytes: int = 256 * 1024, reserve=None):
+        self._staging_bytes = staging_bytes
+        self._staging: bytearray | None = None
+        self._view: memoryview | None = None
         self._start = 0
         self._end = 0
         self._frame: bytearray | None = None
+        self._frame_size = 0
         self._filled = 0
         self._max_frame = max_frame_bytes
+        self._reserve = reserve
+        self._head_reserved = False  # the frame whose size was read holds its reservation
+        self.blocked = False
 
     def get_buffer(self) -> memoryview:
         if self._frame is not None:
+            if self._filled == len(self._frame):  # grow as bytes arrive, never past the declared size
+                grown = bytearray(min(self._frame_size, 2 * len(self._frame)))
+                grown[: self._filled] = self._frame
+                self._frame = grown
             return memoryview(self._frame)[self._filled :]
+        if self._view is None:
+            self._staging = bytearray(self._staging_bytes)
+            self._view = memoryview(self._staging)
         return self._view[self._end :]
 
     def buffer_updated(self, count: int) -> list[bytes | memoryview]:
         if self._frame is not None:
             self._filled += count
-            if self._filled < len(self._frame):
+            if self._filled < self._frame_size:
                 return []
             frame, self._frame = self._frame, None
+            self._head_reserved = False
             return [memoryview(frame).toreadonly()]  # kio parses read-only buffers only
         self._end += count
+        self.blocked = False
         frames: list[bytes | memoryview] = []
         view, start, end = self._view, self._start, self._end
         while end - start >= 4:
@@ -69,14 +92,21 @@ class FrameDecoder:
                 raise MalformedRequest(f"negative frame size {size}")
             if size > self._max_frame:
                 raise FrameTooLarge(f"frame of {size} bytes exceeds socket.request.max.bytes ({self._max_frame})")
+            if not self._head_reserved:
+                if self._reserve is not None and not self._reserve(size):
+                    self.blocked = True
+                    break
+                self._head_reserved = True
             if end - start - 4 >= size:
                 frames.append(bytes(view[start + 4 : start + 4 + size]))
+                self._head_reserved = False
                 start += 4 + size
                 continue
             if 4 + size > len(self._staging) // 2:
-                # Too big to stage: move what arrived into a buffer of the frame's size.
-                self._frame = bytearray(size)
+                # Too big to stage: move what arrived into a buffer of its own.
                 self._filled = end - start - 4
+                self._frame_size = size
+                self._frame = bytearray(min(size, max(_FIRST_FRAME_BUFFER, self._filled)))
                 self._frame[: self._filled] = view[start + 4 : end]
                 start = end
             break
@@ -104,6 +134,20 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return (self._end - self._start) + (self._filled if self._frame is not None else 0)
+
+    @property
+    def reserved(self) -> int:
+        """The reservation held by the frame being received (to release if the peer goes away)."""
+        if not self._head_reserved:
+            return 0
+        if self._frame is not None:
+            return self._frame_size
+        return _SIZE.unpack_from(self._view, self._start)[0]
+
+
+# A large frame's own buffer starts here and doubles as bytes arrive (a 1 MB produce request
+# still arrives in one buffer with no copy).
+_FIRST_FRAME_BUFFER = 2 * 1024 * 1024
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManag
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
 from .handlers import load_handlers
+from .connections import Connections
 from .network import Connection
 
 log = logging.getLogger("ottla.broker")
@@ -76,7 +77,7 @@ class Broker:
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
-        self.connections: set[Connection] = set()
+        self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
         self.authorizer = AllowAllAuthorizer()
         self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
@@ -106,6 +107,7 @@ class Broker:
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self._duties.append(loop.create_task(self.connections.expire_idle()))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,8 @@ _connection_ids = itertools.count(1)
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: "Broker"):
         self.broker = broker
-        self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"])
+        self.memory = broker.connections.memory
+        self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"], reserve=self.memory.try_reserve)
         self.pending: deque[bytes | memoryview] = deque()
         self.wakeup = asyncio.Event()
         self.writable = asyncio.Event()
@@ -54,6 +56,8 @@ class Connection(asyncio.BufferedProtocol):
         self.id = f"c{next(_connection_ids)}"
         self.peer = "?"
         self.peer_host = ""
+        self.busy = False  # a request is being handled or answered
+        self.last_active = time.monotonic()
 
     # asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport):
@@ -61,7 +65,12 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer_host = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.broker.connections.add(self)
+        refused = self.broker.connections.add(self)
+        if refused is not None:
+            log.info("rejected connection %s from %s: %s", self.id, self.peer, refused)
+            self.closed = True
+            transport.abort()
+            return
         self.worker = asyncio.get_running_loop().create_task(self._serve())
         self.worker.add_done_callback(self._worker_done)
 
@@ -69,6 +78,15 @@ class Connection(asyncio.BufferedProtocol):
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int):
+        self.last_active = time.monotonic()
+        self._take_frames(nbytes)
+
+    def memory_available(self):
+        """queued.max.request.bytes has room again: admit the frame we stopped at."""
+        if not self.closed:
+            self._take_frames(0)
+
+    def _take_frames(self, nbytes: int):
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolViolation as exc:
@@ -77,13 +95,30 @@ class Connection(asyncio.BufferedProtocol):
         if frames:
             self.pending.extend(frames)
             self.wakeup.set()
-            if len(self.pending) >= _MAX_QUEUED_REQUESTS and not self.reading_paused:
-                self.reading_paused = True
+        if self.decoder.blocked:
+            self.memory.wait(self)
+        self._update_reading()
+
+    def _update_reading(self):
+        """Read while fewer than _MAX_QUEUED_REQUESTS wait and the memory pool admits our next frame."""
+        limit = _MAX_QUEUED_REQUESTS // 2 if self.reading_paused else _MAX_QUEUED_REQUESTS
+        pause = self.decoder.blocked or len(self.pending) >= limit
+        if pause != self.reading_paused and not self.closed:
+            self.reading_paused = pause
+            if pause:
                 self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def idle_since(self, deadline: float) -> bool:
+        return not self.busy and not self.pending and self.last_active < deadline
 
     def connection_lost(self, exc):
         self.closed = True
         self.broker.connections.discard(self)
+        # Give back the memory reserved for what will now never be handled.
+        self.memory.release(sum(len(frame) for frame in self.pending) + self.decoder.reserved)
+        self.pending.clear()
         self.writable.set()
         self.wakeup.set()
         if self.worker is not None:
@@ -115,56 +150,62 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     async def _serve(self):
-        handlers = self.broker.handlers
-        supported = self.broker.supported_versions
         while not self.closed:
             if not self.pending:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
             frame = self.pending.popleft()
-            if self.reading_paused and len(self.pending) < _MAX_QUEUED_REQUESTS // 2:
-                self.reading_paused = False
-                self.transport.resume_reading()
+            self._update_reading()
+            self.busy = True
             try:
-                request = decode_request(frame, supported)
-            except UnsupportedApiVersion as exc:
-                if exc.api_key == API_VERSIONS_KEY:
-                    await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
-                                                     self._unsupported_api_versions()))
-                    continue
-                self.close(str(exc))
+                await self._handle(frame)
+            finally:
+                self.busy = False
+                self.last_active = time.monotonic()
+                self.memory.release(len(frame))
+
+    async def _handle(self, frame: bytes | memoryview):
+        """Decode, handle and answer one request; on any failure close the connection with one log line."""
+        try:
+            request = decode_request(frame, self.broker.supported_versions)
+        except UnsupportedApiVersion as exc:
+            if exc.api_key == API_VERSIONS_KEY:
+                await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
+                                                 self._unsupported_api_versions()))
                 return
-            except ProtocolViolation as exc:
-                self.close(f"protocol violation: {exc}")
-                return
-            context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
-                                     self.peer_host)
-            what = f"{api_name(request.api_key)} v{request.api_version}"
-            try:
-                response = await handlers[request.api_key].handle(context, request.body)
-            except asyncio.CancelledError:
-                raise
-            except CloseConnection as exc:
-                self.close(str(exc))
-                return
-            except Exception as exc:
-                # One line; the traceback only when debugging (a hostile client must not flood the log).
-                log.error("%s handler failed on connection %s from %s, closing it: %s: %s", what, self.id,
-                          self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-                self.close()
-                return
-            if response is None:  # Produce with acks=0 has no response
-                continue
-            try:
-                chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
-            except Exception as exc:
-                # The client would wait forever for an answer that never comes: tell it by closing.
-                log.error("cannot encode the %s response on connection %s from %s, closing it: %s: %s", what,
-                          self.id, self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-                self.close()
-                return
-            await self._send(chunks)
+            self.close(str(exc))
+            return
+        except ProtocolViolation as exc:
+            self.close(f"protocol violation: {exc}")
+            return
+        context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
+                                 self.peer_host)
+        what = f"{api_name(request.api_key)} v{request.api_version}"
+        try:
+            response = await self.broker.handlers[request.api_key].handle(context, request.body)
+        except asyncio.CancelledError:
+            raise
+        except CloseConnection as exc:
+            self.close(str(exc))
+            return
+        except Exception as exc:
+            # One line; the traceback only when debugging (a hostile client must not flood the log).
+            log.error("%s handler failed on connection %s from %s, closing it: %s: %s", what, self.id,
+                      self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.close()
+            return
+        if response is None:  # Produce with acks=0 has no response
+            return
+        try:
+            chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
+        except Exception as exc:
+            # The client would wait forever for an answer that never comes: tell it by closing.
+            log.error("cannot encode the %s response on connection %s from %s, closing it: %s: %s", what,
+                      self.id, self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.close()
+            return
+        await self._send(chunks)
 
     async def _send(self, chunks: list[bytes | bytearray | memoryview]):
         """Write a response a slice at a time, waiting for the transport to drain between slices.
