@@ -2,6 +2,11 @@
 
 Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
 cache is full: session id 0, so clients keep sending full fetch requests.
+
+As in Kafka, the partitions asked for become a map (a partition named twice is read once,
+with the last entry's offset and size, in the place of its first mention), and the
+response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
+batch that must always be returned.
 """
 
 import time
@@ -16,20 +21,36 @@ VERSIONS = (4, 12)
 READ_COMMITTED = 1
 
 
-def _read_partitions(ctx, request, response_type):
+def _distinct_partitions(request) -> list[tuple[str, list]]:
+    """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
+    FetchResponse.toMessage does: consecutive partitions of one topic share an entry."""
+    wanted = {}
+    for topic in request.topics:
+        for partition in topic.partitions:
+            wanted[(topic.topic, partition.partition)] = partition
+    grouped: list[tuple[str, list]] = []
+    for (name, _), partition in wanted.items():
+        if grouped and grouped[-1][0] == name:
+            grouped[-1][1].append(partition)
+        else:
+            grouped.append((name, [partition]))
+    return grouped
+
+
+def _read_partitions(ctx, request, wanted_topics, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     read_committed = request.isolation_level == READ_COMMITTED
-    remaining = request.max_bytes
+    remaining = min(request.max_bytes, broker.config["fetch.max.bytes"])
     total = 0
     failed = False
     topics = []
-    for topic in request.topics:
+    for topic_name, wanted_partitions in wanted_topics:
         partitions = []
-        for wanted in topic.partitions:
-            log = broker.find_log(topic.topic, wanted.partition)
+        for wanted in wanted_partitions:
+            log = broker.find_log(topic_name, wanted.partition)
             if log is None:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
                                        error_code=ErrorCode.unknown_topic_or_partition, high_watermark=-1,
@@ -41,6 +62,9 @@ def _read_partitions(ctx, request, response_type):
             stable = log.last_stable_offset
             error, records, aborted = ErrorCode.none, b"", None
             try:
+                if wanted.partition_max_bytes < 0:
+                    # Kafka's log read refuses a negative size (IllegalArgumentException).
+                    raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
                 data = log.read(
                     wanted.fetch_offset,
                     min(wanted.partition_max_bytes, max(remaining, 0)),
@@ -61,7 +85,7 @@ def _read_partitions(ctx, request, response_type):
                                    high_watermark=high_watermark, last_stable_offset=stable,
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
                                    preferred_read_replica=-1, records=records))
-        topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
+        topics.append(make(topic_type, topic=topic_name, partitions=tuple(partitions)))
     return topics, total, failed
 
 
@@ -74,13 +98,14 @@ async def handle(ctx, request):
         return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    topics, total, failed = _read_partitions(ctx, request, response_type)
-    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    wanted = _distinct_partitions(request)
+    topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
+    keys = [(name, p.partition) for name, partitions in wanted for p in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         await ctx.broker.wait_for_data(keys, remaining)
-        topics, total, failed = _read_partitions(ctx, request, response_type)
+        topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))
