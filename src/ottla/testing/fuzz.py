@@ -4,7 +4,8 @@
 values (names from `names`, so some requests touch real topics and groups); `mutate`
 damages its bytes the way a hostile or broken client would (lying lengths and counts,
 varints, truncation, bit flips, unknown keys and versions, tagged-field garbage).
-`benchmarks/fuzz.py` and `tests/integration/test_fuzz.py` drive a real broker with them.
+`run` drives a real broker with them from several connections at once, next to a
+bystander producer and consumer (`benchmarks/fuzz.py`, `tests/integration/test_fuzz.py`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,16 @@ from __future__ import annotations
 import dataclasses
 import io
 import random
+import re
+import socket
 import struct
+import threading
+import time
 import types
 import typing
 import uuid
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kio.index import load_request_schema
@@ -48,10 +55,10 @@ class RequestFactory:
 
     def _entity(self, entity_type):
         values = {}
-        for field in dataclasses.fields(entity_type):
-            if field.metadata.get("tag") is not None and self.rng.random() < 0.5:
+        for member in dataclasses.fields(entity_type):
+            if member.metadata.get("tag") is not None and self.rng.random() < 0.5:
                 continue  # leave the tagged field at its default
-            values[field.name] = self._value(field.type, field.metadata.get("kafka_type"))
+            values[member.name] = self._value(member.type, member.metadata.get("kafka_type"))
         return entity_type(**values)
 
     def _value(self, annotation, kafka_type):
@@ -108,7 +115,7 @@ def mutate(frame: bytes, rng: random.Random) -> tuple[str, bytes]:
     data = bytearray(frame)
     body_start = 12  # size, api key, version, correlation id
     kind = rng.choice(("flip", "lie32", "lie16", "varint", "truncate", "extend", "version", "api_key",
-                       "tagged", "splice", "size", "zero"))
+                       "tagged", "splice", "zero"))
     if len(data) <= body_start:
         kind = "extend"
     if kind == "flip":
@@ -143,8 +150,226 @@ def mutate(frame: bytes, rng: random.Random) -> tuple[str, bytes]:
     elif kind == "zero":
         start = rng.randrange(body_start, len(data))
         data[start:start + rng.randint(1, 8)] = bytes(min(8, len(data) - start))
-    if kind != "size":
-        _SIZE.pack_into(data, 0, len(data) - 4)
-    else:
-        _SIZE.pack_into(data, 0, max(0, len(data) - 4 - rng.randint(1, 4)))
+    # The size prefix stays true: a frame that lies about its own size only makes the broker
+    # wait for bytes that never come (FrameDecoder and the F7 tests cover those).
+    _SIZE.pack_into(data, 0, len(data) - 4)
     return kind, bytes(data)
+
+
+# --- the harness ---------------------------------------------------------------------------
+
+_PROBE_IDS = 1_500_000_000  # correlation ids of the follow-up ApiVersions requests
+BYSTANDER_TOPIC = "bystander"
+
+
+@dataclass
+class FuzzReport:
+    frames: int = 0
+    answered: int = 0  # the follow-up ApiVersions came back: the connection still works
+    closed: int = 0  # the broker closed the connection
+    silent: list[str] = field(default_factory=list)  # hex of frames after which nothing came
+    broker_died: bool = False
+    peak_rss_bytes: int = 0
+    worst_lag_ms: float | None = None
+    bystander_sent: int = 0
+    bystander_exact: bool = False
+    restarted_cleanly: bool = False
+    seconds: float = 0.0
+    kinds: Counter = field(default_factory=Counter)
+
+
+def hostile_batches() -> tuple[bytes, ...]:
+    """Record sets for Produce fields: valid plain and compressed batches, and empty bytes."""
+    from ..records.records import Record, build_batch
+    records = [Record(key=b"k%d" % i, value=b"v" * (i * 7)) for i in range(5)]
+    return (b"", build_batch(records), build_batch(records, compression="gzip"),
+            build_batch(records, compression="zstd"), build_batch(records[:1], producer_id=7, producer_epoch=0,
+                                                                   base_sequence=0))
+
+
+class _Prober:
+    """One fuzzing connection: send a frame, then an ApiVersions v0, and see what comes back."""
+
+    def __init__(self, address: tuple[str, int], timeout_s: float):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.sock: socket.socket | None = None
+        self.probe_id = _PROBE_IDS
+
+    def send(self, frame: bytes) -> str:
+        """"answered", "closed" or "silent"."""
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=self.timeout_s)
+        self.probe_id += 1
+        from kio.schema.api_versions.v0.request import ApiVersionsRequest
+        try:
+            self.sock.sendall(frame + encode(ApiVersionsRequest(), self.probe_id, "probe"))
+            while True:
+                response = _read_frame(self.sock)
+                if response is None:
+                    return self._drop("closed")
+                if len(response) >= 4 and _SIZE.unpack_from(response, 0)[0] == self.probe_id:
+                    return "answered"
+        except socket.timeout:
+            return self._drop("silent")
+        except (ConnectionError, OSError):
+            return self._drop("closed")
+
+    def _drop(self, outcome: str) -> str:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        return outcome
+
+
+def _read_frame(sock: socket.socket) -> bytes | None:
+    header = _read_exactly(sock, 4)
+    if header is None:
+        return None
+    return _read_exactly(sock, _SIZE.unpack(header)[0])
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _advertised(address: tuple[str, int]) -> list[tuple[int, int]]:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.serial import entity_reader
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(encode(ApiVersionsRequest(client_software_name="fuzz", client_software_version="1"), 1))
+        frame = _read_frame(sock)
+    body, _ = entity_reader(ApiVersionsResponse)(frame, 4)  # ApiVersions answers with header v0
+    return [(k.api_key, v) for k in body.api_keys for v in range(k.min_version, k.max_version + 1)]
+
+
+def _rss_peak(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Bystander:
+    """A producer and a consumer doing ordinary work while the fuzzing goes on."""
+
+    def __init__(self, bootstrap: str):
+        from confluent_kafka import Consumer, Producer, TopicPartition
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bystander",
+                                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        self.consumer.assign([TopicPartition(BYSTANDER_TOPIC, 0, 0)])
+        self.sent: dict[int, bytes] = {}
+        self.received: list[tuple[int, bytes]] = []
+        self.failed: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._produce, daemon=True),
+                        threading.Thread(target=self._consume, daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _produce(self):
+        def delivered(err, msg):
+            if err is not None:
+                self.failed.append(str(err))
+            else:
+                self.sent[msg.offset()] = msg.value()
+        i = 0
+        while not self.stop.is_set():
+            self.producer.produce(BYSTANDER_TOPIC, value=b"bystander-%d-" % i + bytes([i % 256]) * (i % 300),
+                                  partition=0, on_delivery=delivered)
+            self.producer.poll(0.01)
+            i += 1
+        self.producer.flush(60)
+
+    def _consume(self):
+        while not self.stop.is_set() or len(self.received) < len(self.sent):
+            message = self.consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                self.received.append((message.offset(), message.value()))
+            if self.stop.is_set() and time.monotonic() > self.deadline:
+                break
+
+    def finish(self, timeout_s: float = 60.0) -> bool:
+        self.deadline = time.monotonic() + timeout_s
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout_s + 10)
+        self.consumer.close()
+        del self.producer  # before the broker stops, so librdkafka does not log reconnects
+        return not self.failed and self.received == sorted(self.sent.items())
+
+
+def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0,
+        config: dict | None = None, progress=None) -> FuzzReport:
+    """Fuzz a fresh broker with `frames` requests; returns what happened (see FuzzReport)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from . import broker as start_broker
+
+    report = FuzzReport()
+    started = time.monotonic()
+    with start_broker(config, log_level="info") as handle:
+        admin = AdminClient({"bootstrap.servers": handle.bootstrap})
+        for future in admin.create_topics([NewTopic(BYSTANDER_TOPIC, 1, 1), NewTopic("fuzz", 2, 1)]).values():
+            future.result(60)
+        del admin
+        address = (handle.host, handle.port)
+        apis = _advertised(address)
+        bystander = _Bystander(handle.bootstrap)
+        lock = threading.Lock()
+        counter = iter(range(frames))
+        records = hostile_batches()
+
+        def work(worker: int):
+            rng = random.Random(seed * 1000 + worker)
+            factory = RequestFactory(rng, names=("fuzz", "fuzz-2", "bystander-x", ""), records=records)
+            prober = _Prober(address, timeout_s)
+            for number in counter:
+                api_key, version = rng.choice(apis)
+                frame = encode(factory.request(api_key, version), number + 1)
+                kind = "valid"
+                if rng.random() < 0.75:
+                    kind, frame = mutate(frame, rng)
+                outcome = prober.send(frame)
+                with lock:
+                    report.frames += 1
+                    report.kinds[kind] += 1
+                    if outcome == "answered":
+                        report.answered += 1
+                    elif outcome == "closed":
+                        report.closed += 1
+                    else:
+                        report.silent.append(frame.hex())
+                    if progress and report.frames % 5000 == 0:
+                        progress(f"{report.frames} frames, {len(report.silent)} silent")
+                if not handle.running():
+                    report.broker_died = True
+                    return
+            prober._drop("closed")
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        report.broker_died = report.broker_died or not handle.running()
+        if not report.broker_died:
+            report.peak_rss_bytes = _rss_peak(handle.pid)
+        report.bystander_exact = bystander.finish()
+        report.bystander_sent = len(bystander.sent)
+        handle.stop()
+        lags = re.findall(r"event loop: worst lag (\d+) ms", handle.read_stderr())
+        report.worst_lag_ms = float(lags[-1]) if lags else None
+        handle.start()
+        report.restarted_cleanly = _advertised((handle.host, handle.port)) == apis
+    report.seconds = time.monotonic() - started
+    return report
