@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.index import UnknownAPIKey, UnknownEntity
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
 from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
+from .legacy import index as legacy_index
+from .schemas import request_schema, response_schema
 from .shape import check_request
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
-           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "api_name", "peek_header"]
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "api_name", "peek_header",
+           "response_schema"]
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -161,13 +164,8 @@ class DecodedRequest:
 
 @cache
 def _request_codec(api_key: int, api_version: int):
-    schema = load_request_schema(api_key, api_version)
+    schema = request_schema(api_key, api_version)
     return schema, entity_reader(schema.__header_schema__), entity_reader(schema)
-
-
-@cache
-def response_schema(api_key: int, api_version: int):
-    return load_response_schema(api_key, api_version)
 
 
 @cache
@@ -180,7 +178,12 @@ def _response_writers(api_key: int, api_version: int):
 def api_name(api_key: int) -> str:
     """Kafka's name for an API ("Metadata" for 3), for log lines."""
     name = api_key_map.get(api_key)
-    return "".join(part.title() for part in name.split("_")) if name else f"API {api_key}"
+    if name is not None:
+        return "".join(part.title() for part in name.split("_"))
+    for (key, _), path in legacy_index.REQUESTS.items():  # APIs only Ottla's generated classes have
+        if key == api_key:
+            return path.rpartition(":")[2].removesuffix("Request")
+    return f"API {api_key}"
 
 
 def peek_header(frame: bytes) -> tuple[int, int, int]:

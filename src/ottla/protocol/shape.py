@@ -20,9 +20,8 @@ import typing
 from functools import cache
 from typing import Callable
 
-from kio.index import load_request_schema
-
 from .errors import MalformedRequest
+from .schemas import request_schema
 
 Buffer = bytes | memoryview
 # A compiled field: walks one value starting at `pos`, returns the position after it.
@@ -241,7 +240,7 @@ def _entity_shape(entity: type) -> _Shape:
 
 @cache
 def _request_walkers(api_key: int, api_version: int) -> tuple[Walker, Walker]:
-    schema = load_request_schema(api_key, api_version)
+    schema = request_schema(api_key, api_version)
     return _entity_shape(schema.__header_schema__).walk, _entity_shape(schema).walk
 
 

@@ -25,8 +25,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from kio.index import load_request_schema
 from kio.serial import entity_writer
+
+from ..protocol.schemas import request_schema
 
 _SIZE = struct.Struct(">i")
 
@@ -51,7 +52,7 @@ class RequestFactory:
         self.records = records
 
     def request(self, api_key: int, version: int):
-        return self._entity(load_request_schema(api_key, version))
+        return self._entity(request_schema(api_key, version))
 
     def _entity(self, entity_type):
         values = {}
