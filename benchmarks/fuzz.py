@@ -34,9 +34,12 @@ def main() -> int:
         ("silent dead connections", len(report.silent)),
         ("broker died", report.broker_died),
         ("peak broker RSS (MiB)", f"{report.peak_rss_bytes / 2**20:.0f}"),
-        ("worst event-loop lag (ms)", report.worst_lag_ms),
+        ("worst event-loop lag, wall clock (ms)", report.worst_lag_ms),
+        ("worst event-loop lag, loop's own CPU (ms)", report.worst_lag_cpu_ms),
+        ("handler failures (closed, one log line)", sum(report.handler_failures.values())),
         ("bystander records", report.bystander_sent),
         ("bystander byte-exact", report.bystander_exact),
+        ("bystander", report.bystander_detail),
         ("clean restart after", report.restarted_cleanly),
         ("wall time (s)", f"{report.seconds:.0f}"),
         ("frames/s", f"{report.frames / report.seconds:.0f}"),
@@ -45,6 +48,10 @@ def main() -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print("mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(report.kinds.items())))
+    for what, count in report.handler_failures.most_common():
+        print(f"handler failure: {what} x{count}")
+    for line in report.lag_context:
+        print(f"before the worst lag: {line}")
     for frame in report.silent[:10]:
         print(f"silent after: {frame}")
     ok = (not report.broker_died and not report.silent and report.bystander_exact and report.restarted_cleanly)

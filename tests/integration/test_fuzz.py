@@ -15,5 +15,6 @@ def test_fuzzed_requests_never_kill_the_broker_or_leave_a_connection_silent():
     assert report.answered > 100 and report.closed > 100  # both paths were exercised
     assert report.bystander_sent > 0 and report.bystander_exact
     assert 0 < report.peak_rss_bytes < PEAK_RSS_BOUND
+    assert not report.handler_failures, report.handler_failures  # bad input never reaches a handler as a crash
     assert report.worst_lag_ms is not None
     assert report.restarted_cleanly

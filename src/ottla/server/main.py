@@ -78,7 +78,8 @@ def run(args) -> int:
             _write_ready_file(args.ready_file, broker.host, broker.port)
         await broker.serve_forever()
         probe.cancel()
-        logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms", lag.worst_ms)
+        logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms, worst CPU between two wake-ups %.0f ms",
+                                             lag.worst_ms, lag.worst_cpu_ms)
 
     try:
         asyncio.run(main())

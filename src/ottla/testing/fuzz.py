@@ -172,8 +172,12 @@ class FuzzReport:
     broker_died: bool = False
     peak_rss_bytes: int = 0
     worst_lag_ms: float | None = None
+    worst_lag_cpu_ms: float | None = None  # the loop thread's own CPU in its worst interval
+    lag_context: list[str] = field(default_factory=list)  # the log lines just before the worst lag
+    handler_failures: Counter = field(default_factory=Counter)  # "Fetch v11: TypeError" -> count
     bystander_sent: int = 0
     bystander_exact: bool = False
+    bystander_detail: str = ""
     restarted_cleanly: bool = False
     seconds: float = 0.0
     kinds: Counter = field(default_factory=Counter)
@@ -272,6 +276,8 @@ class _Bystander:
         self.received: list[tuple[int, bytes]] = []
         self.failed: list[str] = []
         self.stop = threading.Event()
+        self.produced = threading.Event()  # the producer has flushed: `sent` is final
+        self.deadline = float("inf")
         self.threads = [threading.Thread(target=self._produce, daemon=True),
                         threading.Thread(target=self._consume, daemon=True)]
         for thread in self.threads:
@@ -292,21 +298,29 @@ class _Bystander:
         self.producer.flush(60)
 
     def _consume(self):
-        while not self.stop.is_set() or len(self.received) < len(self.sent):
+        while not self.produced.is_set() or len(self.received) < len(self.sent):
             message = self.consumer.poll(0.2)
             if message is not None and message.error() is None:
                 self.received.append((message.offset(), message.value()))
-            if self.stop.is_set() and time.monotonic() > self.deadline:
+            if time.monotonic() > self.deadline:
                 break
 
     def finish(self, timeout_s: float = 60.0) -> bool:
-        self.deadline = time.monotonic() + timeout_s
+        self.deadline = time.monotonic() + 2 * timeout_s
         self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout_s + 10)
+        self.threads[0].join(timeout_s + 10)
+        self.produced.set()
+        self.threads[1].join(timeout_s + 10)
         self.consumer.close()
         del self.producer  # before the broker stops, so librdkafka does not log reconnects
-        return not self.failed and self.received == sorted(self.sent.items())
+        expected = sorted(self.sent.items())
+        self.detail = (f"{len(expected)} acknowledged, {len(self.received)} consumed, "
+                       f"delivery errors {sorted(set(self.failed))[:3]}")
+        for got, wanted in zip(self.received, expected):
+            if got != wanted:
+                self.detail += f"; first difference at offset {wanted[0]}: got offset {got[0]}"
+                break
+        return not self.failed and self.received == expected
 
 
 def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0,
@@ -367,9 +381,21 @@ def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0
             report.peak_rss_bytes = _rss_peak(handle.pid)
         report.bystander_exact = bystander.finish()
         report.bystander_sent = len(bystander.sent)
+        report.bystander_detail = bystander.detail
         handle.stop()
-        lags = re.findall(r"event loop: worst lag (\d+) ms", handle.read_stderr())
-        report.worst_lag_ms = float(lags[-1]) if lags else None
+        log_lines = handle.read_stderr().splitlines()
+        lags = re.findall(r"event loop: worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms",
+                          "\n".join(log_lines))
+        if lags:
+            report.worst_lag_ms, report.worst_lag_cpu_ms = float(lags[-1][0]), float(lags[-1][1])
+        for line in log_lines:
+            failed = re.search(r"(\S+ v\d+) handler failed on .*?, closing it: (\w+)", line) or \
+                re.search(r"cannot encode the (\S+ v\d+) response .*?, closing it: (\w+)", line)
+            if failed:
+                report.handler_failures[f"{failed.group(1)}: {failed.group(2)}"] += 1
+        noted = [i for i, line in enumerate(log_lines) if "the worst so far" in line]
+        if noted:
+            report.lag_context = log_lines[max(0, noted[-1] - 3):noted[-1] + 1]
         handle.start()
         report.restarted_cleanly = _advertised((handle.host, handle.port)) == apis
     report.seconds = time.monotonic() - started
