@@ -38,6 +38,9 @@ _MAX_QUEUED_REQUESTS = 64
 # Responses go to the transport in slices of this size (see Connection._send).
 _WRITE_SLICE_BYTES = 256 * 1024
 _connection_ids = itertools.count(1)
+# Frames from this size on are decoded in a worker thread (see Connection._handle).
+_DECODE_ON_LOOP_BYTES = 128 * 1024
+_PRODUCE_KEY = b"\x00\x00"
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -168,7 +171,14 @@ class Connection(asyncio.BufferedProtocol):
     async def _handle(self, frame: bytes | memoryview):
         """Decode, handle and answer one request; on any failure close the connection with one log line."""
         try:
-            request = decode_request(frame, self.broker.supported_versions)
+            if len(frame) < _DECODE_ON_LOOP_BYTES or frame[:2] == _PRODUCE_KEY:
+                request = decode_request(frame, self.broker.supported_versions)
+            else:
+                # 128 KiB of requests can be tens of thousands of elements: walking and parsing
+                # them takes 100 ms or more, which in a worker thread the event loop shares
+                # (the GIL switches every 5 ms). Produce frames are large because of their
+                # record bytes, which cost nothing to walk, so they stay on the loop.
+                request = await asyncio.to_thread(decode_request, frame, self.broker.supported_versions)
         except UnsupportedApiVersion as exc:
             if exc.api_key == API_VERSIONS_KEY:
                 await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
