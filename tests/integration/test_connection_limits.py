@@ -99,3 +99,39 @@ def _wait_until(condition, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.1)
+
+
+def test_a_consumer_that_never_reads_its_response_is_closed_when_idle(ottla_broker_factory):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+
+    broker = ottla_broker_factory({"connections.max.idle.ms": 1000})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("big", 1, 1)])["big"].result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+    for _ in range(800):
+        producer.produce("big", b"v" * 10_000)
+    producer.flush(60)
+    host, _, port = broker.bootstrap.rpartition(":")
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect((host, int(port)))
+    from datetime import timedelta
+    stuck.sendall(encode_request(FetchRequest(max_wait=timedelta(0), min_bytes=1, max_bytes=2**31 - 1, topics=(
+        FetchTopic(topic="big", partitions=(FetchPartition(partition=0, fetch_offset=0,
+                                                           partition_max_bytes=2**31 - 1),)),),
+        forgotten_topics_data=())))
+    time.sleep(8)  # many idle periods without reading a byte of the 8 MB response
+    stuck.settimeout(30)
+    received = 0
+    try:
+        while chunk := stuck.recv(1 << 16):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        pass  # still open: the whole response arrived and nothing more
+    # The broker gave up on it: what was already in the socket buffers, then end of stream.
+    assert received < 8_000_000
+    stuck.close()

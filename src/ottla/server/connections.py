@@ -4,8 +4,9 @@
   soon as it is accepted (Kafka rejects per-IP overflow the same way; for the broker-wide
   limit Kafka stops accepting until a slot frees, which asyncio's server cannot do, so the
   newcomer is closed instead and the client retries).
-- `connections.max.idle.ms`: a connection with no request in progress and no bytes in
-  either direction for that long is closed, as Kafka's selector does.
+- `connections.max.idle.ms`: a connection with no handler at work and no bytes moved in
+  either direction for that long is closed, as Kafka's selector does (a response the peer
+  does not read counts as idle).
 - `queued.max.request.bytes`: Kafka's memory pool. Before a frame is read, its declared
   size is reserved; while the reserved total is at or above the bound, no connection
   starts reading a new frame (reading pauses) until handled requests give their

@@ -59,7 +59,7 @@ class Connection(asyncio.BufferedProtocol):
         self.id = f"c{next(_connection_ids)}"
         self.peer = "?"
         self.peer_host = ""
-        self.busy = False  # a request is being handled or answered
+        self.handling = False  # a handler is working on a request (it may wait, e.g. a long poll)
         self.last_active = time.monotonic()
 
     # asyncio callbacks -------------------------------------------------------------
@@ -114,7 +114,9 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.resume_reading()
 
     def idle_since(self, deadline: float) -> bool:
-        return not self.busy and not self.pending and self.last_active < deadline
+        """No handler at work and no bytes moved since `deadline`: a response the peer does not
+        read counts as idle, as in Kafka, so a stuck consumer does not pin it forever."""
+        return not self.handling and self.last_active < deadline
 
     def connection_lost(self, exc):
         self.closed = True
@@ -131,6 +133,7 @@ class Connection(asyncio.BufferedProtocol):
         self.writable.clear()
 
     def resume_writing(self):
+        self.last_active = time.monotonic()
         self.writable.set()
 
     def _worker_done(self, worker: asyncio.Task):
@@ -160,16 +163,16 @@ class Connection(asyncio.BufferedProtocol):
                 continue
             frame = self.pending.popleft()
             self._update_reading()
-            self.busy = True
             try:
                 await self._handle(frame)
             finally:
-                self.busy = False
+                self.handling = False
                 self.last_active = time.monotonic()
                 self.memory.release(len(frame))
 
     async def _handle(self, frame: bytes | memoryview):
         """Decode, handle and answer one request; on any failure close the connection with one log line."""
+        self.handling = True
         try:
             if len(frame) < _DECODE_ON_LOOP_BYTES or frame[:2] == _PRODUCE_KEY:
                 request = decode_request(frame, self.broker.supported_versions)
@@ -205,6 +208,7 @@ class Connection(asyncio.BufferedProtocol):
                       self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
             self.close()
             return
+        self.handling = False
         if response is None:  # Produce with acks=0 has no response
             return
         try:
@@ -230,6 +234,7 @@ class Connection(asyncio.BufferedProtocol):
                 if self.closed or self.transport.is_closing():
                     return  # the peer is gone: connection_lost has only been scheduled yet
                 self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
+                self.last_active = time.monotonic()
                 if not self.writable.is_set():
                     await self.writable.wait()
 
