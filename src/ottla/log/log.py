@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
-from ..errors import ErrorCode, KafkaError
+from ..errors import ErrorCode, InvalidRecords, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
@@ -150,6 +150,7 @@ class Log:
         self._last_flush_ms = now_ms
         self._segment_created_ms = now_ms
         self._load(recovery_point, clean_shutdown)
+        # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
         self.high_watermark = self.log_end_offset
 
     @property
@@ -354,7 +355,9 @@ class Log:
             if not settings.log_append_time:
                 _check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):
-                raise KafkaError(ErrorCode.invalid_record, "compacted topics do not accept records without a key")
+                message = f"Compacted topic cannot accept message without key in topic partition {self.directory.name}."
+                raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
+                                      if record.key is None])
             target = settings.target_codec
             if target is not None and target != headers[0].compression:
                 buf = bytearray(rebuild_batch(buf, headers[0], target))
@@ -414,7 +417,6 @@ class Log:
         if self._recent_appends is not None:
             self._recent_appends.appended(segment)
         self._leo = next_offset
-        self.high_watermark = next_offset
         completed = state.apply(plan)
         if completed:
             for txn in aborted_entries(completed, state.first_unstable_offset()):
@@ -593,6 +595,12 @@ class Log:
             self._segments.pop(0).delete()
             self._bases.pop(0)
         self.producer_state.on_log_start_offset(offset)
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the high watermark, kept within [log start, log end]; the partition decides it
+        (leader: the smallest LEO of the ISR), never an append."""
+        self.high_watermark = min(max(offset, self.log_start_offset), self._leo)
+        return self.high_watermark
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of

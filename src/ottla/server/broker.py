@@ -1,8 +1,11 @@
-"""The broker: owns the logs, the coordinators and the network listener.
+"""The broker: owns the logs, the metadata cache, the replica manager, the coordinators and
+the network listener.
 
 The core it drives (LogManager, coordinators) is plain classes; this module adds the
-asyncio edges: the listener, the delayed-fetch waiters and the periodic duties
-(flush, producer-id expiry, coordinator timers).
+asyncio edges: the listener and the periodic duties (flush, producer-id expiry,
+coordinator timers). Alone (no controller) it is its own controller: topic changes go to
+the local catalog and from there into the metadata cache and the replica manager
+(`create_topic`, `delete_topic`, `add_partitions`).
 """
 
 from __future__ import annotations
@@ -15,16 +18,21 @@ import signal
 import uuid
 from pathlib import Path
 
+from ..cluster.membership import ClusterMembership
+from ..cluster.store import StoreError
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
-from ..log.manager import LogManager
+from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
+from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
+from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
+from .replica_manager import ReplicaManager
 
 log = logging.getLogger("ottla.broker")
 
@@ -41,14 +49,26 @@ def _lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-def _load_or_create_cluster_id(data_dir: Path, node_id: int) -> str:
-    """Kafka keeps the cluster id in meta.properties; a data dir belongs to one cluster."""
+def _load_or_create_cluster_id(data_dir: Path, node_id: int, membership: ClusterMembership | None) -> str:
+    """Kafka keeps the cluster id in meta.properties; a data dir belongs to one cluster.
+
+    In a cluster the id comes from ZooKeeper's `/cluster/id` (the first broker proposes its
+    own); a data dir of another cluster is refused, as Kafka's InconsistentClusterIdException.
+    """
     meta = data_dir / "meta.properties"
+    stored = None
     if meta.exists():
         for line in meta.read_text().splitlines():
             if line.startswith("cluster.id="):
-                return line.split("=", 1)[1].strip()
-    cluster_id = uuid.uuid4().hex[:22]
+                stored = line.split("=", 1)[1].strip()
+    proposed = stored or uuid.uuid4().hex[:22]
+    cluster_id = membership.cluster_id(proposed) if membership is not None else proposed
+    if stored is not None:
+        if stored != cluster_id:
+            raise StoreError(f"The Cluster ID {cluster_id} doesn't match stored clusterId {stored} in "
+                             f"{meta}. The broker is trying to join the wrong cluster. Configured "
+                             f"zookeeper.connect may be wrong.")
+        return stored
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n")
     os.replace(tmp, meta)
@@ -65,6 +85,7 @@ class Broker:
         port: int = 9092,
         advertised: tuple[str, int] | None = None,
         node_id: int | None = None,
+        membership: ClusterMembership | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -74,16 +95,27 @@ class Broker:
         self.host = host
         self.port = port
         self._advertised = advertised
-        self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id)
+        self.membership = membership  # None: a single node without ZooKeeper
+        self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
+        self.metadata = MetadataCache(self.node_id, self.cluster_id)
+        self.replicas = ReplicaManager(self.node_id, self.logs)
+        self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
-        self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
-        self.groups = GroupService(self, now_ms)
-        self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
-        self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        id_blocks = (membership.producer_id_blocks() if membership is not None
+                     else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
+        self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
+        self.coordinator_runtime = BrokerCoordinatorRuntime(self)
+        self.groups = GroupService(self.coordinator_runtime, config, now_ms)
+        # In a cluster: this broker's controller candidacy and its side of the controller
+        # protocol; None on a single node, which is its own controller.
+        self.controller_service = None
+        self.controller_link = None
+        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+                                               self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
@@ -106,6 +138,13 @@ class Broker:
             raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+            self._publish_local_metadata()  # the advertised port is known only now
+        if self.membership is not None:
+            try:
+                await self.membership.start(*self.advertised)
+            except StoreError:
+                await self.stop()  # e.g. broker.id in use: stop serving, end the session
+                raise
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
@@ -121,9 +160,12 @@ class Broker:
             task.cancel()
         self.transactions.stop()
         self.groups.stop()
+        self.replicas.close()
         for connection in list(self.connections):
             connection.close()
         self.logs.close()
+        if self.membership is not None:
+            self.membership.close()
         self.release_data_dir()
         self._stopped.set()
         log.info("broker %d stopped cleanly", self.node_id)
@@ -155,41 +197,29 @@ class Broker:
             except Exception:
                 log.exception("periodic log duties failed; retrying in a second")
 
-    def find_log(self, topic: str, partition: int):
-        """The partition's Log, or None when the topic or partition does not exist."""
-        return self.logs.logs.get((topic, partition))
+    # the local controller ----------------------------------------------------------
+    def _publish_local_metadata(self) -> None:
+        """Single node: the local catalog is the cluster's metadata, and this broker leads every
+        partition at leader epoch 0 (ISR = itself)."""
+        host, port = self.advertised
+        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
+                                             [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
+        self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
+        self.replicas.apply_partition_states(
+            state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
-    # appends ----------------------------------------------------------------------
-    def append(self, topic: str, partition: int, records: bytes, *, now: int, origin: str = "client"):
-        """Append to a partition's log and wake the fetches waiting on it."""
-        result = self.find_log(topic, partition).append(records, now_ms=now, origin=origin)
-        if not result.duplicate:
-            self.notify_append(topic, partition)
-        return result
+    def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        info = self.logs.create_topic(name, partitions, configs)
+        self._publish_local_metadata()
+        return info
 
-    # delayed fetch ---------------------------------------------------------------
-    def notify_append(self, topic: str, partition: int) -> None:
-        waiters = self._data_waiters.pop((topic, partition), None)
-        if waiters:
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+    def add_partitions(self, name: str, total: int) -> TopicInfo:
+        info = self.logs.add_partitions(name, total)
+        self._publish_local_metadata()
+        return info
 
-    async def wait_for_data(self, partitions: list[tuple[str, int]], timeout_s: float) -> None:
-        """Wait until any of `partitions` gets an append, or the timeout passes."""
-        if timeout_s <= 0:
-            return
-        future = asyncio.get_running_loop().create_future()
-        for key in partitions:
-            self._data_waiters.setdefault(key, []).append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            for key in partitions:
-                waiters = self._data_waiters.get(key)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._data_waiters[key]
+    def delete_topic(self, name: str) -> None:
+        partitions = self.logs.topics[name].partitions
+        self.replicas.remove_partitions([(name, p) for p in range(partitions)])
+        self.logs.delete_topic(name)
+        self._publish_local_metadata()

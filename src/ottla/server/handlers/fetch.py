@@ -14,9 +14,13 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ...records.legacy import down_convert
 
 API_KEY = 1
-VERSIONS = (4, 12)
+# v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
+# Kafka 3.9 did (removed in Kafka 4.0, KIP-896). v3 adds the response size limit.
+VERSIONS = (0, 12)
+_NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
 
@@ -42,18 +46,19 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
-    read_committed = request.isolation_level == READ_COMMITTED
-    remaining = min(request.max_bytes, broker.config["fetch.max.bytes"])
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
     topics = []
     for topic_name, wanted_partitions in wanted_topics:
         partitions = []
         for wanted in wanted_partitions:
-            log = broker.find_log(topic_name, wanted.partition)
-            if log is None:
+            try:
+                log = broker.replicas.leader_partition(topic_name, wanted.partition).log
+            except KafkaError as exc:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=ErrorCode.unknown_topic_or_partition, high_watermark=-1,
+                                       error_code=exc.code, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                                        preferred_read_replica=-1, records=None))
                 failed = True
@@ -73,6 +78,8 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                     with_aborted=read_committed,
                 )
                 records = data.records
+                if ctx.api_version < 4:
+                    records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
                 if read_committed:
                     aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
                                     for txn in data.aborted_transactions)
@@ -105,7 +112,7 @@ async def handle(ctx, request):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.wait_for_data(keys, remaining)
+        await ctx.broker.replicas.wait_for_data(keys, remaining)
         topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))

@@ -6,7 +6,8 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 
 API_KEY = 2
-VERSIONS = (1, 8)
+# v0 (removed in Kafka 4.0, KIP-896) answers a list of offsets ("old style") instead of one.
+VERSIONS = (0, 8)
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 READ_COMMITTED = 1
@@ -25,6 +26,17 @@ def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
     return found if found is not None else (-1, -1)
 
 
+def _old_style(log, wanted, offset: int) -> tuple[int, ...]:
+    """ListOffsets v0's answer: up to max_num_offsets offsets, newest first; for the latest
+    offset Kafka also lists the log start, the only other segment boundary clients rely on."""
+    if log is None or offset < 0:
+        return ()
+    found = [offset]
+    if wanted.timestamp == LATEST and log.log_start_offset != offset:
+        found.append(log.log_start_offset)
+    return tuple(found[:max(getattr(wanted, "max_num_offsets", 1), 0)])
+
+
 async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "ListOffsetsTopicResponse")
@@ -34,18 +46,19 @@ async def handle(ctx, request):
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            log = ctx.broker.find_log(topic.name, wanted.partition_index)
-            error, offset, timestamp = ErrorCode.none, -1, -1
-            if log is None:
-                error = ErrorCode.unknown_topic_or_partition
-            elif wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
-                error = ErrorCode.unsupported_version
-            else:
-                try:
-                    offset, timestamp = _lookup(log, wanted.timestamp, read_committed)
-                except KafkaError as exc:
-                    error = exc.code
+            error, offset, timestamp, leader_epoch = ErrorCode.none, -1, -1, -1
+            partition_log = None
+            try:
+                partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
+                partition_log = partition.log
+                if wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
+                    raise KafkaError(ErrorCode.unsupported_version)
+                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed)
+                leader_epoch = partition.leader_epoch
+            except KafkaError as exc:
+                error = exc.code
             partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,
-                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1))
+                                   timestamp=timestamp, offset=offset, leader_epoch=leader_epoch,
+                                   old_style_offsets=_old_style(partition_log, wanted, offset)))
         topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
     return make(response_type, throttle_time=timedelta(0), topics=tuple(topics))

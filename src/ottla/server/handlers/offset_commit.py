@@ -10,9 +10,11 @@ from ...protocol.build import make, nested
 from ..clock import now_ms
 
 API_KEY = 8
-# v0-v1 were removed in Kafka 4.0 (KIP-896). v2-v4 carry a retention time; v6 the leader
-# epoch; v7 static members; v9 GROUP_ID_NOT_FOUND for unknown groups; v10 topic ids.
-VERSIONS = (2, 10)
+# v0-v1 were removed in Kafka 4.0 (KIP-896); Kafka 3.9 kept v0 commits in ZooKeeper, Ottla
+# keeps them with the rest (v0 has no generation or member: a simple, group-less commit).
+# v2-v4 carry a retention time; v6 the leader epoch; v7 static members; v9
+# GROUP_ID_NOT_FOUND for unknown groups; v10 topic ids.
+VERSIONS = (0, 10)
 
 _MS = timedelta(milliseconds=1)
 
@@ -21,7 +23,7 @@ def topic_name(broker, topic, by_id: bool) -> str | None:
     """The topic's name, resolving v10+ topic ids; None for an id no topic has."""
     if not by_id:
         return topic.name
-    info = broker.logs.topic_by_id(topic.topic_id)
+    info = broker.metadata.topic_by_id(topic.topic_id)
     return info.name if info is not None else None
 
 
@@ -31,7 +33,7 @@ def _topic_error(ctx, name: str | None, partition: int, by_id: bool) -> ErrorCod
         return ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
     if not authorized(ctx, Operation.READ, ResourceType.TOPIC, name):
         return ErrorCode.topic_authorization_failed
-    if ctx.broker.find_log(name, partition) is None:
+    if ctx.broker.metadata.partition(name, partition) is None:
         return ErrorCode.unknown_topic_or_partition
     return None
 
@@ -57,9 +59,9 @@ async def handle(ctx, request):
         future, respond = reply_future()
         broker.groups.coordinator.commit_offsets(
             group_id=request.group_id,
-            member_id=request.member_id,
+            member_id=getattr(request, "member_id", ""),
             group_instance_id=getattr(request, "group_instance_id", None),
-            generation_id=request.generation_id_or_member_epoch,
+            generation_id=getattr(request, "generation_id_or_member_epoch", -1),
             offsets=offsets,
             now_ms=now_ms(),
             on_complete=respond,

@@ -17,7 +17,7 @@ from ..clock import now_ms
 
 API_KEY = 27
 # v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
-VERSIONS = (1, 1)
+VERSIONS = (0, 1)  # v0 is v1 without tagged fields (removed in Kafka 4.0)
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 
@@ -41,18 +41,15 @@ def write_markers(ctx, request):
         for topic in marker.topics:
             for index in topic.partition_indexes:
                 error = ErrorCode.none
-                if broker.find_log(topic.name, index) is None:
-                    error = ErrorCode.unknown_topic_or_partition
-                else:
-                    now = now_ms()
-                    batch = build_control_batch(marker.producer_id, marker.producer_epoch,
-                                                marker.coordinator_epoch, commit, now)
-                    try:
-                        broker.append(topic.name, index, batch, now=now, origin="coordinator")
-                        if topic.name == GROUP_METADATA_TOPIC:
-                            offsets_partitions.append(index)
-                    except KafkaError as exc:
-                        error = exc.code
+                now = now_ms()
+                batch = build_control_batch(marker.producer_id, marker.producer_epoch,
+                                            marker.coordinator_epoch, commit, now)
+                try:
+                    broker.replicas.append(topic.name, index, batch, now_ms=now, origin="coordinator")
+                    if topic.name == GROUP_METADATA_TOPIC:
+                        offsets_partitions.append(index)
+                except KafkaError as exc:
+                    error = exc.code
                 outcomes.append((topic.name, index, error))
         if offsets_partitions:
             broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)
