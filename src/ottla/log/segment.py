@@ -129,6 +129,17 @@ class LogSegment:
             os.close(self._fd)
             self._fd = -1
 
+    def release(self) -> None:
+        """Let go of the files without writing to them: the cleaner is swapping them out, and
+        their names are about to belong to the cleaned segment (see log/cleaner/swap.py)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.close()
+        self.time_index.close()
+        if self._txn_index is not None:
+            self._txn_index.close()
+
     def delete(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

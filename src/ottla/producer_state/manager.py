@@ -130,8 +130,9 @@ class ProducerStateManager:
                 if duplicate is not None:
                     return AppendPlan(duplicate, {}, (), None, self._version)
             current = updated[pid] if pid in updated else self._producers.get(pid, ProducerEntry(pid))
-            # Recovery has no "now"; the batch's own time is the best we know.
-            timestamp = header.max_timestamp if origin == "recovery" else now_ms
+            # Recovery has no "now", and a follower's is not its leader's: the batch's own
+            # time is the best they know, and the same on every replica (Kafka uses it always).
+            timestamp = header.max_timestamp if origin in _REPLAYED else now_ms
             if header.is_control:
                 if origin == "client":
                     raise KafkaError(ErrorCode.invalid_record, "clients may not write control batches")
@@ -282,6 +283,12 @@ class ProducerStateManager:
     def entry(self, producer_id: int) -> ProducerEntry | None:
         """The live state of one producer (Kafka's lastEntry)."""
         return self._producers.get(producer_id)
+
+    def last_batch_offsets(self) -> dict[int, int]:
+        """Per producer, the last offset of its latest data batch (of its latest marker if it
+        wrote no data this epoch): the log cleaner keeps that batch, emptied if need be, so the
+        producer's sequence survives compaction (Kafka's lastRecordsOfActiveProducers)."""
+        return {pid: e.batches[-1].last_offset if e.batches else e.last_offset for pid, e in self._producers.items()}
 
     @property
     def map_end_offset(self) -> int:

@@ -11,6 +11,7 @@ the local catalog and from there into the metadata cache and the replica manager
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import fcntl
 import logging
 import os
@@ -23,13 +24,16 @@ from ..cluster.store import StoreError
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
+from ..failpoints import from_environment as failpoints_from_environment
+from ..log.cleaner.service import LogCleaner
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
-from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
+from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
+from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
@@ -75,6 +79,25 @@ def _load_or_create_cluster_id(data_dir: Path, node_id: int, membership: Cluster
     return cluster_id
 
 
+def _runner_on(loop: asyncio.AbstractEventLoop):
+    """For the log cleaner's threads: run a function on the event loop thread and wait for it."""
+
+    def run(function):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return future.result()
+
+    return run
+
+
 class Broker:
     def __init__(
         self,
@@ -101,6 +124,7 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
+        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
         self._publish_local_metadata()
@@ -108,13 +132,14 @@ class Broker:
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
         self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
+        self.interbroker = InterBrokerClient(f"broker-{self.node_id}")
         self.coordinator_runtime = BrokerCoordinatorRuntime(self)
         self.groups = GroupService(self.coordinator_runtime, config, now_ms)
         # In a cluster: this broker's controller candidacy and its side of the controller
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
-        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+        self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -147,6 +172,7 @@ class Broker:
                 raise
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
+        self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
 
@@ -161,8 +187,10 @@ class Broker:
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
+        await self.interbroker.close()
         for connection in list(self.connections):
             connection.close()
+        await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
         self.logs.close()
         if self.membership is not None:
             self.membership.close()
@@ -200,9 +228,17 @@ class Broker:
     # the local controller ----------------------------------------------------------
     def _publish_local_metadata(self) -> None:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
-        partition at leader epoch 0 (ISR = itself)."""
+        partition at leader epoch 0 (ISR = itself). In a cluster only the controller's
+        UpdateMetadata and LeaderAndIsr give topics and roles; until the first one arrives
+        the cache knows this broker alone."""
         host, port = self.advertised
-        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
+        if self.membership is not None:
+            if self.metadata.controller_epoch < 0:
+                itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
+                self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
+                                     partition_states=[], topic_ids={}, full=True)
+            return
+        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
         self.replicas.apply_partition_states(

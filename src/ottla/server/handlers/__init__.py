@@ -12,8 +12,10 @@ HANDLER_MODULES = [
     "produce",
     "fetch",
     "list_offsets",
+    "offset_for_leader_epoch",
     "create_topics",
     "delete_topics",
+    "delete_records",
     "create_partitions",
     "describe_configs",
     "incremental_alter_configs",
@@ -46,6 +48,15 @@ HANDLER_MODULES = [
     "elect_leaders",
     "alter_partition_reassignments",
     "list_partition_reassignments",
+    "consumer_group_heartbeat",
+    "create_acls",
+    "describe_acls",
+    "delete_acls",
+    "describe_log_dirs",
+    "list_config_resources",
+    "describe_topic_partitions",
+    "describe_user_scram_credentials",
+    "alter_user_scram_credentials",
 ]
 
 
