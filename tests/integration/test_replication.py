@@ -187,7 +187,7 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
         with SteadyProducer(bootstrap, topic) as producer:
             wait_for(lambda: len(producer.acked) >= 100, what="records acknowledged")
             # Follower 1's fetches reach the leader but their answers never come back.
-            proxy.drop_responses(1.0, api_key=FETCH, client_id="broker-1")
+            proxy.drop_responses(1.0, api_key=FETCH, client_id="broker-1-fetcher-0")
             cut_at = time.monotonic()
             wait_for(lambda: isr() == (2, 3), what="broker 1 out of the ISR")
             assert time.monotonic() - cut_at >= LAG_MS / 1000 * 0.9  # not before replica.lag.time.max.ms

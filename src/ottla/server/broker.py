@@ -33,6 +33,7 @@ from .clock import now_ms
 from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
+from .connections import Connections
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache, PartitionState
 from .network import Connection
@@ -122,13 +123,12 @@ class Broker:
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
-        self.connections: set[Connection] = set()
+        self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
-        if membership is None:
-            self._publish_local_metadata()
+        self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
@@ -166,10 +166,8 @@ class Broker:
             raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
-            if self.membership is None:
-                self._publish_local_metadata()  # the advertised port is known only now
+            self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
-            self._publish_self()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
@@ -178,6 +176,7 @@ class Broker:
             self.cluster = ClusterNode(self)
             await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
@@ -244,9 +243,10 @@ class Broker:
         host, port = self.advertised
         if self.membership is not None:
             if self.metadata.controller_epoch < 0:
-                self.metadata.update(controller_id=-1, controller_epoch=-1,
-                                     brokers=[BrokerInfo(self.node_id, host, port, self.config["broker.rack"])],
-                                     partition_states=[], topic_ids={}, full=True)
+                itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
+                # Not `full`: the coordinators' internal topics may be here already.
+                self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
+                                     partition_states=[], topic_ids={})
             return
         deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
@@ -261,16 +261,6 @@ class Broker:
         self._publish_local_metadata()
         return info
 
-    def _publish_self(self) -> None:
-        """In a cluster, until the controller's first UpdateMetadata, Metadata answers with this
-        broker alone (and no topics), so clients that bootstrap here can reach it."""
-        host, port = self.advertised
-        if self.metadata.brokers:
-            return
-        self.metadata.update(controller_id=self.metadata.controller_id,
-                             controller_epoch=max(self.metadata.controller_epoch, 0),
-                             brokers=[BrokerInfo(self.node_id, host, port)], partition_states=[], topic_ids={})
-
     def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
         """In a cluster only the coordinators' internal topics come here, and they stay on this
         broker, led by it, until the coordinators move onto the cluster (issue 12): created
@@ -280,7 +270,7 @@ class Broker:
         states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
                   for p in range(info.partitions)]
         self.metadata.update(controller_id=self.metadata.controller_id,
-                             controller_epoch=max(self.metadata.controller_epoch, 0),
+                             controller_epoch=self.metadata.controller_epoch,
                              brokers=self.metadata.brokers, partition_states=states,
                              topic_ids={name: info.topic_id})
         self.replicas.apply_partition_states(states)

@@ -3,6 +3,11 @@
 Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
 cache is full: session id 0, so clients keep sending full fetch requests.
 
+As in Kafka, the partitions asked for become a map (a partition named twice is read once,
+with the last entry's offset and size, in the place of its first mention), and the
+response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
+batch that must always be returned.
+
 A Fetch with `replica_id` >= 0 comes from a follower (up to v12 the id is a top-level field;
 v15 moved it into `replica_state`, which Ottla does not serve yet): it reads up to the
 leader's log end, not the HW, its fetch offset is the follower's progress the leader's
@@ -37,7 +42,23 @@ def _diverging(wanted, partition, epoch_type):
     return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
 
 
-def _read_partitions(ctx, request, response_type):
+def _distinct_partitions(request) -> list[tuple[str, list]]:
+    """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
+    FetchResponse.toMessage does: consecutive partitions of one topic share an entry."""
+    wanted = {}
+    for topic in request.topics:
+        for partition in topic.partitions:
+            wanted[(topic.topic, partition.partition)] = partition
+    grouped: list[tuple[str, list]] = []
+    for (name, _), partition in wanted.items():
+        if grouped and grouped[-1][0] == name:
+            grouped[-1][1].append(partition)
+        else:
+            grouped.append((name, [partition]))
+    return grouped
+
+
+def _read_partitions(ctx, request, wanted_topics, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
@@ -45,15 +66,15 @@ def _read_partitions(ctx, request, response_type):
     epoch_type = nested(response_type, "EpochEndOffset")
     replica_id = getattr(request, "replica_id", -1)
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
-    remaining = getattr(request, "max_bytes", _NO_LIMIT)
+    remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
     topics = []
-    for topic in request.topics:
+    for topic_name, wanted_partitions in wanted_topics:
         partitions = []
-        for wanted in topic.partitions:
+        for wanted in wanted_partitions:
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
-                partition = leader_partition_at(broker, topic.topic, wanted.partition,
+                partition = leader_partition_at(broker, topic_name, wanted.partition,
                                                 getattr(wanted, "current_leader_epoch", -1))
                 log = partition.log
             except KafkaError as exc:
@@ -67,6 +88,9 @@ def _read_partitions(ctx, request, response_type):
             stable = log.last_stable_offset
             error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
+                if wanted.partition_max_bytes < 0:
+                    # Kafka's log read refuses a negative size (IllegalArgumentException).
+                    raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
                 diverging = _diverging(wanted, partition, epoch_type)
                 if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
                     # Only a fetch that continues the leader's log tells the follower's progress.
@@ -100,7 +124,7 @@ def _read_partitions(ctx, request, response_type):
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
                                    preferred_read_replica=-1, records=records,
                                    **({} if diverging is None else {"diverging_epoch": diverging})))
-        topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
+        topics.append(make(topic_type, topic=topic_name, partitions=tuple(partitions)))
     return topics, total, failed
 
 
@@ -113,13 +137,14 @@ async def handle(ctx, request):
         return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    topics, total, failed = _read_partitions(ctx, request, response_type)
-    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    wanted = _distinct_partitions(request)
+    topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
+    keys = [(name, p.partition) for name, partitions in wanted for p in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         await ctx.broker.replicas.wait_for_data(keys, remaining)
-        topics, total, failed = _read_partitions(ctx, request, response_type)
+        topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))
