@@ -94,7 +94,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                 diverging = _diverging(wanted, partition, epoch_type)
                 if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
                     # Only a fetch that continues the leader's log tells the follower's progress.
-                    broker.replicas.follower_fetched(topic.topic, wanted.partition, replica_id, wanted.fetch_offset,
+                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
                                                      int(time.time() * 1000))
                     high_watermark = log.high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
