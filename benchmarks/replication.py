@@ -41,8 +41,8 @@ def leader_of(bootstrap: str, topic: str) -> int:
 
 def create(bootstrap: str, topic: str, factor: int) -> None:
     configs = {"min.insync.replicas": "2"} if factor == 3 else {}
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics(
-        [NewTopic(topic, 1, factor, config=configs)])[topic].result(60)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
+    admin.create_topics([NewTopic(topic, 1, factor, config=configs)])[topic].result(60)
     leader_of(bootstrap, topic)
 
 
@@ -86,7 +86,7 @@ def latency(bootstrap: str, topic: str, samples: int) -> tuple[float, float]:
 
 
 def failover(handle, topic: str) -> float:
-    acked: list[float] = []
+    acked: list[tuple[float, float]] = []  # (sent, acknowledged)
     producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
                          "topic.metadata.refresh.interval.ms": 500})
@@ -94,7 +94,9 @@ def failover(handle, topic: str) -> float:
 
     def run():
         while not stop.is_set():
-            producer.produce(topic, b"f", on_delivery=lambda err, msg: err is None and acked.append(time.monotonic()))
+            sent = time.monotonic()
+            producer.produce(topic, b"f", on_delivery=lambda err, msg, sent=sent: err is None and acked.append(
+                (sent, time.monotonic())))
             producer.poll(0.002)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -103,9 +105,10 @@ def failover(handle, topic: str) -> float:
     leader = leader_of(handle.bootstrap, topic)
     killed_at = time.monotonic()
     handle.brokers[leader].kill()
-    while not [t for t in acked if t > killed_at]:
+    # A record sent after the kill can only be acknowledged by the new leader.
+    while not [a for s, a in acked if s > killed_at]:
         time.sleep(0.01)
-    first = min(t for t in acked if t > killed_at)
+    first = min(a for s, a in acked if s > killed_at)
     stop.set()
     thread.join()
     producer.flush(60)
@@ -115,7 +118,7 @@ def failover(handle, topic: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=50000)
+    parser.add_argument("--records", type=int, default=200000)
     parser.add_argument("--latency-samples", type=int, default=500)
     args = parser.parse_args()
     with cluster(brokers=3, config=CONFIG) as handle:
