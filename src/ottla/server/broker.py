@@ -159,8 +159,9 @@ class Broker:
 
     # appends ----------------------------------------------------------------------
     def append(self, topic: str, partition: int, records: bytes, *, now: int, origin: str = "client"):
-        """Append to a partition's log and wake the fetches waiting on it."""
-        result = self.find_log(topic, partition).append(records, now_ms=now, origin=origin)
+        """Append to a partition's log and wake the fetches waiting on it; a partition that does
+        not exist is UNKNOWN_TOPIC_OR_PARTITION (the coordinators map it to their own codes)."""
+        result = self.logs.get_log(topic, partition).append(records, now_ms=now, origin=origin)
         if not result.duplicate:
             self.notify_append(topic, partition)
         return result

@@ -52,6 +52,10 @@ class OffsetsLogStore:
         except KafkaError as exc:
             on_durable(exc.code, -1)
             return
+        except Exception:  # the coordinator answers its client whatever the store did
+            log.exception("append to %s-%d failed", OFFSETS_TOPIC, partition)
+            on_durable(ErrorCode.kafka_storage_error, -1)
+            return
         base_offset = result.base_offset
         self._sync.after_sync(partition, lambda error: on_durable(
             error, base_offset if error == ErrorCode.none else -1))

@@ -72,7 +72,7 @@ class TransactionLogStore:
         except KafkaError as exc:
             on_durable(exc.code)
             return
-        except OSError:
+        except Exception:  # the coordinator answers its client whatever the store did
             log.exception("append to %s-%d failed", TRANSACTION_STATE_TOPIC, partition)
             on_durable(ErrorCode.kafka_storage_error)
             return

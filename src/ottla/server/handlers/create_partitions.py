@@ -1,9 +1,15 @@
-"""CreatePartitions: grow a topic (never shrink), validate_only."""
+"""CreatePartitions: grow a topic (never shrink), validate_only.
+
+The internal topics keep their partition count: a group or transactional id is placed by a
+hash modulo that count, so growing them would send every coordinator lookup to the wrong
+partition (INVALID_TOPIC_EXCEPTION, as for other writes that would break an internal topic).
+"""
 
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from .metadata import INTERNAL_TOPICS
 
 API_KEY = 37
 VERSIONS = (0, 3)
@@ -20,6 +26,9 @@ async def handle(ctx, request):
         try:
             if info is None:
                 raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
+            if topic.name in INTERNAL_TOPICS:
+                raise KafkaError(ErrorCode.invalid_topic_exception,
+                                 f"Cannot change the partition count of internal topic {topic.name}")
             if topic.count <= info.partitions:
                 raise KafkaError(ErrorCode.invalid_partitions,
                                  f"Topic currently has {info.partitions} partitions, which is higher than or "
