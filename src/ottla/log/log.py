@@ -35,6 +35,7 @@ from ..records.batch import (
 )
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from ..records.validator import check_records, inflate_limit
 from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
@@ -351,6 +352,7 @@ class Log:
             if len(headers) != 1:
                 raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
             validate_client_batch(headers[0])
+            check_records(buf, headers[0], inflate_limit(settings.max_message_bytes))
             if not settings.log_append_time:
                 _check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):
