@@ -6,7 +6,7 @@ import io
 import socket
 import struct
 
-from kio.index import load_response_schema
+from ottla.protocol.schemas import response_schema
 from kio.serial import entity_reader, entity_writer
 
 
@@ -39,7 +39,7 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
 
 def decode_response(frame: bytes, api_key: int, api_version: int):
     """Returns (correlation_id, response entity)."""
-    schema = load_response_schema(api_key, api_version)
+    schema = response_schema(api_key, api_version)
     header, header_size = entity_reader(schema.__header_schema__)(frame, 0)
     body, _ = entity_reader(schema)(frame, header_size)
     return header.correlation_id, body

@@ -33,8 +33,9 @@ def _str(value: str) -> str:
 
 
 def _cleanup_policy(value: str) -> str:
+    """A list of delete and compact; empty (no cleanup at all) is valid, as in Kafka 3.9."""
     parts = [p.strip() for p in str(value).split(",") if p.strip()]
-    if not parts or any(p not in ("delete", "compact") for p in parts):
+    if any(p not in ("delete", "compact") for p in parts):
         raise ValueError(f"expected delete, compact or both, got {value!r}")
     return ",".join(parts)
 
@@ -74,8 +75,14 @@ _DAY_MS = 24 * 60 * 60 * 1000
 BROKER_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
+        # broker.id and node.id are synonyms (Kafka's populateSynonyms): set one, or both alike.
         ConfigDef("node.id", _int, 0, 0),
         ConfigDef("broker.id", _int, 0, 0),
+        ConfigDef("broker.rack", _str, None),
+        # Unset: the broker runs alone. HOST:PORT[,HOST:PORT...][/chroot]: it joins that cluster.
+        ConfigDef("zookeeper.connect", _str, None),
+        ConfigDef("zookeeper.session.timeout.ms", _int, 18000, 1),
+        ConfigDef("zookeeper.connection.timeout.ms", _int, None),  # default: the session timeout
         ConfigDef("num.partitions", _int, 1, 1),
         ConfigDef("default.replication.factor", _int, 1, 1),
         ConfigDef("auto.create.topics.enable", _bool, True),
@@ -185,6 +192,9 @@ class BrokerConfig:
             if definition is None:
                 raise ConfigError(f"unknown broker config {name!r}")
             self.overrides[name] = definition.coerce(raw)
+        ids = {self.overrides[n] for n in ("broker.id", "node.id") if n in self.overrides}
+        if len(ids) > 1:
+            raise ConfigError("broker.id and node.id must have the same value when both are set")
 
     def __getitem__(self, name: str) -> Any:
         if name in self.overrides:
@@ -201,6 +211,11 @@ class BrokerConfig:
             if "log.retention.minutes" in self.overrides:
                 return self.overrides["log.retention.minutes"] * 60 * 1000
             return self["log.retention.hours"] * 3600 * 1000
+        if name in ("broker.id", "node.id"):
+            synonym = "node.id" if name == "broker.id" else "broker.id"
+            return self.overrides.get(synonym, BROKER_CONFIGS[name].default)
+        if name == "zookeeper.connection.timeout.ms":
+            return self["zookeeper.session.timeout.ms"]
         if name == "log.flush.interval.ms":
             return self["log.flush.scheduler.interval.ms"]
         return BROKER_CONFIGS[name].default

@@ -2,7 +2,7 @@
 
 from kio.schema.errors import ErrorCode
 
-__all__ = ["ErrorCode", "KafkaError", "ConfigError"]
+__all__ = ["ErrorCode", "KafkaError", "InvalidRecords", "ConfigError"]
 
 
 class KafkaError(Exception):
@@ -12,6 +12,18 @@ class KafkaError(Exception):
         super().__init__(message or code.name)
         self.code = code
         self.message = message
+
+
+class InvalidRecords(KafkaError):
+    """INVALID_RECORD naming the records at fault (KIP-467), so Produce v8+ can tell the
+    client which records of the batch to fail; `record_errors` is [(batch index, message)]."""
+
+    def __init__(self, record_errors: list[tuple[int, str]]):
+        shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in record_errors[:3])
+        super().__init__(ErrorCode.invalid_record,
+                         f"One or more records have been rejected due to {len(record_errors)} record errors "
+                         f"in total, and only showing the first three errors at most: [{shown}]")
+        self.record_errors = record_errors
 
 
 class ConfigError(ValueError):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
-from ..errors import ErrorCode, KafkaError
+from ..errors import ErrorCode, InvalidRecords, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
@@ -356,7 +356,9 @@ class Log:
             if not settings.log_append_time:
                 _check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):
-                raise KafkaError(ErrorCode.invalid_record, "compacted topics do not accept records without a key")
+                message = f"Compacted topic cannot accept message without key in topic partition {self.directory.name}."
+                raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
+                                      if record.key is None])
             target = settings.target_codec
             if target is not None and target != headers[0].compression:
                 buf = bytearray(rebuild_batch(buf, headers[0], target))

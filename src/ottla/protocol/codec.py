@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.index import UnknownAPIKey, UnknownEntity
 from kio.serial import entity_reader, entity_writer
+
+from .schemas import request_schema, response_schema
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -136,13 +138,8 @@ class DecodedRequest:
 
 @cache
 def _request_codec(api_key: int, api_version: int):
-    schema = load_request_schema(api_key, api_version)
+    schema = request_schema(api_key, api_version)
     return schema, entity_reader(schema.__header_schema__), entity_reader(schema)
-
-
-@cache
-def response_schema(api_key: int, api_version: int):
-    return load_response_schema(api_key, api_version)
 
 
 @cache

@@ -15,6 +15,8 @@ import signal
 import uuid
 from pathlib import Path
 
+from ..cluster.membership import ClusterMembership
+from ..cluster.store import StoreError
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
@@ -40,14 +42,26 @@ def _lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-def _load_or_create_cluster_id(data_dir: Path, node_id: int) -> str:
-    """Kafka keeps the cluster id in meta.properties; a data dir belongs to one cluster."""
+def _load_or_create_cluster_id(data_dir: Path, node_id: int, membership: ClusterMembership | None) -> str:
+    """Kafka keeps the cluster id in meta.properties; a data dir belongs to one cluster.
+
+    In a cluster the id comes from ZooKeeper's `/cluster/id` (the first broker proposes its
+    own); a data dir of another cluster is refused, as Kafka's InconsistentClusterIdException.
+    """
     meta = data_dir / "meta.properties"
+    stored = None
     if meta.exists():
         for line in meta.read_text().splitlines():
             if line.startswith("cluster.id="):
-                return line.split("=", 1)[1].strip()
-    cluster_id = uuid.uuid4().hex[:22]
+                stored = line.split("=", 1)[1].strip()
+    proposed = stored or uuid.uuid4().hex[:22]
+    cluster_id = membership.cluster_id(proposed) if membership is not None else proposed
+    if stored is not None:
+        if stored != cluster_id:
+            raise StoreError(f"The Cluster ID {cluster_id} doesn't match stored clusterId {stored} in "
+                             f"{meta}. The broker is trying to join the wrong cluster. Configured "
+                             f"zookeeper.connect may be wrong.")
+        return stored
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(f"version=1\ncluster.id={cluster_id}\nnode.id={node_id}\n")
     os.replace(tmp, meta)
@@ -64,6 +78,7 @@ class Broker:
         port: int = 9092,
         advertised: tuple[str, int] | None = None,
         node_id: int | None = None,
+        membership: ClusterMembership | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -73,14 +88,21 @@ class Broker:
         self.host = host
         self.port = port
         self._advertised = advertised
-        self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id)
+        self.membership = membership  # None: a single node without ZooKeeper
+        self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
         self.authorizer = AllowAllAuthorizer()
-        self.producer_ids = ProducerIdManager(FileProducerIdBlockStore(self.data_dir / "producer-id-block"), self.node_id)
+        id_blocks = (membership.producer_id_blocks() if membership is not None
+                     else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
+        self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
         self.groups = GroupService(self, now_ms)
+        # In a cluster: this broker's controller candidacy and its side of the controller
+        # protocol; None on a single node, which is its own controller.
+        self.controller_service = None
+        self.controller_link = None
         self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
         self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -105,6 +127,12 @@ class Broker:
             raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+        if self.membership is not None:
+            try:
+                await self.membership.start(*self.advertised)
+            except StoreError:
+                await self.stop()  # e.g. broker.id in use: stop serving, end the session
+                raise
         self._duties.append(loop.create_task(self._periodic_flush()))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
@@ -122,6 +150,8 @@ class Broker:
         for connection in list(self.connections):
             connection.close()
         self.logs.close()
+        if self.membership is not None:
+            self.membership.close()
         self.release_data_dir()
         self._stopped.set()
         log.info("broker %d stopped cleanly", self.node_id)

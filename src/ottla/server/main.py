@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from ..cluster.membership import ClusterMembership
+from ..cluster.store import StoreError
 from ..config import BrokerConfig, ConfigError
 from .broker import Broker
 
@@ -66,8 +68,20 @@ def run(args) -> int:
         print(f"ottla serve: {exc}", file=sys.stderr)
         return 2
 
+    try:
+        membership = ClusterMembership.join(config)  # blocking: before the event loop runs
+    except StoreError as exc:
+        print(f"ottla serve: {exc}", file=sys.stderr)
+        return 1
+
     async def main() -> None:
-        broker = Broker(args.data_dir, config, host=host, port=port, advertised=advertised)
+        try:
+            broker = Broker(args.data_dir, config, host=host, port=port, advertised=advertised,
+                            membership=membership)
+        except BaseException:
+            if membership is not None:
+                membership.close()
+            raise
         await broker.start()
         print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
               file=sys.stderr, flush=True)
@@ -77,7 +91,7 @@ def run(args) -> int:
 
     try:
         asyncio.run(main())
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         print(f"ottla serve: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,4 +1,5 @@
-"""pytest fixtures for a real broker: `ottla_broker` (fresh per test) and `ottla_broker_factory`."""
+"""pytest fixtures for real brokers: `ottla_broker` (fresh per test), `ottla_broker_factory`,
+and `ottla_cluster` (ZooKeeper and three brokers)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ def ottla_broker_factory(tmp_path):
 def ottla_broker(ottla_broker_factory) -> BrokerProcess:
     """A running broker with default settings; `.bootstrap` is its address."""
     return ottla_broker_factory()
+
+
+@pytest.fixture
+def ottla_cluster(tmp_path):
+    """ZooKeeper and three brokers (ids 1-3) joined to it; `.bootstrap`, `.brokers[id]`."""
+    from .cluster_harness import cluster
+
+    with cluster(brokers=3, root=tmp_path) as handle:
+        yield handle

@@ -39,6 +39,13 @@ HANDLER_MODULES = [
     "write_txn_markers",
     "list_transactions",
     "describe_transactions",
+    "leader_and_isr",
+    "stop_replica",
+    "update_metadata",
+    "controlled_shutdown",
+    "elect_leaders",
+    "alter_partition_reassignments",
+    "list_partition_reassignments",
 ]
 
 

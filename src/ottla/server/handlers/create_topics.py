@@ -9,7 +9,7 @@ from ...protocol.build import make, nested
 from .describe_configs import SOURCE_CODES, topic_config_entries
 
 API_KEY = 19
-VERSIONS = (2, 7)
+VERSIONS = (0, 7)  # v0-v1 removed in Kafka 4.0 (KIP-896); v1 adds validate_only
 
 
 def _plan(broker, topic) -> tuple[int, dict]:
@@ -61,7 +61,7 @@ async def handle(ctx, request):
                 raise KafkaError(ErrorCode.invalid_request, f"Topic '{topic.name}' appears more than once in the request")
             seen.add(topic.name)
             count, configs = _plan(broker, topic)
-            if not request.validate_only:
+            if not getattr(request, "validate_only", False):
                 info = broker.logs.create_topic(topic.name, count, configs)
                 topic_id = info.topic_id
                 entries = topic_config_entries(info.config)

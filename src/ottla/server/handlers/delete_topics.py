@@ -14,7 +14,7 @@ from ..clock import now_ms
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 20
-VERSIONS = (1, 6)
+VERSIONS = (0, 6)  # v0 removed in Kafka 4.0 (KIP-896)
 
 
 def _targets(ctx, request):

@@ -7,7 +7,7 @@ from ...errors import ErrorCode
 from ...protocol.build import make, nested
 
 API_KEY = 32
-VERSIONS = (1, 4)
+VERSIONS = (0, 4)  # v0 (removed in Kafka 4.0, KIP-896) has is_default instead of a source
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 # Kafka's ConfigSource codes.

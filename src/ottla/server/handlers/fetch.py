@@ -9,9 +9,13 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ...records.legacy import down_convert
 
 API_KEY = 1
-VERSIONS = (4, 12)
+# v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
+# Kafka 3.9 did (removed in Kafka 4.0, KIP-896). v3 adds the response size limit.
+VERSIONS = (0, 12)
+_NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
 
@@ -21,8 +25,8 @@ def _read_partitions(ctx, request, response_type):
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
-    read_committed = request.isolation_level == READ_COMMITTED
-    remaining = request.max_bytes
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    remaining = getattr(request, "max_bytes", _NO_LIMIT)
     total = 0
     failed = False
     topics = []
@@ -49,6 +53,8 @@ def _read_partitions(ctx, request, response_type):
                     with_aborted=read_committed,
                 )
                 records = data.records
+                if ctx.api_version < 4:
+                    records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
                 if read_committed:
                     aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
                                     for txn in data.aborted_transactions)

@@ -13,7 +13,10 @@ VERSIONS = (0, 1)
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-def _apply(current: dict, changes) -> dict:
+def _apply(current: dict, changes, effective) -> dict:
+    """The topic's new overrides. APPEND and SUBTRACT start from the config's current
+    value, default included (`effective(name)`), as Kafka does: appending compact to a new
+    topic gives delete,compact."""
     updated = {name: str(value) for name, value in current.items()}
     for change in changes:
         if change.config_operation == SET:
@@ -23,7 +26,8 @@ def _apply(current: dict, changes) -> dict:
         elif change.config_operation in (APPEND, SUBTRACT):
             if change.name != "cleanup.policy":
                 raise KafkaError(ErrorCode.invalid_config, f"{change.name} is not a list config")
-            items = [i for i in updated.get(change.name, "").split(",") if i]
+            value = updated[change.name] if change.name in updated else str(effective(change.name))
+            items = [i for i in value.split(",") if i]
             for item in (change.value or "").split(","):
                 if change.config_operation == APPEND and item not in items:
                     items.append(item)
@@ -69,8 +73,9 @@ async def handle(ctx, request):
     def alter(resource) -> None:
         if resource.resource_type == TOPIC_RESOURCE:
             info = broker.logs.topics.get(resource.resource_name)
-            current = info.config.overrides if info else {}
-            alter_topic(broker, resource.resource_name, _apply(current, resource.configs), request.validate_only)
+            current, effective = (info.config.overrides, info.config.__getitem__) if info else ({}, lambda _: "")
+            alter_topic(broker, resource.resource_name, _apply(current, resource.configs, effective),
+                        request.validate_only)
         elif resource.resource_type == BROKER_RESOURCE:
             raise KafkaError(ErrorCode.invalid_request, "broker configs are static: set them with --config")
         else:

@@ -6,7 +6,8 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 
 API_KEY = 2
-VERSIONS = (1, 8)
+# v0 (removed in Kafka 4.0, KIP-896) answers a list of offsets ("old style") instead of one.
+VERSIONS = (0, 8)
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 READ_COMMITTED = 1
@@ -23,6 +24,17 @@ def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
     else:
         found = log.offset_for_timestamp(timestamp)
     return found if found is not None else (-1, -1)
+
+
+def _old_style(log, wanted, offset: int) -> tuple[int, ...]:
+    """ListOffsets v0's answer: up to max_num_offsets offsets, newest first; for the latest
+    offset Kafka also lists the log start, the only other segment boundary clients rely on."""
+    if log is None or offset < 0:
+        return ()
+    found = [offset]
+    if wanted.timestamp == LATEST and log.log_start_offset != offset:
+        found.append(log.log_start_offset)
+    return tuple(found[:max(getattr(wanted, "max_num_offsets", 1), 0)])
 
 
 async def handle(ctx, request):
@@ -46,6 +58,7 @@ async def handle(ctx, request):
                 except KafkaError as exc:
                     error = exc.code
             partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,
-                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1))
+                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1,
+                                   old_style_offsets=_old_style(log, wanted, offset)))
         topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
     return make(response_type, throttle_time=timedelta(0), topics=tuple(topics))

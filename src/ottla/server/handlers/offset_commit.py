@@ -10,9 +10,11 @@ from ...protocol.build import make, nested
 from ..clock import now_ms
 
 API_KEY = 8
-# v0-v1 were removed in Kafka 4.0 (KIP-896). v2-v4 carry a retention time; v6 the leader
-# epoch; v7 static members; v9 GROUP_ID_NOT_FOUND for unknown groups; v10 topic ids.
-VERSIONS = (2, 10)
+# v0-v1 were removed in Kafka 4.0 (KIP-896); Kafka 3.9 kept v0 commits in ZooKeeper, Ottla
+# keeps them with the rest (v0 has no generation or member: a simple, group-less commit).
+# v2-v4 carry a retention time; v6 the leader epoch; v7 static members; v9
+# GROUP_ID_NOT_FOUND for unknown groups; v10 topic ids.
+VERSIONS = (0, 10)
 
 _MS = timedelta(milliseconds=1)
 
@@ -57,9 +59,9 @@ async def handle(ctx, request):
         future, respond = reply_future()
         broker.groups.coordinator.commit_offsets(
             group_id=request.group_id,
-            member_id=request.member_id,
+            member_id=getattr(request, "member_id", ""),
             group_instance_id=getattr(request, "group_instance_id", None),
-            generation_id=request.generation_id_or_member_epoch,
+            generation_id=getattr(request, "generation_id_or_member_epoch", -1),
             offsets=offsets,
             now_ms=now_ms(),
             on_complete=respond,

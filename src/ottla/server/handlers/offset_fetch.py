@@ -10,9 +10,10 @@ from ...protocol.build import make, nested
 from .offset_commit import topic_name
 
 API_KEY = 9
-# v0 was removed in Kafka 4.0 (KIP-896). v2: all partitions (null topics) and a group
-# error; v7: require_stable (KIP-447); v8: several groups; v10: topic ids.
-VERSIONS = (1, 10)
+# v0 (removed in Kafka 4.0, KIP-896) reads what v0 commits wrote, like v1. v2: all
+# partitions (null topics) and a group error; v7: require_stable (KIP-447); v8: several
+# groups; v10: topic ids.
+VERSIONS = (0, 10)
 
 
 def _fetch_group(ctx, group_id: str, requested, require_stable: bool, types: tuple) -> tuple[ErrorCode, tuple]:

@@ -17,7 +17,7 @@ from ..clock import now_ms
 
 API_KEY = 27
 # v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
-VERSIONS = (1, 1)
+VERSIONS = (0, 1)  # v0 is v1 without tagged fields (removed in Kafka 4.0)
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 

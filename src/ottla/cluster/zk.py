@@ -1,0 +1,632 @@
+"""`ClusterStore` on ZooKeeper (kazoo), with Kafka's own znode paths and JSON.
+
+Kafka's tools and knowledge apply unchanged: `zookeeper-shell ... get /brokers/ids/1` shows
+what a Kafka broker would have written. Every call blocks for one or a few round trips and
+gives up after `zookeeper.connection.timeout.ms` with `StoreUnavailable`; a request that
+was lost with its connection is retried (kazoo's retry), so a conditional write whose reply
+was lost may report `StaleVersion` although it applied: callers re-read, as they must after
+any `StaleVersion`.
+
+Fencing follows Kafka's `KafkaZkClient`: a controller's write is a ZooKeeper multi that
+starts with a check of `/controller_epoch`'s version; the controller znode and the epoch
+bump are created in one multi too, so exactly one broker wins an election.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable, Mapping
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (BadVersionError, ConnectionClosedError, KazooException, NodeExistsError,
+                              NoNodeError, NotEmptyError, RolledBackError,
+                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdBlock, ProducerIdBlockStore,
+                                        ProducerIdsExhaustedError)
+from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
+                    NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists,
+                    TopicPartition, WatchTarget)
+
+log = logging.getLogger(__name__)
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+CLUSTER_ID = "/cluster/id"
+CONFIG_CHANGES = "/config/changes"
+DELETE_TOPICS = "/admin/delete_topics"
+REASSIGN = "/admin/reassign_partitions"
+PREFERRED_ELECTION = "/admin/preferred_replica_election"
+ISR_CHANGES = "/isr_change_notification"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+# Kafka's ZkData.PersistentZkPaths (plus ConfigType.all), created at start-up if missing.
+PERSISTENT_PATHS = ("/consumers", BROKER_IDS, TOPICS, CONFIG_CHANGES, DELETE_TOPICS, "/brokers/seqid",
+                    ISR_CHANGES, PRODUCER_ID_BLOCK, "/log_dir_event_notification", "/config/topics",
+                    "/config/clients", "/config/users", "/config/brokers", "/config/ips")
+INITIAL_CONTROLLER_EPOCH = 0  # Kafka's KafkaController.InitialControllerEpoch
+_DISCONNECTED = (KazooTimeoutError, ConnectionClosedError, SessionExpiredError, RetryFailedError)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _now_ms() -> str:
+    return str(int(time.time() * 1000))
+
+
+def topic_id_to_str(topic_id: uuid.UUID) -> str:
+    """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+
+
+def topic_id_from_str(text: str) -> uuid.UUID:
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def _partition_list(partitions) -> list[dict]:
+    return [{"topic": t, "partition": p} for t, p in sorted(partitions)]
+
+
+def encode_broker(reg: BrokerRegistration) -> bytes:
+    """Kafka's BrokerIdZNode JSON, version 5 (no JMX, no features)."""
+    data = {"features": {}, "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+            "endpoints": [f"PLAINTEXT://{reg.host}:{reg.port}"], "jmx_port": -1,
+            "host": reg.host, "port": reg.port, "timestamp": _now_ms(), "version": 5}
+    if reg.rack is not None:
+        data["rack"] = reg.rack
+    return _json(data)
+
+
+def decode_broker(broker_id: int, raw: bytes, czxid: int) -> BrokerRegistration:
+    data = json.loads(raw)
+    host, port = data.get("host"), data.get("port", -1)
+    for endpoint in data.get("endpoints", ()):
+        if endpoint.startswith("PLAINTEXT://"):
+            host, _, port_text = endpoint[len("PLAINTEXT://"):].rpartition(":")
+            port = int(port_text)
+            break
+    return BrokerRegistration(broker_id, host, int(port), data.get("rack"), czxid)
+
+
+def encode_assignment(a: TopicAssignment) -> bytes:
+    """Kafka's TopicZNode JSON, version 3."""
+    def replicas(m):
+        return {str(p): list(r) for p, r in sorted(m.items())}
+    return _json({"partitions": replicas(a.partitions), "topic_id": topic_id_to_str(a.topic_id),
+                  "adding_replicas": replicas(a.adding_replicas),
+                  "removing_replicas": replicas(a.removing_replicas), "version": 3})
+
+
+def decode_assignment(name: str, raw: bytes) -> TopicAssignment:
+    data = json.loads(raw)
+
+    def replicas(key):
+        return {int(p): tuple(r) for p, r in (data.get(key) or {}).items()}
+    # A topic written by a pre-2.8 tool has no id; the controller gives it one on next write.
+    topic_id = topic_id_from_str(data["topic_id"]) if data.get("topic_id") else uuid.UUID(int=0)
+    return TopicAssignment(name, topic_id, replicas("partitions"), replicas("adding_replicas"),
+                           replicas("removing_replicas"))
+
+
+def encode_state(s: LeaderAndIsr) -> bytes:
+    return _json({"controller_epoch": s.controller_epoch, "leader": s.leader, "version": 1,
+                  "leader_epoch": s.leader_epoch, "isr": list(s.isr)})
+
+
+def decode_state(raw: bytes, version: int) -> LeaderAndIsr:
+    data = json.loads(raw)
+    return LeaderAndIsr(data["leader"], data["leader_epoch"], tuple(data["isr"]), data["controller_epoch"], version)
+
+
+def _config_bytes(configs: Mapping[str, str]) -> bytes:
+    return _json({"version": 1, "config": {k: str(v) for k, v in configs.items()}})
+
+
+def split_chroot(connect: str) -> tuple[str, str | None]:
+    hosts, slash, chroot = connect.partition("/")
+    return hosts, ("/" + chroot.rstrip("/")) if slash and chroot.strip("/") else None
+
+
+class ZkClusterStore:
+    """The cluster's metadata in ZooKeeper. See `store.ClusterStore` for each method's meaning."""
+
+    def __init__(self, connect: str, *, session_timeout_ms: int = 18000,
+                 connection_timeout_ms: int | None = None):
+        # Kafka: zookeeper.connection.timeout.ms defaults to zookeeper.session.timeout.ms.
+        self.connect = connect
+        self._timeout = (connection_timeout_ms if connection_timeout_ms is not None else session_timeout_ms) / 1000
+        self._session_lost: list[Callable[[], None]] = []
+        self._watches: list[object] = []
+        self._topic_watches: dict[str, DataWatch] = {}
+        self._lock = threading.Lock()
+        self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
+                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+                               command_retry=KazooRetry(max_tries=-1, max_delay=0.5, deadline=self._timeout))
+        try:
+            self._zk.start(timeout=self._timeout)
+        except KazooTimeoutError:
+            self._zk.stop()
+            self._zk.close()
+            raise StoreUnavailable(f"zookeeper.connect={connect}: no ZooKeeper answered within "
+                                   f"{int(self._timeout * 1000)} ms") from None
+        try:
+            hosts, chroot = split_chroot(connect)
+            if chroot is not None and self._zk.exists("/") is None:
+                raise StoreUnavailable(f"zookeeper.connect={connect}: chroot {chroot} does not exist in "
+                                       f"ZooKeeper at {hosts}; create it first")
+            for path in PERSISTENT_PATHS:
+                self._zk.ensure_path(path)
+        except BaseException:
+            self.close()
+            raise
+        self._zk.add_listener(self._state_changed)
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _call(self, fn: Callable, *args, **kwargs):
+        """One operation, retried over lost connections until the connection timeout."""
+        try:
+            return self._zk.retry(fn, *args, **kwargs)
+        except _DISCONNECTED as exc:
+            raise StoreUnavailable(f"ZooKeeper at {self.connect}: {type(exc).__name__}") from None
+
+    def _get(self, path: str) -> tuple[bytes, Any] | None:
+        try:
+            return self._call(self._zk.get, path)
+        except NoNodeError:
+            return None
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return self._call(self._zk.get_children, path)
+        except NoNodeError:
+            return []
+
+    def _commit(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None) -> list:
+        """Run `ops(transaction)` as one multi, first checking the controller epoch's version.
+        Returns the results of `ops`' own operations; raises the first failure."""
+        def attempt():
+            txn = self._zk.transaction()
+            if epoch is not None:
+                txn.check(CONTROLLER_EPOCH, epoch.version)
+            ops(txn)
+            return txn.commit()
+        results = self._call(attempt)
+        if epoch is not None:
+            if isinstance(results[0], (BadVersionError, NoNodeError)):
+                raise ControllerMoved(f"controller epoch {epoch.epoch} (znode version {epoch.version}) is stale")
+            results = results[1:]
+        # The failing operation carries the real error; the others report a rollback.
+        failures = [r for r in results if isinstance(r, KazooException)
+                    and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+        if failures:
+            raise failures[0]
+        return results
+
+    def _update_json(self, path: str, change: Callable[[dict | None], dict | None]) -> None:
+        """Read-modify-write with a conditional update, retried on conflicts."""
+        while True:
+            current = self._get(path)
+            new = change(json.loads(current[0]) if current and current[0] else None)
+            try:
+                if current is None:
+                    if new is not None:
+                        self._call(self._zk.create, path, _json(new), makepath=True)
+                elif new is None:
+                    self._call(self._zk.delete, path, version=current[1].version)
+                else:
+                    self._call(self._zk.set, path, _json(new), version=current[1].version)
+                return
+            except (BadVersionError, NodeExistsError, NoNodeError):
+                continue
+
+    def _state_changed(self, state: str) -> None:
+        # Runs on kazoo's connection thread, which must not block: callbacks get a thread.
+        if state == KazooState.LOST:
+            for callback in list(self._session_lost):
+                threading.Thread(target=callback, name="zk-session-lost", daemon=True).start()
+
+    # -- cluster ---------------------------------------------------------------------------
+    def cluster_id(self, proposed: str) -> str:
+        try:
+            self._call(self._zk.create, CLUSTER_ID, _json({"version": "1", "id": proposed}), makepath=True)
+            return proposed
+        except NodeExistsError:
+            return json.loads(self._get(CLUSTER_ID)[0])["id"]
+
+    # -- membership ------------------------------------------------------------------------
+    def register_broker(self, registration: BrokerRegistration) -> BrokerRegistration:
+        path = f"{BROKER_IDS}/{registration.broker_id}"
+        try:
+            self._call(self._zk.create, path, encode_broker(registration), ephemeral=True)
+        except NodeExistsError:
+            # Ours if a retried create had in fact applied (Kafka's checkedEphemeralCreate).
+            current = self._get(path)
+            if current is None or current[1].ephemeralOwner != self._zk.client_id[0]:
+                raise BrokerIdInUse(f"broker.id {registration.broker_id} is registered at {path} "
+                                    f"by another live broker") from None
+        _, stat = self._get(path)
+        return BrokerRegistration(registration.broker_id, registration.host, registration.port,
+                                  registration.rack, stat.czxid)
+
+    def live_brokers(self) -> dict[int, BrokerRegistration]:
+        brokers = {}
+        for child in self._children(BROKER_IDS):
+            current = self._get(f"{BROKER_IDS}/{child}")
+            if current is not None:
+                brokers[int(child)] = decode_broker(int(child), current[0], current[1].czxid)
+        return brokers
+
+    # -- controller ------------------------------------------------------------------------
+    def elect_controller(self, broker_id: int) -> ControllerEpoch | None:
+        """Kafka's registerControllerAndIncrementControllerEpoch."""
+        while True:
+            current = self._get(CONTROLLER_EPOCH)
+            if current is None:
+                try:
+                    self._call(self._zk.create, CONTROLLER_EPOCH, str(INITIAL_CONTROLLER_EPOCH).encode())
+                except NodeExistsError:
+                    pass
+                continue
+            epoch = int(current[0]) + 1
+            controller = _json({"version": 1, "brokerid": broker_id, "timestamp": _now_ms()})
+
+            def ops(txn):
+                txn.create(CONTROLLER, controller, ephemeral=True)
+                txn.set_data(CONTROLLER_EPOCH, str(epoch).encode(), version=current[1].version)
+            try:
+                results = self._commit(ops, None)
+                return ControllerEpoch(epoch, results[1].version)
+            except NodeExistsError:
+                mine = self._get(CONTROLLER)
+                if mine is not None and mine[1].ephemeralOwner == self._zk.client_id[0]:
+                    # A retried multi that had applied: we are the controller.
+                    now = self._get(CONTROLLER_EPOCH)
+                    return ControllerEpoch(int(now[0]), now[1].version)
+                return None
+            except BadVersionError:
+                continue  # the epoch moved under us; whoever moved it holds /controller
+
+    def controller_id(self) -> int | None:
+        current = self._get(CONTROLLER)
+        return None if current is None else int(json.loads(current[0])["brokerid"])
+
+    def controller_epoch(self) -> ControllerEpoch | None:
+        current = self._get(CONTROLLER_EPOCH)
+        return None if current is None else ControllerEpoch(int(current[0]), current[1].version)
+
+    def resign_controller(self, broker_id: int) -> None:
+        current = self._get(CONTROLLER)
+        if current is not None and int(json.loads(current[0])["brokerid"]) == broker_id:
+            try:
+                self._call(self._zk.delete, CONTROLLER, version=current[1].version)
+            except (NoNodeError, BadVersionError):
+                pass
+
+    # -- topics ----------------------------------------------------------------------------
+    def topics(self) -> dict[str, TopicAssignment]:
+        result = {}
+        for name in self._children(TOPICS):
+            current = self._get(topic_path(name))
+            if current is not None:
+                result[name] = decode_assignment(name, current[0])
+        return result
+
+    def create_topic(self, assignment: TopicAssignment, configs: Mapping[str, str]) -> None:
+        name = assignment.name
+        if self._get(f"{DELETE_TOPICS}/{name}") is not None:
+            raise TopicExists(f"topic {name} is marked for deletion")
+        config_path = f"/config/topics/{name}"
+        config_exists = self._get(config_path) is not None  # left over from an earlier topic
+
+        def ops(txn):
+            if config_exists:
+                txn.set_data(config_path, _config_bytes(configs))
+            else:
+                txn.create(config_path, _config_bytes(configs))
+            txn.create(topic_path(name), encode_assignment(assignment))
+        try:
+            self._commit(ops, None)
+        except (NodeExistsError, NoNodeError):
+            raise TopicExists(f"topic {name} already exists") from None
+
+    def set_assignment(self, assignment: TopicAssignment, epoch: ControllerEpoch | None) -> None:
+        try:
+            self._commit(lambda txn: txn.set_data(topic_path(assignment.name), encode_assignment(assignment)), epoch)
+        except NoNodeError:
+            raise NoSuchTopic(assignment.name) from None
+
+    def _configs(self, path: str) -> dict[str, str]:
+        current = self._get(path)
+        return {} if current is None else dict(json.loads(current[0]).get("config") or {})
+
+    def _set_configs(self, path: str, entity_path: str, configs: Mapping[str, str]) -> None:
+        """Replace an entity's config, then announce it (Kafka's changeEntityConfig)."""
+        try:
+            self._call(self._zk.set, path, _config_bytes(configs))
+        except NoNodeError:
+            self._call(self._zk.create, path, _config_bytes(configs), makepath=True)
+        self._call(self._zk.create, f"{CONFIG_CHANGES}/config_change_",
+                   _json({"version": 2, "entity_path": entity_path}), sequence=True)
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        return self._configs(f"/config/topics/{name}")
+
+    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        if self._get(topic_path(name)) is None:
+            raise NoSuchTopic(name)
+        self._set_configs(f"/config/topics/{name}", f"topics/{name}", configs)
+
+    def broker_configs(self, broker_id: int | None) -> dict[str, str]:
+        return self._configs(f"/config/brokers/{'<default>' if broker_id is None else broker_id}")
+
+    def set_broker_configs(self, broker_id: int | None, configs: Mapping[str, str]) -> None:
+        entity = "<default>" if broker_id is None else str(broker_id)
+        self._set_configs(f"/config/brokers/{entity}", f"brokers/{entity}", configs)
+
+    # -- partition state -------------------------------------------------------------------
+    def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
+        states = {}
+        for child in self._children(f"{TOPICS}/{topic}/partitions"):
+            current = self._get(state_path(topic, int(child)))
+            if current is not None:
+                states[int(child)] = decode_state(current[0], current[1].version)
+        return states
+
+    def create_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
+                                epoch: ControllerEpoch) -> dict[TopicPartition, LeaderAndIsr]:
+        for topic, partition in states:
+            if self._get(topic_path(topic)) is None:
+                raise NoSuchTopic(topic)
+            self._call(self._zk.ensure_path, f"{TOPICS}/{topic}/partitions/{partition}")
+
+        def ops(txn):
+            for (topic, partition), state in states.items():
+                txn.create(state_path(topic, partition), encode_state(state))
+        try:
+            self._commit(ops, epoch)
+        except NodeExistsError:
+            raise StaleVersion("a partition state already exists") from None
+        return {tp: _with_version(state, 0) for tp, state in states.items()}
+
+    def update_partition_state(self, partition: TopicPartition, state: LeaderAndIsr,
+                               epoch: ControllerEpoch | None) -> LeaderAndIsr:
+        path = state_path(*partition)
+        try:
+            results = self._commit(lambda txn: txn.set_data(path, encode_state(state), version=state.version), epoch)
+        except BadVersionError:
+            raise StaleVersion(f"{partition[0]}-{partition[1]} state is not at version {state.version}") from None
+        except NoNodeError:
+            raise NoSuchTopic(f"{partition[0]}-{partition[1]} has no state") from None
+        return _with_version(state, results[0].version)
+
+    # -- topic deletion --------------------------------------------------------------------
+    def request_topic_deletion(self, name: str) -> None:
+        if self._get(topic_path(name)) is None:
+            raise NoSuchTopic(name)
+        try:
+            self._call(self._zk.create, f"{DELETE_TOPICS}/{name}")
+        except NodeExistsError:
+            pass  # already requested: the controller is on it
+
+    def topics_to_delete(self) -> set[str]:
+        return set(self._children(DELETE_TOPICS))
+
+    def complete_topic_deletion(self, name: str, epoch: ControllerEpoch) -> None:
+        doomed = []  # deepest first: a multi deletes in order and a znode with children cannot go
+        for partition in self._children(f"{TOPICS}/{name}/partitions"):
+            base = f"{TOPICS}/{name}/partitions/{partition}"
+            doomed += [f"{base}/{c}" for c in self._children(base)] + [base]
+        if self._get(f"{TOPICS}/{name}/partitions") is not None:
+            doomed.append(f"{TOPICS}/{name}/partitions")
+        for path in (topic_path(name), f"/config/topics/{name}", f"{DELETE_TOPICS}/{name}"):
+            if self._get(path) is not None:
+                doomed.append(path)
+
+        def ops(txn):
+            for path in doomed:
+                txn.delete(path)
+        try:
+            self._commit(ops, epoch)
+        except (NoNodeError, NotEmptyError):
+            raise StaleVersion(f"topic {name} changed while it was being deleted") from None
+
+    # -- notifications and admin requests --------------------------------------------------
+    def notify_isr_change(self, partitions: set[TopicPartition]) -> None:
+        self._call(self._zk.create, f"{ISR_CHANGES}/isr_change_",
+                   _json({"version": 1, "partitions": _partition_list(partitions)}), sequence=True)
+
+    def take_isr_changes(self) -> set[TopicPartition]:
+        changed = set()
+        for child in sorted(self._children(ISR_CHANGES)):
+            current = self._get(f"{ISR_CHANGES}/{child}")
+            if current is None:
+                continue
+            changed |= {(e["topic"], e["partition"]) for e in json.loads(current[0])["partitions"]}
+            try:
+                self._call(self._zk.delete, f"{ISR_CHANGES}/{child}")
+            except NoNodeError:
+                pass
+        return changed
+
+    def reassignment_request(self) -> dict[TopicPartition, tuple[int, ...]]:
+        current = self._get(REASSIGN)
+        if current is None or not current[0]:
+            return {}
+        return {(e["topic"], e["partition"]): tuple(e["replicas"]) for e in json.loads(current[0])["partitions"]}
+
+    @staticmethod
+    def _reassign_json(targets: Mapping[TopicPartition, tuple[int, ...]]) -> dict | None:
+        if not targets:
+            return None
+        return {"version": 1, "partitions": [{"topic": t, "partition": p, "replicas": list(r)}
+                                             for (t, p), r in sorted(targets.items())]}
+
+    def request_reassignment(self, targets: Mapping[TopicPartition, tuple[int, ...]]) -> None:
+        def change(data):
+            merged = {(e["topic"], e["partition"]): tuple(e["replicas"]) for e in (data or {}).get("partitions", ())}
+            merged.update(targets)
+            return self._reassign_json(merged)
+        self._update_json(REASSIGN, change)
+
+    def _fenced_replace(self, path: str, new: Callable[[dict], dict | None], epoch: ControllerEpoch) -> None:
+        """Controller's conditional rewrite (or delete, when `new` gives None) of an admin znode."""
+        while True:
+            current = self._get(path)
+            if current is None:
+                return
+            data = new(json.loads(current[0]) if current[0] else {})
+
+            def ops(txn):
+                if data is None:
+                    txn.delete(path, version=current[1].version)
+                else:
+                    txn.set_data(path, _json(data), version=current[1].version)
+            try:
+                self._commit(ops, epoch)
+                return
+            except (BadVersionError, NoNodeError):
+                continue
+
+    def clear_reassignment(self, done: set[TopicPartition], epoch: ControllerEpoch) -> None:
+        def remaining(data):
+            left = {(e["topic"], e["partition"]): tuple(e["replicas"]) for e in data.get("partitions", ())}
+            return self._reassign_json({tp: r for tp, r in left.items() if tp not in done})
+        self._fenced_replace(REASSIGN, remaining, epoch)
+
+    def preferred_election_request(self) -> set[TopicPartition]:
+        current = self._get(PREFERRED_ELECTION)
+        if current is None or not current[0]:
+            return set()
+        return {(e["topic"], e["partition"]) for e in json.loads(current[0])["partitions"]}
+
+    def request_preferred_election(self, partitions: set[TopicPartition]) -> None:
+        def change(data):
+            merged = {(e["topic"], e["partition"]) for e in (data or {}).get("partitions", ())} | set(partitions)
+            return {"version": 1, "partitions": _partition_list(merged)} if merged else None
+        self._update_json(PREFERRED_ELECTION, change)
+
+    def clear_preferred_election(self, epoch: ControllerEpoch) -> None:
+        self._fenced_replace(PREFERRED_ELECTION, lambda data: None, epoch)
+
+    # -- producer ids ----------------------------------------------------------------------
+    def claim_producer_id_block(self, broker_id: int, block_size: int) -> tuple[int, int]:
+        """Kafka's ZkProducerIdManager.getNewProducerIdBlock: read, then conditional update."""
+        while True:
+            current = self._get(PRODUCER_ID_BLOCK)
+            first = 0
+            if current is not None and current[0]:
+                first = int(json.loads(current[0])["block_end"]) + 1
+            if first > MAX_PRODUCER_ID - block_size + 1:
+                raise ProducerIdsExhaustedError(f"no block of {block_size} ids left after {first - 1}")
+            last = first + block_size - 1
+            data = _json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
+            try:
+                if current is None:
+                    self._call(self._zk.create, PRODUCER_ID_BLOCK, data)
+                else:
+                    self._call(self._zk.set, PRODUCER_ID_BLOCK, data, version=current[1].version)
+                return first, last
+            except (BadVersionError, NodeExistsError):
+                continue  # another broker claimed a block meanwhile: claim the one after it
+
+    # -- watches and lifecycle -------------------------------------------------------------
+    def watch(self, target: WatchTarget, callback: Callable[[], None]) -> None:
+        children = {"brokers": BROKER_IDS, "topic_deletions": DELETE_TOPICS, "isr_changes": ISR_CHANGES,
+                    "config_changes": CONFIG_CHANGES}
+        data = {"controller": CONTROLLER, "partition_reassignment": REASSIGN,
+                "preferred_replica_election": PREFERRED_ELECTION}
+        if target in children:
+            self._watches.append(ChildrenWatch(self._zk, children[target], _skip_first(lambda _c: callback())))
+        elif target in data:
+            self._watches.append(DataWatch(self._zk, data[target], _skip_first(lambda _d, _s: callback())))
+        elif target == "topics":
+            self._watches.append(ChildrenWatch(self._zk, TOPICS, self._topics_changed(callback)))
+        else:
+            raise ValueError(f"unknown watch target {target!r}")
+
+    def _topics_changed(self, callback: Callable[[], None]) -> Callable[[list[str]], None]:
+        """The topic list, and each topic's assignment (a DataWatch per topic while it exists)."""
+        first = [True]
+
+        def on_children(names: list[str]) -> None:
+            with self._lock:
+                for name in names:
+                    if name not in self._topic_watches:
+                        self._topic_watches[name] = DataWatch(self._zk, topic_path(name), on_data(name))
+            if first[0]:
+                first[0] = False
+            else:
+                callback()
+
+        def on_data(name: str):
+            initial = [True]
+
+            def changed(data, _stat):
+                if initial[0]:
+                    initial[0] = False
+                    return None
+                if data is None:
+                    with self._lock:
+                        self._topic_watches.pop(name, None)
+                    return False  # gone: the children watch reports it and re-adds a watch if it returns
+                callback()
+                return None
+            return changed
+        return on_children
+
+    def on_session_lost(self, callback: Callable[[], None]) -> None:
+        self._session_lost.append(callback)
+
+    def close(self) -> None:
+        try:
+            self._zk.stop()
+        finally:
+            self._zk.close()
+
+
+def _with_version(state: LeaderAndIsr, version: int) -> LeaderAndIsr:
+    return LeaderAndIsr(state.leader, state.leader_epoch, state.isr, state.controller_epoch, version)
+
+
+def _skip_first(func: Callable) -> Callable:
+    """kazoo's watchers call once at registration; the store reports changes only."""
+    seen = [False]
+
+    def wrapper(*args):
+        if not seen[0]:
+            seen[0] = True
+            return None
+        func(*args)
+        return None
+    return wrapper
+
+
+class ZkProducerIdBlockStore(ProducerIdBlockStore):
+    """Producer id blocks claimed in `/latest_producer_id_block`, unique across the cluster."""
+
+    def __init__(self, store: ZkClusterStore, *, block_size: int = BLOCK_SIZE):
+        self.store = store
+        self.block_size = block_size
+
+    def claim_next_block(self, broker_id: int) -> ProducerIdBlock:
+        first, _last = self.store.claim_producer_id_block(broker_id, self.block_size)
+        return ProducerIdBlock(broker_id, first, self.block_size)

@@ -1,0 +1,202 @@
+"""The partition state machine (Kafka's `ZkPartitionStateMachine`).
+
+NonExistent -> New (assignment known) -> Online (leader and ISR written) <-> Offline
+(leader gone) -> NonExistent (topic deleted). Every leader change goes through one fenced,
+version-conditional write of the partition state; a write that finds another version (the
+leader changed its ISR meanwhile) re-reads the state and elects again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..cluster.store import LeaderAndIsr, StaleVersion, TopicPartition
+from . import elections
+from .context import ControllerContext, PartitionPhase
+
+log = logging.getLogger("ottla.controller")
+
+_VALID_PREVIOUS = {
+    PartitionPhase.NEW: {PartitionPhase.NON_EXISTENT},
+    PartitionPhase.ONLINE: {PartitionPhase.NEW, PartitionPhase.ONLINE, PartitionPhase.OFFLINE},
+    PartitionPhase.OFFLINE: {PartitionPhase.NEW, PartitionPhase.ONLINE, PartitionPhase.OFFLINE},
+    PartitionPhase.NON_EXISTENT: {PartitionPhase.OFFLINE},
+}
+_MAX_RETRIES = 10
+
+
+class ElectionFailed(Exception):
+    """No replica may lead (with the reason Kafka logs)."""
+
+
+class PartitionStateMachine:
+    def __init__(self, ctx: ControllerContext, store, unclean_default: bool):
+        self.ctx = ctx
+        self.store = store
+        self.unclean_default = unclean_default
+
+    def startup(self) -> None:
+        """Phases from the partition states read at failover, then elect where needed."""
+        ctx = self.ctx
+        for tp in ctx.partitions():
+            state = ctx.leadership.get(tp)
+            if state is None:
+                ctx.partition_phase[tp] = PartitionPhase.NEW
+            elif ctx.is_online(state.leader, include_shutting_down=True):
+                ctx.partition_phase[tp] = PartitionPhase.ONLINE
+            else:
+                ctx.partition_phase[tp] = PartitionPhase.OFFLINE
+        self.trigger_online()
+
+    def phase(self, tp: TopicPartition) -> PartitionPhase:
+        return self.ctx.partition_phase.get(tp, PartitionPhase.NON_EXISTENT)
+
+    def trigger_online(self) -> dict[TopicPartition, object]:
+        """Elect leaders for every New or Offline partition not being deleted."""
+        ctx = self.ctx
+        candidates = [tp for tp in ctx.partitions()
+                      if self.phase(tp) in (PartitionPhase.NEW, PartitionPhase.OFFLINE)
+                      and tp[0] not in ctx.deleting]
+        return self.handle(candidates, PartitionPhase.ONLINE, elections.OFFLINE)
+
+    def handle(self, tps, target: PartitionPhase,
+               strategy: elections.Strategy = elections.OFFLINE) -> dict[TopicPartition, object]:
+        """Move partitions to `target`; returns, per partition, the new LeaderAndIsr or the
+        exception that kept it where it was."""
+        results: dict[TopicPartition, object] = {}
+        valid = []
+        for tp in tps:
+            if self.phase(tp) not in _VALID_PREVIOUS[target]:
+                results[tp] = ElectionFailed(f"invalid transition {self.phase(tp).value} -> {target.value}")
+                log.warning("controller: partition %s-%d cannot move from %s to %s",
+                            tp[0], tp[1], self.phase(tp).value, target.value)
+            else:
+                valid.append(tp)
+        if target is PartitionPhase.NEW:
+            for tp in valid:
+                self.ctx.partition_phase[tp] = PartitionPhase.NEW
+        elif target is PartitionPhase.OFFLINE:
+            for tp in valid:
+                self.ctx.partition_phase[tp] = PartitionPhase.OFFLINE
+        elif target is PartitionPhase.NON_EXISTENT:
+            for tp in valid:
+                self.ctx.partition_phase.pop(tp, None)
+                self.ctx.leadership.pop(tp, None)
+        else:
+            new = [tp for tp in valid if self.phase(tp) is PartitionPhase.NEW]
+            results.update(self._initialize(new))
+            for tp in valid:
+                if tp not in new:
+                    results[tp] = self._elect(tp, strategy)
+        self.ctx.flush()
+        return results
+
+    # -- New -> Online ---------------------------------------------------------------------
+    def _initialize(self, tps) -> dict[TopicPartition, object]:
+        """Leader: the first live replica; ISR: the live replicas; leader epoch 0."""
+        ctx = self.ctx
+        results: dict[TopicPartition, object] = {}
+        planned: dict[TopicPartition, LeaderAndIsr] = {}
+        for tp in tps:
+            live = [r for r in ctx.replicas(tp) if ctx.is_online(r)]
+            if not live:
+                results[tp] = ElectionFailed(f"no replica of {tp[0]}-{tp[1]} is online")
+                log.info("controller: cannot elect a leader for new partition %s-%d: no live replica", *tp)
+                continue
+            planned[tp] = LeaderAndIsr(live[0], 0, tuple(live), ctx.epoch.epoch)
+        if not planned:
+            return results
+        try:
+            created = self.store.create_partition_states(planned, ctx.epoch)
+        except StaleVersion:
+            # Some states exist already (a previous controller wrote them): one at a time.
+            created = {}
+            for tp, state in planned.items():
+                try:
+                    created.update(self.store.create_partition_states({tp: state}, ctx.epoch))
+                except StaleVersion:
+                    existing = self.store.partition_states(tp[0]).get(tp[1])
+                    if existing is not None:
+                        ctx.leadership[tp] = existing
+                        ctx.partition_phase[tp] = PartitionPhase.OFFLINE
+                        results[tp] = self._elect(tp, elections.OFFLINE)
+        for tp, state in created.items():
+            ctx.leadership[tp] = state
+            ctx.partition_phase[tp] = PartitionPhase.ONLINE
+            ctx.send_leader_and_isr([r for r in ctx.replicas(tp) if ctx.is_online(r)], tp, is_new=True)
+            results[tp] = state
+        return results
+
+    # -- Online/Offline -> Online ----------------------------------------------------------
+    def _unclean_allowed(self, tp: TopicPartition, strategy: elections.Strategy) -> bool:
+        if strategy.allow_unclean is not None:
+            return strategy.allow_unclean
+        value = self.store.topic_configs(tp[0]).get("unclean.leader.election.enable")
+        if value is None:
+            return self.unclean_default
+        return str(value).strip().lower() == "true"
+
+    def _elect(self, tp: TopicPartition, strategy: elections.Strategy) -> object:
+        ctx = self.ctx
+        for _ in range(_MAX_RETRIES):
+            current = ctx.leadership.get(tp)
+            if current is None:
+                return ElectionFailed(f"no state for {tp[0]}-{tp[1]}")
+            if current.controller_epoch > ctx.epoch.epoch:
+                return ElectionFailed(f"{tp[0]}-{tp[1]} was written by a newer controller")
+            replicas = ctx.replicas(tp)
+            live = set(ctx.brokers)
+            target = [r for r in replicas if r not in ctx.removing(tp)]
+            chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down,
+                                     False, target)
+            if chosen is None and strategy.name == "offline" and self._unclean_allowed(tp, strategy):
+                chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down, True)
+                if chosen is not None:
+                    log.warning("controller: unclean leader election for %s-%d: %d leads, "
+                                "records acknowledged by the old ISR may be lost", tp[0], tp[1], chosen[0])
+            if chosen is None:
+                if strategy.name == "offline":
+                    ctx.partition_phase[tp] = PartitionPhase.OFFLINE
+                return ElectionFailed(f"no eligible leader for {tp[0]}-{tp[1]} "
+                                      f"(replicas {list(replicas)}, isr {list(current.isr)})")
+            leader, isr = chosen
+            proposed = LeaderAndIsr(leader, current.leader_epoch + 1, isr, ctx.epoch.epoch, current.version)
+            try:
+                written = self.store.update_partition_state(tp, proposed, ctx.epoch)
+            except StaleVersion:
+                self.refresh(tp)
+                continue
+            ctx.leadership[tp] = written
+            ctx.partition_phase[tp] = PartitionPhase.ONLINE
+            include = strategy.name == "controlled_shutdown"
+            recipients = [r for r in replicas if ctx.is_online(r, include_shutting_down=include)]
+            ctx.send_leader_and_isr(recipients, tp)
+            log.info("controller: %s-%d leader %d epoch %d isr %s (%s election)",
+                     tp[0], tp[1], leader, written.leader_epoch, list(isr), strategy.name)
+            return written
+        return ElectionFailed(f"{tp[0]}-{tp[1]}: the state kept changing under the election")
+
+    def bump_leader_epoch(self, tp: TopicPartition) -> LeaderAndIsr | None:
+        """Same leader and ISR, next leader epoch: how a reassignment tells the replicas the
+        replica set changed (followers re-fetch, fenced at the old epoch)."""
+        ctx = self.ctx
+        for _ in range(_MAX_RETRIES):
+            current = ctx.leadership.get(tp)
+            if current is None or current.controller_epoch > ctx.epoch.epoch:
+                return None
+            proposed = LeaderAndIsr(current.leader, current.leader_epoch + 1, current.isr,
+                                    ctx.epoch.epoch, current.version)
+            try:
+                written = self.store.update_partition_state(tp, proposed, ctx.epoch)
+            except StaleVersion:
+                self.refresh(tp)
+                continue
+            ctx.leadership[tp] = written
+            return written
+        return None
+
+    def refresh(self, tp: TopicPartition) -> None:
+        """Re-read one partition's state (another writer, a leader changing its ISR, won)."""
+        state = self.store.partition_states(tp[0]).get(tp[1])
+        if state is not None:
+            self.ctx.leadership[tp] = state

@@ -1,0 +1,7 @@
+from .request import LeaderAndIsrRequest
+from .response import LeaderAndIsrResponse
+
+__all__ = (
+    "LeaderAndIsrRequest",
+    "LeaderAndIsrResponse",
+)

@@ -1,0 +1,57 @@
+"""
+Generated from ``clients/src/main/resources/common/message/ListOffsetsResponse.json`` (Apache Kafka 3.9),
+version 0, by ``scripts/generate_legacy_schemas.py``. Do not edit.
+"""
+
+from dataclasses import dataclass
+from dataclasses import field
+from typing import ClassVar
+
+from kio.schema.errors import ErrorCode
+from kio.schema.response_header.v0.header import ResponseHeader
+from kio.schema.types import TopicName
+from kio.static.constants import EntityType
+from kio.static.primitive import i16
+from kio.static.primitive import i32
+from kio.static.primitive import i64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListOffsetsPartitionResponse:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(2)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    partition_index: i32 = field(metadata={"kafka_type": "int32"})
+    """The partition index."""
+    error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+    """The partition error code, or 0 if there was no error."""
+    old_style_offsets: tuple[i64, ...] = field(
+        metadata={"kafka_type": "int64"}, default=()
+    )
+    """The result offsets."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListOffsetsTopicResponse:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(2)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    name: TopicName = field(metadata={"kafka_type": "string"})
+    """The topic name."""
+    partitions: tuple[ListOffsetsPartitionResponse, ...]
+    """Each partition in the response."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListOffsetsResponse:
+    __type__: ClassVar = EntityType.response
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(2)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    topics: tuple[ListOffsetsTopicResponse, ...]
+    """Each topic in the response."""

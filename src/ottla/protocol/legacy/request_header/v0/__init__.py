@@ -1,0 +1,5 @@
+from .header import RequestHeader
+
+__all__ = (
+    "RequestHeader",
+)

@@ -1,0 +1,7 @@
+from .request import UpdateMetadataRequest
+from .response import UpdateMetadataResponse
+
+__all__ = (
+    "UpdateMetadataRequest",
+    "UpdateMetadataResponse",
+)

@@ -1,0 +1,39 @@
+"""Schema lookup: kio's classes first, then the ones generated for what kio 0.6 lacks.
+
+kio is generated from Kafka 4's schemas; `ottla.protocol.legacy` holds the classes
+generated from Kafka 3.9's (ZooKeeper-era controller APIs, versions KIP-896 removed), in
+kio's style so kio's readers and writers serialize both alike.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pkgutil import resolve_name
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+
+from .legacy import index as legacy_index
+
+
+@cache
+def request_schema(api_key: int, api_version: int) -> type:
+    """The request class; raises kio's UnknownAPIKey/UnknownEntity when neither has it."""
+    try:
+        return load_request_schema(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity):
+        path = legacy_index.REQUESTS.get((api_key, api_version))
+        if path is None:
+            raise
+        return resolve_name(path)
+
+
+@cache
+def response_schema(api_key: int, api_version: int) -> type:
+    try:
+        return load_response_schema(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity):
+        path = legacy_index.RESPONSES.get((api_key, api_version))
+        if path is None:
+            raise
+        return resolve_name(path)
+

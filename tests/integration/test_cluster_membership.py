@@ -1,0 +1,155 @@
+"""Brokers joining a ZooKeeper cluster: registration, cluster id, producer ids, bad input.
+
+Real ZooKeeper, real `ottla serve` processes (`ottla.testing.cluster`), real clients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kazoo.client import KazooClient
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.static.primitive import i16, i64
+
+from ottla.testing import BrokerProcess, cluster
+from ottla.testing.zookeeper import free_port, zookeeper
+from tests.wire import roundtrip
+
+
+@pytest.fixture(scope="module")
+def zk_cluster(tmp_path_factory):
+    with cluster(brokers=2, root=tmp_path_factory.mktemp("cluster")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def zk(zk_cluster):
+    client = KazooClient(hosts=zk_cluster.connect)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def registration(zk, broker_id):
+    data, stat = zk.get(f"/brokers/ids/{broker_id}")
+    return json.loads(data), stat
+
+
+def serve(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ottla.cli", "serve", "--listen", "127.0.0.1:0", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_brokers_register_with_kafkas_json_and_share_one_cluster_id(zk_cluster, zk):
+    assert sorted(zk.get_children("/brokers/ids")) == ["1", "2"]
+    for broker_id, handle in zk_cluster.brokers.items():
+        data, stat = registration(zk, broker_id)
+        assert stat.ephemeralOwner != 0
+        assert data["version"] == 5 and data["endpoints"] == [f"PLAINTEXT://{handle.bootstrap}"]
+        assert (data["host"], data["port"]) == ("127.0.0.1", handle.port)
+    cluster_id = json.loads(zk.get("/cluster/id")[0])["id"]
+    for handle in zk_cluster.brokers.values():
+        assert f"cluster.id={cluster_id}\n" in (handle.data_dir / "meta.properties").read_text()
+        metadata = AdminClient({"bootstrap.servers": handle.bootstrap}).list_topics(timeout=30)
+        assert metadata.cluster_id == cluster_id
+
+
+def test_producer_ids_are_unique_across_brokers_and_restarts(zk_cluster, zk, raw_connection):
+    ids = []
+    for round_ in range(2):
+        for handle in zk_cluster.brokers.values():
+            sock = raw_connection(handle.bootstrap)
+            for _ in range(3):
+                _, response = roundtrip(sock, InitProducerIdRequest(
+                    transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),
+                    producer_id=i64(-1), producer_epoch=i16(-1)))
+                assert response.error_code == ErrorCode.none
+                ids.append(response.producer_id)
+        if round_ == 0:
+            zk_cluster.brokers[1].restart(crash=True)
+    assert len(set(ids)) == len(ids), sorted(ids)
+    # Three blocks claimed in ZooKeeper: broker 1, broker 2, broker 1 after its crash.
+    latest = json.loads(zk.get("/latest_producer_id_block")[0])
+    assert latest["version"] == 1 and int(latest["block_end"]) - int(latest["block_start"]) == 999
+    assert {pid // 1000 for pid in ids} == {0, 1, int(latest["block_start"]) // 1000}
+
+
+def test_duplicate_broker_id_is_refused_and_leaves_the_registration_alone(zk_cluster, zk, tmp_path):
+    before = registration(zk, 2)
+    intruder = BrokerProcess(tmp_path / "intruder", {"zookeeper.connect": zk_cluster.connect, "broker.id": 2})
+    with pytest.raises(RuntimeError, match="exited with 1") as failure:
+        intruder.start()
+    assert "broker.id 2 is registered at /brokers/ids/2 by another live broker" in str(failure.value)
+    assert intruder.read_stderr().count("serving on") == 0  # never reported ready
+    after = registration(zk, 2)
+    assert after[1].czxid == before[1].czxid and after[0]["port"] == zk_cluster.brokers[2].port
+
+
+def test_broker_id_and_node_id_must_agree(zk_cluster):
+    result = serve(["--data-dir", "/nonexistent-never-created", "--config", f"zookeeper.connect={zk_cluster.connect}",
+                    "--config", "broker.id=5", "--config", "node.id=6"])
+    assert result.returncode == 2
+    assert "broker.id and node.id must have the same value" in result.stderr
+
+
+def test_session_expiry_unregisters_then_the_broker_registers_again(zk_cluster, zk):
+    """SIGSTOP past zookeeper.session.timeout.ms (6 s here), then SIGCONT."""
+    handle = zk_cluster.brokers[2]
+    first = registration(zk, 2)[1]
+    handle.pause()
+    try:
+        wait_for(lambda: zk.exists("/brokers/ids/2") is None, what="broker 2's registration to expire")
+    finally:
+        handle.resume()
+    wait_for(lambda: zk.exists("/brokers/ids/2") is not None, what="broker 2 to register again")
+    again = registration(zk, 2)
+    assert again[1].czxid > first.czxid and again[0]["port"] == handle.port
+    assert AdminClient({"bootstrap.servers": handle.bootstrap}).list_topics(timeout=30).brokers
+
+
+def test_unanswered_zookeeper_connect_stops_the_broker(tmp_path):
+    port = free_port()  # nothing listens there
+    result = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect=127.0.0.1:{port}",
+                    "--config", "zookeeper.connection.timeout.ms=1500"])
+    assert result.returncode == 1
+    assert f"zookeeper.connect=127.0.0.1:{port}: no ZooKeeper answered within 1500 ms" in result.stderr
+    assert not (tmp_path / "data").exists()  # nothing created
+
+
+def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
+    with zookeeper(root=tmp_path / "zk") as server:
+        missing = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect={server.connect}/ottla"])
+        assert missing.returncode == 1 and "chroot /ottla does not exist" in missing.stderr
+        assert not (tmp_path / "data").exists()
+        client = KazooClient(hosts=server.connect)
+        client.start(timeout=30)
+        try:
+            assert client.exists("/ottla") is None
+            client.create("/ottla")
+            handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4})
+            handle.start()
+            try:
+                assert client.get_children("/ottla/brokers/ids") == ["4"]
+                assert client.exists("/ottla/cluster/id") and client.exists("/brokers") is None
+            finally:
+                handle.stop()
+            assert client.get_children("/ottla/brokers/ids") == []  # a clean stop ends the session at once
+        finally:
+            client.stop()
+            client.close()

@@ -1,0 +1,71 @@
+"""The controller's asyncio edge on the in-memory store: watches marshalled onto the loop,
+store calls on one worker thread, requests queued per broker and retried until delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+from ottla.cluster.memory_store import MemoryZooKeeper
+from ottla.cluster.store import BrokerRegistration, TopicAssignment
+from ottla.controller import ControllerConfig
+from ottla.controller.service import ControllerService
+
+
+async def eventually(predicate, timeout=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_service_elects_sends_and_fails_over():
+    async def main():
+        zk = MemoryZooKeeper()
+        sent: list = []
+        threads: set = set()
+        unreachable = {3}
+
+        async def send(request):
+            if request.destination in unreachable:
+                raise ConnectionRefusedError("broker 3 is not listening yet")
+            sent.append(request)
+            if request.kind == "StopReplica":
+                return {(p.topic, p.partition): 0 for p in request.payload.partitions}
+            return None
+
+        services = {}
+        for broker_id in (1, 2, 3):
+            store = zk.session()
+            store.register_broker(BrokerRegistration(broker_id, "127.0.0.1", 9000 + broker_id))
+            original = store.live_brokers
+
+            def tracking(original=original):
+                threads.add(threading.current_thread().name)
+                return original()
+            store.live_brokers = tracking
+            services[broker_id] = ControllerService(broker_id, store, ControllerConfig(), send, tick_interval_s=0.05)
+        for service in services.values():
+            await service.start()
+        await eventually(lambda: sum(s.active for s in services.values()) == 1)
+        first = next(b for b, s in services.items() if s.active)
+        others = [b for b in services if b != first]
+        services[others[0]].store.create_topic(TopicAssignment("t", uuid.uuid4(), {0: (1, 2, 3)}), {})
+        await eventually(lambda: any(r.kind == "LeaderAndIsr" and r.destination == 2 for r in sent))
+        assert not any(r.destination == 3 for r in sent)
+        unreachable.clear()  # broker 3 starts listening: the queued requests go out, in order
+        await eventually(lambda: any(r.kind == "LeaderAndIsr" and r.destination == 3 for r in sent))
+        kinds_to_3 = [r.kind for r in sent if r.destination == 3]
+        assert kinds_to_3.index("UpdateMetadata") < kinds_to_3.index("LeaderAndIsr")
+        assert threads and all(name.startswith("ottla-controller") for name in threads)
+        # The controller's session expires: another broker takes over with a new epoch.
+        services[first].store.expire_session()
+        await eventually(lambda: zk.controller_epoch.epoch == 2
+                         and sum(s.active for s in services.values()) == 1)
+        assert next(b for b, s in services.items() if s.active) == zk.controller[0]
+        for service in services.values():
+            await service.stop()
+            service.store.close()
+
+    asyncio.run(main())
