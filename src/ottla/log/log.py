@@ -151,6 +151,8 @@ class Log:
         self._last_flush_ms = now_ms
         self._segment_created_ms = now_ms
         self._load(recovery_point, clean_shutdown)
+        for segment in self._segments[:-1]:
+            segment.mark_sealed()
         self.high_watermark = self.log_end_offset
 
     @property

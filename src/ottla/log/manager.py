@@ -200,6 +200,23 @@ class LogManager:
             self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends
         )
 
+    def _new_logs(self, topic: str, partitions: range, config: TopicConfig) -> dict[tuple[str, int], Log]:
+        """All of them or none: a failure part-way (no space, no descriptors left) removes the
+        partitions made so far and is KAFKA_STORAGE_ERROR, so no half-created topic is left."""
+        made: dict[tuple[str, int], Log] = {}
+        try:
+            for partition in partitions:
+                made[(topic, partition)] = self._new_log(topic, partition, config)
+        except OSError as exc:
+            for partition_log in made.values():
+                partition_log.delete()
+            shutil.rmtree(self._partition_dir(topic, partition), ignore_errors=True)
+            log.warning("creating %d partitions of %s failed at partition %d: %s; nothing was kept",
+                        len(partitions), topic, partition, exc)
+            raise KafkaError(ErrorCode.kafka_storage_error,
+                             f"cannot create partition {topic}-{partition}: {exc.strerror or exc}") from None
+        return made
+
     def _topic_config(self, configs: Mapping[str, Any] | None) -> TopicConfig:
         try:
             return TopicConfig(self.broker_config, configs)
@@ -243,12 +260,14 @@ class LogManager:
         info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, config)
         if validate_only:
             return info
-        new_logs = {
-            (name, p): self._new_log(name, p, config)
-            for p in range(partitions)
-        }
-        _fsync_dir(self.data_dir)
-        self._write_topic(info)
+        new_logs = self._new_logs(name, range(partitions), config)
+        try:
+            _fsync_dir(self.data_dir)
+            self._write_topic(info)  # the commit point
+        except OSError as exc:
+            for partition_log in new_logs.values():
+                partition_log.delete()
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name}: {exc}") from None
         self.topics[name] = info
         self.logs.update(new_logs)
         return info
@@ -273,8 +292,7 @@ class LogManager:
         updated = info._replace(partitions=total)
         if validate_only:
             return updated
-        for p in range(info.partitions, total):
-            self.logs[(name, p)] = self._new_log(name, p, info.config)
+        self.logs.update(self._new_logs(name, range(info.partitions, total), info.config))
         _fsync_dir(self.data_dir)
         self._write_topic(updated)
         self.topics[name] = updated
