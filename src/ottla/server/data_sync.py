@@ -23,17 +23,42 @@ log = logging.getLogger("ottla.sync")
 OnSynced = Callable[[ErrorCode], None]
 
 
-def _fdatasync_all(fds: dict[int, int]) -> dict[int, ErrorCode]:
+def _fdatasync_all(fds: dict) -> dict:
     """fdatasync and close each duplicated descriptor; runs in a worker thread."""
     errors = {}
     for partition, fd in fds.items():
         try:
             os.fdatasync(fd)
         except OSError as exc:
-            log.error("fdatasync of partition %d failed: %s", partition, exc)
+            log.error("fdatasync of partition %s failed: %s", partition, exc)
             errors[partition] = ErrorCode.kafka_storage_error
         finally:
             os.close(fd)
+    return errors
+
+
+async def sync_partitions(logs: LogManager, partitions) -> dict[tuple[str, int], ErrorCode]:
+    """Make what `partitions` ((topic, partition) pairs) hold now durable, off the event loop;
+    returns the errors of those that could not be synced.
+
+    For writes whose durability something else depends on: a transaction marker must be on
+    disk before the coordinator records the transaction complete, or a power loss leaves it
+    complete at the coordinator and open on the partition, its LSO stuck.
+    """
+    fds, errors = {}, {}
+    for key in partitions:
+        try:
+            fd = logs.get_log(*key).duplicate_data_fd()
+        except KafkaError as exc:
+            errors[key] = exc.code
+        except OSError:
+            log.exception("cannot sync %s-%d", *key)
+            errors[key] = ErrorCode.kafka_storage_error
+        else:
+            if fd is not None:
+                fds[key] = fd
+    if fds:
+        errors |= await asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds)
     return errors
 
 

@@ -134,7 +134,7 @@ class MarkerSender:
                 coordinator_epoch=coordinator_epoch),))
             ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
             try:
-                response = write_txn_markers.write_markers(ctx, request)
+                response = await write_txn_markers.write_markers(ctx, request)
             except Exception:
                 log.exception("WriteTxnMarkers for producer %d failed; retrying", producer_id)
                 await asyncio.sleep(_MARKER_RETRY_MAX_S)

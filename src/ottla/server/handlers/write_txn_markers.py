@@ -14,6 +14,7 @@ from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...protocol.build import make, nested
 from ...records.control import build_control_batch
 from ..clock import now_ms
+from ..data_sync import sync_partitions
 
 API_KEY = 27
 # v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
@@ -27,13 +28,20 @@ async def handle(ctx, request):
         return _response(ctx, [(marker.producer_id, [(topic.name, index, ErrorCode.cluster_authorization_failed)
                                                      for topic in marker.topics for index in topic.partition_indexes])
                                for marker in request.markers])
-    return write_markers(ctx, request)
+    return await write_markers(ctx, request)
 
 
-def write_markers(ctx, request):
-    """The request's work without the ACL check: the local coordinator calls it directly."""
+async def write_markers(ctx, request):
+    """The request's work without the ACL check: the local coordinator calls it directly.
+
+    A partition is answered once its marker is durable (fdatasynced; on one node that is
+    the only copy): the coordinator writes CompleteCommit/CompleteAbort after this answer,
+    and a complete transaction whose marker a power loss took would stay open on the
+    partition for good.
+    """
     broker = ctx.broker
     results = []
+    appended = set()
     for marker in request.markers:
         commit = marker.transaction_result
         offsets_partitions = []
@@ -49,6 +57,7 @@ def write_markers(ctx, request):
                                                 marker.coordinator_epoch, commit, now)
                     try:
                         broker.append(topic.name, index, batch, now=now, origin="coordinator")
+                        appended.add((topic.name, index))
                         if topic.name == GROUP_METADATA_TOPIC:
                             offsets_partitions.append(index)
                     except KafkaError as exc:
@@ -57,6 +66,10 @@ def write_markers(ctx, request):
         if offsets_partitions:
             broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)
         results.append((marker.producer_id, outcomes))
+    sync_errors = await sync_partitions(broker.logs, appended)
+    if sync_errors:
+        results = [(producer_id, [(topic, index, sync_errors.get((topic, index), error))
+                                  for topic, index, error in outcomes]) for producer_id, outcomes in results]
     return _response(ctx, results)
 
 
