@@ -30,6 +30,7 @@ from ..config import BrokerConfig, TopicConfig
 from ..errors import ConfigError, ErrorCode, KafkaError
 from .log import Log
 from .page_cache import RecentAppends
+from ..durability import fsync
 
 __all__ = ["LogManager", "TopicInfo", "validate_topic_name"]
 
@@ -76,7 +77,7 @@ def validate_topic_name(name: str) -> None:
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync(fd, path)
     finally:
         os.close(fd)
 
@@ -86,7 +87,7 @@ def _write_atomically(path: Path, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        fsync(f.fileno(), tmp)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 

@@ -21,6 +21,7 @@ from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc,
 from . import page_cache
 from .index import OffsetIndex, TimeIndex
 from .txn_index import TransactionIndex, index_path
+from ..durability import fsync
 
 __all__ = ["LogSegment", "segment_name"]
 
@@ -147,7 +148,7 @@ class LogSegment:
     def flush(self) -> None:
         """fsync the .log and its indexes."""
         if self._fd >= 0:
-            os.fsync(self._fd)
+            fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
         if self.offset_index.is_open:
@@ -183,7 +184,7 @@ class LogSegment:
         """The segment stops being active: record its final max timestamp, trim and fsync
         everything, and give the descriptors back."""
         if self._fd >= 0:
-            os.fsync(self._fd)
+            fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
