@@ -153,3 +153,22 @@ def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
         finally:
             client.stop()
             client.close()
+
+
+def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ottla_cluster):
+    """kill -9 leaves the registration until the old session times out; a restart right away
+    waits for it to go instead of failing (Kafka's KAFKA-7165), then registers anew."""
+    client = KazooClient(hosts=ottla_cluster.connect)
+    client.start(timeout=30)
+    try:
+        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
+        before = client.get("/brokers/ids/3")[1]
+        handle = ottla_cluster.brokers[3]
+        handle.kill()
+        handle.start()
+        after = client.get("/brokers/ids/3")[1]
+        assert after.czxid > before.czxid and after.ephemeralOwner != before.ephemeralOwner
+        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
+    finally:
+        client.stop()
+        client.close()

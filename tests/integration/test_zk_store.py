@@ -106,11 +106,13 @@ def test_broker_registration_is_ephemeral_and_unique(stores, connect, raw):
     assert two.live_brokers() == {1: reg, 2: two.live_brokers()[2]}
     assert two.live_brokers()[2].epoch > reg.epoch
 
-    changed = threading.Event()
+    changed, lost = threading.Event(), threading.Event()
     two.watch("brokers", changed.set)
+    one.on_session_lost(lost.set)
     one.close()  # session closed: the ephemeral registration goes at once
     assert changed.wait(30)
     assert set(two.live_brokers()) == {2}
+    assert not lost.is_set()  # closing is not losing the session
 
 
 def test_controller_race_one_wins_and_the_deposed_is_fenced(stores, connect, raw):
@@ -379,5 +381,41 @@ def test_store_survives_the_ensemble_losing_its_leader(tmp_path):
             store.create_topic(TopicAssignment("t", uuid.uuid4(), {0: (1,)}), {})
             store.create_partition_states({("t", 0): LeaderAndIsr(1, 0, (1,), epoch.epoch)}, epoch)
             assert store.claim_producer_id_block(1, 1000) == (0, 999)
+            # The killed member comes back; then the leader hangs (SIGSTOP) instead of dying.
+            killed = next(s for s in ensemble.servers if not s.running())
+            killed.start()
+            hung = ensemble.leader()
+            hung.pause()
+            try:
+                assert ensemble.leader() is not hung
+                assert store.claim_producer_id_block(1, 1000) == (1000, 1999)
+                assert set(store.live_brokers()) == {1}
+            finally:
+                hung.resume()
         finally:
             store.close()
+
+
+def test_calls_give_store_unavailable_while_zookeeper_is_down_then_work_again(tmp_path):
+    with zookeeper(root=tmp_path / "zk") as server:
+        store = ZkClusterStore(server.connect, session_timeout_ms=SESSION_MS, connection_timeout_ms=2000)
+        try:
+            store.register_broker(BrokerRegistration(1, "127.0.0.1", 9092))
+            server.kill()
+            with pytest.raises(StoreUnavailable, match="did not answer within 2000 ms"):
+                store.live_brokers()
+            with pytest.raises(StoreUnavailable):
+                store.claim_producer_id_block(1, 1000)
+            server.start()  # same data dir: the session is still valid if it reconnects in time
+            wait_for(lambda: _answers(store), what="the store to answer again")
+            assert store.claim_producer_id_block(1, 1000) == (0, 999)
+        finally:
+            store.close()
+
+
+def _answers(store) -> bool:
+    try:
+        store.live_brokers()
+        return True
+    except StoreUnavailable:
+        return False

@@ -14,6 +14,7 @@ from ottla.coordinator.group import GroupCoordinator, StoredRecord
 from ottla.errors import ErrorCode
 from ottla.producer_state.authorizer import Operation, ResourceType
 from ottla.protocol.build import make, nested
+from ottla.server.metadata_cache import BrokerInfo, MetadataCache
 from ottla.server.handlers import (
     delete_groups,
     describe_groups,
@@ -56,12 +57,13 @@ class Acl:
 def broker(acl):
     coordinator = GroupCoordinator(BrokerConfig({"offsets.topic.num.partitions": 1}), Store())
     coordinator.load_partition(0, now_ms=0)
-    topics = {"t": SimpleNamespace(name="t", topic_id=TOPIC_ID), "secret": SimpleNamespace(name="secret", topic_id=None)}
+    metadata = MetadataCache(3, "cluster")
+    metadata.local_update(BrokerInfo(3, "broker-host", 9093), [
+        ("t", TOPIC_ID, 2), ("secret", uuid.UUID(int=2), 2), ("__consumer_offsets", uuid.UUID(int=3), 1),
+        ("__transaction_state", uuid.UUID(int=4), 1)])
     return SimpleNamespace(
-        authorizer=acl, node_id=3, advertised=("broker-host", 9093), connections=set(),
+        authorizer=acl, node_id=3, connections=set(), metadata=metadata,
         groups=SimpleNamespace(coordinator=coordinator),
-        logs=SimpleNamespace(topics=topics, topic_by_id=lambda i: topics["t"] if i == TOPIC_ID else None),
-        find_log=lambda topic, partition: object() if topic in topics and partition < 2 else None,
     )
 
 

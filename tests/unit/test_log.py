@@ -41,7 +41,8 @@ def test_append_assigns_dense_offsets(log):
     results = [log.append(batch(n), now_ms=5) for n in (1, 3, 2)]
     assert [(r.base_offset, r.last_offset) for r in results] == [(0, 0), (1, 3), (4, 5)]
     assert all(r.log_append_time == -1 and r.log_start_offset == 0 and not r.duplicate for r in results)
-    assert log.log_end_offset == log.high_watermark == 6
+    assert log.log_end_offset == 6 and log.high_watermark == 0  # appends never move the HW
+    assert log.update_high_watermark(10) == 6  # and it never passes the log end
     data = log.read(0, 1 << 20, max_offset=log.high_watermark).records
     assert offsets_in(data) == list(range(6))
     assert [h.partition_leader_epoch for h in parse_batches(data)] == [0, 0, 0]
@@ -51,6 +52,7 @@ def test_append_writes_the_client_bytes_unchanged_except_the_patches(log):
     log.append(batch(1), now_ms=0)
     sent = bytearray(batch(2, ts=77))
     log.append(bytes(sent), now_ms=0, leader_epoch=9)
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     stored = log.read(1, 1 << 20, max_offset=log.high_watermark).records
     assert stored[12:16] == (9).to_bytes(4, "big") and stored[:8] == (1).to_bytes(8, "big")
     assert stored[16:] == sent[16:]  # from magic on, byte for byte, CRC included
@@ -213,9 +215,11 @@ def test_open_transaction_holds_the_last_stable_offset(log):
     log.append(batch(2), now_ms=0)
     log.append(batch(2, producer_id=3, epoch=0, seq=0, txn=True), now_ms=0)
     log.append(batch(2), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert (log.high_watermark, log.last_stable_offset) == (6, 2)
     assert offsets_in(log.read(0, 1 << 20, max_offset=log.last_stable_offset).records) == [0, 1]
     marker = log.append(build_control_batch(3, 0, 0, True, 5), now_ms=0, origin="coordinator")
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert marker.base_offset == 6 and log.last_stable_offset == 7
     assert log.read(0, 1 << 20, max_offset=7).last_stable_offset == 7
 
@@ -255,6 +259,7 @@ def test_truncate_to_drops_whole_batches_and_appends_continue(tmp_path):
     for _ in range(6):
         log.append(batch(2), now_ms=0)
     assert len(log.segments) == 2
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     log.truncate_to(5)  # inside batch 4-5
     assert log.log_end_offset == log.high_watermark == 4
     assert [s.base_offset for s in log.segments] == [0]
@@ -327,6 +332,7 @@ def test_read_committed_lists_aborted_transactions_across_segments(tmp_path):
     log.append(build_control_batch(2, 0, 0, True, 0), now_ms=0, origin="coordinator")  # 6 commit
     log.append(batch(2), now_ms=0)  # 7-8, a new segment
     log.append(build_control_batch(1, 0, 0, False, 0), now_ms=0, origin="coordinator")  # 9 abort
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert [s.base_offset for s in log.segments] == [0, 7]
     assert log.last_stable_offset == 10
     data = log.read(0, 1 << 20, max_offset=10, with_aborted=True)
@@ -421,6 +427,7 @@ def test_retention_by_time_deletes_old_segments_only(tmp_path):
     log = Log(tmp_path / "t-0", config(segment_bytes=2 * size, retention_ms=1_000))
     for ts in (100, 200, 300, 400, 5_000, 5_100, 5_200):
         log.append(batch(1, ts=ts), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert [s.base_offset for s in log.segments] == [0, 2, 4, 6]
     assert log.apply_retention(now_ms=5_500) == 2  # segments ending at 200 and 400
     assert log.log_start_offset == 4 and [s.base_offset for s in log.segments] == [4, 6]
@@ -437,6 +444,7 @@ def test_retention_by_size(tmp_path):
     log = Log(tmp_path / "t-0", config(segment_bytes=2 * size, retention_bytes=3 * size))
     for _ in range(7):
         log.append(batch(1), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert log.apply_retention(now_ms=0) == 2  # 7 batches -> keep the newest 3 or more
     assert log.log_start_offset == 4 and sum(s.size for s in log.segments) == 3 * size
 
@@ -453,6 +461,7 @@ def test_delete_records_before(tmp_path):
     log = Log(tmp_path / "t-0", config(segment_bytes=2 * size))
     for _ in range(4):
         log.append(batch(2), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert log.delete_records_before(5) == 5
     assert [s.base_offset for s in log.segments] == [4]
     assert offsets_in(log.read(5, 1 << 20, max_offset=8).records) == [4, 5, 6, 7]

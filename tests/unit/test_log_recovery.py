@@ -181,6 +181,7 @@ def test_producer_state_survives_a_crash(tmp_path):
     log.append(batch(99, producer_id=8, producer_epoch=0, base_sequence=0, is_transactional=True), now_ms=0)
     log.append(batch(98, producer_id=6, producer_epoch=0, base_sequence=0, is_transactional=True), now_ms=0)
     log.append(build_control_batch(8, 0, 0, False, 0), now_ms=0, origin="coordinator")
+    log.update_high_watermark(log.log_end_offset)  # the partition's decision, not the log's
     assert log.last_stable_offset == 82
     directory = crashed_copy(log, tmp_path)
     recovered = Log(directory, CFG, recovery_point=0)

@@ -5,7 +5,6 @@ lost and no transaction stays open. In process: real brokers on real files, no s
 from __future__ import annotations
 
 import asyncio
-import itertools
 from datetime import timedelta
 
 import pytest
@@ -16,7 +15,6 @@ from kio.schema.end_txn.v3.request import EndTxnRequest
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 
 from ottla.config import BrokerConfig
-from ottla.coordinator.transaction.service import TransactionService
 from ottla.errors import ErrorCode
 from ottla.protocol.build import make, nested
 from ottla.records.records import Record, build_batch
@@ -39,7 +37,6 @@ CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitio
 
 async def start(data_dir) -> Broker:
     broker = Broker(data_dir, BrokerConfig(CONFIG))
-    broker.transactions = TransactionService(broker, itertools.count(1000).__next__, now_ms)
     await broker.groups.start()
     await broker.transactions.start()
     return broker
@@ -58,8 +55,8 @@ async def committed_txn(broker, tid: str, value: bytes) -> None:
     await call(broker, add_partitions_to_txn, 3, AddPartitionsToTxnRequest(
         v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid, v3_and_below_producer_epoch=epoch,
         v3_and_below_topics=(AddPartitionsToTxnTopic(name="t", partitions=(0,)),)))
-    broker.append("t", 0, build_batch([Record(b"k", value, (), now_ms())], producer_id=pid, producer_epoch=epoch,
-                                      base_sequence=0, is_transactional=True), now=now_ms())
+    broker.replicas.append("t", 0, build_batch([Record(b"k", value, (), now_ms())], producer_id=pid, producer_epoch=epoch,
+                                      base_sequence=0, is_transactional=True), now_ms=now_ms())
     broker.logs.get_log("t", 0).flush()  # the data is durable (a flush.ms tick, a roll): only the marker is at stake
     assert (await call(broker, end_txn, 3, EndTxnRequest(
         transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True))).error_code is E.none
@@ -106,7 +103,7 @@ def life(data_dir, scenario) -> None:
 @pytest.mark.parametrize("transactions", [1, 2, 5])
 def test_a_committed_transaction_is_never_left_open_by_a_power_loss(tmp_path, transactions):
     async def first(broker):
-        broker.logs.create_topic("t", 1, {})
+        broker.create_topic("t", 1, {})
         for i in range(transactions):
             await committed_txn(broker, f"tx{i}", b"v%d" % i)
 
@@ -133,10 +130,10 @@ def test_a_committed_transaction_is_never_left_open_by_a_power_loss(tmp_path, tr
 @pytest.mark.parametrize("commits", [1, 3, 20])
 def test_acknowledged_offset_commits_survive_a_power_loss(tmp_path, commits):
     async def first(broker):
-        broker.logs.create_topic("t", 1, {})
+        broker.create_topic("t", 1, {})
         for i in range(commits):
             assert await commit_offset(broker, "g", 10 + i) is E.none
-        broker.append("t", 0, build_batch([Record(b"k", b"unsynced", (), now_ms())]), now=now_ms())
+        broker.replicas.append("t", 0, build_batch([Record(b"k", b"unsynced", (), now_ms())]), now_ms=now_ms())
 
     with PowerLoss(tmp_path) as power:
         life(tmp_path, first)
@@ -153,10 +150,10 @@ def test_rolls_and_snapshots_keep_every_flushed_batch(tmp_path):
     producer state); after a power loss every batch below the last roll is there and the
     producer's next sequence is still accepted, its duplicates still recognised."""
     async def first(broker):
-        broker.logs.create_topic("t", 1, {"segment.bytes": 600})
+        broker.create_topic("t", 1, {"segment.bytes": 600})
         for seq in range(40):
-            broker.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                              producer_epoch=0, base_sequence=seq), now=now_ms())
+            broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                              producer_epoch=0, base_sequence=seq), now_ms=now_ms())
 
     with PowerLoss(tmp_path) as power:
         life(tmp_path, first)
@@ -167,10 +164,10 @@ def test_rolls_and_snapshots_keep_every_flushed_batch(tmp_path):
             rolled_to = log.segments[-1].base_offset
             assert rolled_to > 30 and log.log_end_offset >= rolled_to
             end = log.log_end_offset
-            duplicate = broker.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                                          producer_epoch=0, base_sequence=end - 1), now=now_ms())
+            duplicate = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                                          producer_epoch=0, base_sequence=end - 1), now_ms=now_ms())
             assert duplicate.duplicate and duplicate.base_offset == end - 1
-            nxt = broker.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                                    producer_epoch=0, base_sequence=end), now=now_ms())
+            nxt = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                                    producer_epoch=0, base_sequence=end), now_ms=now_ms())
             assert nxt.base_offset == end
         life(tmp_path, second)

@@ -38,6 +38,7 @@ from ottla.records.records import Record, build_batch, iter_batches
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 from ottla.server.context import RequestContext
+from ottla.server.coordinator_runtime import LocalMarkerChannel
 from ottla.server.handlers import (
     add_offsets_to_txn,
     add_partitions_to_txn,
@@ -57,7 +58,8 @@ class Node:
 
     def __init__(self, data_dir, ids):
         self.broker = Broker(data_dir, BrokerConfig({}))
-        self.broker.transactions = TransactionService(self.broker, lambda: next(ids), now_ms)
+        self.broker.transactions = TransactionService(self.broker.coordinator_runtime, LocalMarkerChannel(self.broker),
+                                                      self.broker.config, lambda: next(ids), now_ms)
 
     async def call(self, module, version, request):
         ctx = RequestContext(self.broker, module.API_KEY, version, None, "test")
@@ -87,7 +89,7 @@ class Node:
     def produce(self, topic, partition, pid, epoch, seq, value=b"v"):
         batch = build_batch([Record(b"k", value)], producer_id=pid, producer_epoch=epoch,
                             base_sequence=seq, is_transactional=True)
-        return self.broker.append(topic, partition, batch, now=now_ms(), origin="client")
+        return self.broker.replicas.append(topic, partition, batch, now_ms=now_ms(), origin="client")
 
     def control_batches(self, topic, partition):
         log = self.broker.logs.get_log(topic, partition)
@@ -101,7 +103,7 @@ async def started_node(tmp_path, topics=("t",)) -> Node:
     node = Node(tmp_path, itertools.count(7))
     await node.broker.transactions.start()
     for topic in topics:
-        node.broker.logs.create_topic(topic, 1, {})
+        node.broker.create_topic(topic, 1, {})
     return node
 
 
@@ -122,7 +124,7 @@ def test_commit_writes_markers_and_moves_the_lso(tmp_path):
     async def scenario():
         node = Node(tmp_path, itertools.count(7))
         await node.broker.transactions.start()
-        node.broker.logs.create_topic("t", 2, {})
+        node.broker.create_topic("t", 2, {})
         init = await node.init()
         assert (init.error_code, init.producer_id, init.producer_epoch) == (E.none, 7, 0)
         assert await node.add(7, 0, [("t", 0), ("t", 1)]) == {("t", 0): E.none, ("t", 1): E.none}
@@ -213,7 +215,7 @@ def test_markers_for_a_deleted_topic_are_dropped(tmp_path):
         node = await started_node(tmp_path, ("t", "gone"))
         await node.init()
         await node.add(7, 0, [("t", 0), ("gone", 0)])
-        node.broker.logs.delete_topic("gone")
+        node.broker.delete_topic("gone")
         assert await node.end(7, 0, commit=False) is E.none
         await settle()
         assert node.control_batches("t", 0) == [(0, 7, 0, ABORT_KEY)]
@@ -257,7 +259,7 @@ def test_offsets_inside_a_transaction(tmp_path):
         groups = node.broker.groups
         await groups.start()
         await node.broker.transactions.start()
-        node.broker.logs.create_topic("in", 1, {})
+        node.broker.create_topic("in", 1, {})
 
         async def commit_offset(offset, epoch=0):
             response = await node.call(txn_offset_commit, 3, TxnOffsetCommitRequest(

@@ -3,7 +3,7 @@
 Kafka's tools and knowledge apply unchanged: `zookeeper-shell ... get /brokers/ids/1` shows
 what a Kafka broker would have written. Every call blocks for one or a few round trips and
 gives up after `zookeeper.connection.timeout.ms` with `StoreUnavailable`; a request that
-was lost with its connection is retried (kazoo's retry), so a conditional write whose reply
+was lost with its connection is sent again, so a conditional write whose reply
 was lost may report `StaleVersion` although it applied: callers re-read, as they must after
 any `StaleVersion`.
 
@@ -23,12 +23,12 @@ import uuid
 from typing import Any, Callable, Mapping
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (BadVersionError, ConnectionClosedError, KazooException, NodeExistsError,
-                              NoNodeError, NotEmptyError, RolledBackError,
-                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss, KazooException,
+                              NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
+                              RolledBackError, RuntimeInconsistency, SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
-from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.retry import KazooRetry
 
 from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdBlock, ProducerIdBlockStore,
                                         ProducerIdsExhaustedError)
@@ -54,7 +54,7 @@ PERSISTENT_PATHS = ("/consumers", BROKER_IDS, TOPICS, CONFIG_CHANGES, DELETE_TOP
                     ISR_CHANGES, PRODUCER_ID_BLOCK, "/log_dir_event_notification", "/config/topics",
                     "/config/clients", "/config/users", "/config/brokers", "/config/ips")
 INITIAL_CONTROLLER_EPOCH = 0  # Kafka's KafkaController.InitialControllerEpoch
-_DISCONNECTED = (KazooTimeoutError, ConnectionClosedError, SessionExpiredError, RetryFailedError)
+RETRY_BACKOFF_S = 0.1
 
 
 def _json(value: Any) -> bytes:
@@ -158,9 +158,9 @@ class ZkClusterStore:
         self._watches: list[object] = []
         self._topic_watches: dict[str, DataWatch] = {}
         self._lock = threading.Lock()
+        self._closing = False
         self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
-                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-                               command_retry=KazooRetry(max_tries=-1, max_delay=0.5, deadline=self._timeout))
+                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         try:
             self._zk.start(timeout=self._timeout)
         except KazooTimeoutError:
@@ -170,35 +170,74 @@ class ZkClusterStore:
                                    f"{int(self._timeout * 1000)} ms") from None
         try:
             hosts, chroot = split_chroot(connect)
-            if chroot is not None and self._zk.exists("/") is None:
+            if chroot is not None and self._call("exists", "/") is None:
                 raise StoreUnavailable(f"zookeeper.connect={connect}: chroot {chroot} does not exist in "
                                        f"ZooKeeper at {hosts}; create it first")
             for path in PERSISTENT_PATHS:
-                self._zk.ensure_path(path)
+                self._call("ensure_path", path)
         except BaseException:
             self.close()
             raise
         self._zk.add_listener(self._state_changed)
 
     # -- plumbing --------------------------------------------------------------------------
-    def _call(self, fn: Callable, *args, **kwargs):
-        """One operation, retried over lost connections until the connection timeout."""
-        try:
-            return self._zk.retry(fn, *args, **kwargs)
-        except _DISCONNECTED as exc:
-            raise StoreUnavailable(f"ZooKeeper at {self.connect}: {type(exc).__name__}") from None
+    def _call(self, operation: str, *args, **kwargs):
+        """One kazoo operation by name (`"get"`, `"create"`, ...); see `_wait`."""
+        return self._wait(lambda: getattr(self._zk, operation + "_async")(*args, **kwargs))
+
+    def _wait(self, start: Callable[[], Any]):
+        """Start an operation and wait for it, again after a lost connection or session, until
+        the connection timeout; then StoreUnavailable. kazoo keeps a request queued while it
+        reconnects, so a write that timed out may still apply later (fenced writes stay fenced)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
+                                       f"{int(self._timeout * 1000)} ms")
+            try:
+                return start().get(timeout=remaining)
+            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+                time.sleep(min(RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+            except KazooTimeoutError:
+                continue  # the deadline check above reports it
+            except ConnectionClosedError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
 
     def _get(self, path: str) -> tuple[bytes, Any] | None:
         try:
-            return self._call(self._zk.get, path)
+            return self._call("get", path)
         except NoNodeError:
             return None
 
     def _children(self, path: str) -> list[str]:
         try:
-            return self._call(self._zk.get_children, path)
+            return self._call("get_children", path)
         except NoNodeError:
             return []
+
+    def _many(self, operation: str, paths: list[str], **kwargs) -> dict[str, Any]:
+        """The same operation on many paths, pipelined (as Kafka's ZooKeeperClient does): one
+        round trip's latency instead of one per path. A missing node gives None (NodeExists
+        too, for creates); a path whose request was lost is done again on its own."""
+        pending = [(path, getattr(self._zk, operation + "_async")(path, **kwargs)) for path in paths]
+        results: dict[str, Any] = {}
+        for path, request in pending:
+            try:
+                results[path] = request.get(timeout=self._timeout)
+            except (NoNodeError, NodeExistsError):
+                results[path] = None
+            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+                try:
+                    results[path] = self._call(operation, path, **kwargs)
+                except (NoNodeError, NodeExistsError):
+                    results[path] = None
+            except KazooTimeoutError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
+                                       f"{int(self._timeout * 1000)} ms") from None
+            except ConnectionClosedError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
+        return results
 
     def _commit(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None) -> list:
         """Run `ops(transaction)` as one multi, first checking the controller epoch's version.
@@ -208,8 +247,8 @@ class ZkClusterStore:
             if epoch is not None:
                 txn.check(CONTROLLER_EPOCH, epoch.version)
             ops(txn)
-            return txn.commit()
-        results = self._call(attempt)
+            return txn.commit_async()
+        results = self._wait(attempt)
         if epoch is not None:
             if isinstance(results[0], (BadVersionError, NoNodeError)):
                 raise ControllerMoved(f"controller epoch {epoch.epoch} (znode version {epoch.version}) is stale")
@@ -229,25 +268,26 @@ class ZkClusterStore:
             try:
                 if current is None:
                     if new is not None:
-                        self._call(self._zk.create, path, _json(new), makepath=True)
+                        self._call("create", path, _json(new), makepath=True)
                 elif new is None:
-                    self._call(self._zk.delete, path, version=current[1].version)
+                    self._call("delete", path, version=current[1].version)
                 else:
-                    self._call(self._zk.set, path, _json(new), version=current[1].version)
+                    self._call("set", path, _json(new), version=current[1].version)
                 return
             except (BadVersionError, NodeExistsError, NoNodeError):
                 continue
 
     def _state_changed(self, state: str) -> None:
         # Runs on kazoo's connection thread, which must not block: callbacks get a thread.
-        if state == KazooState.LOST:
+        # kazoo reports LOST for its own close too; that is no session loss to react to.
+        if state == KazooState.LOST and not self._closing:
             for callback in list(self._session_lost):
                 threading.Thread(target=callback, name="zk-session-lost", daemon=True).start()
 
     # -- cluster ---------------------------------------------------------------------------
     def cluster_id(self, proposed: str) -> str:
         try:
-            self._call(self._zk.create, CLUSTER_ID, _json({"version": "1", "id": proposed}), makepath=True)
+            self._call("create", CLUSTER_ID, _json({"version": "1", "id": proposed}), makepath=True)
             return proposed
         except NodeExistsError:
             return json.loads(self._get(CLUSTER_ID)[0])["id"]
@@ -256,7 +296,7 @@ class ZkClusterStore:
     def register_broker(self, registration: BrokerRegistration) -> BrokerRegistration:
         path = f"{BROKER_IDS}/{registration.broker_id}"
         try:
-            self._call(self._zk.create, path, encode_broker(registration), ephemeral=True)
+            self._call("create", path, encode_broker(registration), ephemeral=True)
         except NodeExistsError:
             # Ours if a retried create had in fact applied (Kafka's checkedEphemeralCreate).
             current = self._get(path)
@@ -268,12 +308,10 @@ class ZkClusterStore:
                                   registration.rack, stat.czxid)
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
-        brokers = {}
-        for child in self._children(BROKER_IDS):
-            current = self._get(f"{BROKER_IDS}/{child}")
-            if current is not None:
-                brokers[int(child)] = decode_broker(int(child), current[0], current[1].czxid)
-        return brokers
+        children = self._children(BROKER_IDS)
+        found = self._many("get", [f"{BROKER_IDS}/{child}" for child in children])
+        return {int(child): decode_broker(int(child), current[0], current[1].czxid)
+                for child in children if (current := found[f"{BROKER_IDS}/{child}"]) is not None}
 
     # -- controller ------------------------------------------------------------------------
     def elect_controller(self, broker_id: int) -> ControllerEpoch | None:
@@ -282,7 +320,7 @@ class ZkClusterStore:
             current = self._get(CONTROLLER_EPOCH)
             if current is None:
                 try:
-                    self._call(self._zk.create, CONTROLLER_EPOCH, str(INITIAL_CONTROLLER_EPOCH).encode())
+                    self._call("create", CONTROLLER_EPOCH, str(INITIAL_CONTROLLER_EPOCH).encode())
                 except NodeExistsError:
                     pass
                 continue
@@ -317,18 +355,16 @@ class ZkClusterStore:
         current = self._get(CONTROLLER)
         if current is not None and int(json.loads(current[0])["brokerid"]) == broker_id:
             try:
-                self._call(self._zk.delete, CONTROLLER, version=current[1].version)
+                self._call("delete", CONTROLLER, version=current[1].version)
             except (NoNodeError, BadVersionError):
                 pass
 
     # -- topics ----------------------------------------------------------------------------
     def topics(self) -> dict[str, TopicAssignment]:
-        result = {}
-        for name in self._children(TOPICS):
-            current = self._get(topic_path(name))
-            if current is not None:
-                result[name] = decode_assignment(name, current[0])
-        return result
+        names = self._children(TOPICS)
+        found = self._many("get", [topic_path(name) for name in names])
+        return {name: decode_assignment(name, current[0])
+                for name in names if (current := found[topic_path(name)]) is not None}
 
     def create_topic(self, assignment: TopicAssignment, configs: Mapping[str, str]) -> None:
         name = assignment.name
@@ -361,10 +397,10 @@ class ZkClusterStore:
     def _set_configs(self, path: str, entity_path: str, configs: Mapping[str, str]) -> None:
         """Replace an entity's config, then announce it (Kafka's changeEntityConfig)."""
         try:
-            self._call(self._zk.set, path, _config_bytes(configs))
+            self._call("set", path, _config_bytes(configs))
         except NoNodeError:
-            self._call(self._zk.create, path, _config_bytes(configs), makepath=True)
-        self._call(self._zk.create, f"{CONFIG_CHANGES}/config_change_",
+            self._call("create", path, _config_bytes(configs), makepath=True)
+        self._call("create", f"{CONFIG_CHANGES}/config_change_",
                    _json({"version": 2, "entity_path": entity_path}), sequence=True)
 
     def topic_configs(self, name: str) -> dict[str, str]:
@@ -384,19 +420,19 @@ class ZkClusterStore:
 
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
-        states = {}
-        for child in self._children(f"{TOPICS}/{topic}/partitions"):
-            current = self._get(state_path(topic, int(child)))
-            if current is not None:
-                states[int(child)] = decode_state(current[0], current[1].version)
-        return states
+        partitions = [int(child) for child in self._children(f"{TOPICS}/{topic}/partitions")]
+        found = self._many("get", [state_path(topic, p) for p in partitions])
+        return {p: decode_state(current[0], current[1].version)
+                for p in sorted(partitions) if (current := found[state_path(topic, p)]) is not None}
 
     def create_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
                                 epoch: ControllerEpoch) -> dict[TopicPartition, LeaderAndIsr]:
-        for topic, partition in states:
-            if self._get(topic_path(topic)) is None:
-                raise NoSuchTopic(topic)
-            self._call(self._zk.ensure_path, f"{TOPICS}/{topic}/partitions/{partition}")
+        topics = sorted({topic for topic, _ in states})
+        for topic, found in self._many("exists", [topic_path(t) for t in topics]).items():
+            if found is None:
+                raise NoSuchTopic(topic.rpartition("/")[2])
+        self._many("create", [f"{TOPICS}/{t}/partitions" for t in topics])
+        self._many("create", [f"{TOPICS}/{t}/partitions/{p}" for t, p in states])
 
         def ops(txn):
             for (topic, partition), state in states.items():
@@ -423,7 +459,7 @@ class ZkClusterStore:
         if self._get(topic_path(name)) is None:
             raise NoSuchTopic(name)
         try:
-            self._call(self._zk.create, f"{DELETE_TOPICS}/{name}")
+            self._call("create", f"{DELETE_TOPICS}/{name}")
         except NodeExistsError:
             pass  # already requested: the controller is on it
 
@@ -432,9 +468,9 @@ class ZkClusterStore:
 
     def complete_topic_deletion(self, name: str, epoch: ControllerEpoch) -> None:
         doomed = []  # deepest first: a multi deletes in order and a znode with children cannot go
-        for partition in self._children(f"{TOPICS}/{name}/partitions"):
-            base = f"{TOPICS}/{name}/partitions/{partition}"
-            doomed += [f"{base}/{c}" for c in self._children(base)] + [base]
+        bases = [f"{TOPICS}/{name}/partitions/{p}" for p in self._children(f"{TOPICS}/{name}/partitions")]
+        for base, children in self._many("get_children", bases).items():
+            doomed += [f"{base}/{c}" for c in children or ()] + [base]
         if self._get(f"{TOPICS}/{name}/partitions") is not None:
             doomed.append(f"{TOPICS}/{name}/partitions")
         for path in (topic_path(name), f"/config/topics/{name}", f"{DELETE_TOPICS}/{name}"):
@@ -451,7 +487,7 @@ class ZkClusterStore:
 
     # -- notifications and admin requests --------------------------------------------------
     def notify_isr_change(self, partitions: set[TopicPartition]) -> None:
-        self._call(self._zk.create, f"{ISR_CHANGES}/isr_change_",
+        self._call("create", f"{ISR_CHANGES}/isr_change_",
                    _json({"version": 1, "partitions": _partition_list(partitions)}), sequence=True)
 
     def take_isr_changes(self) -> set[TopicPartition]:
@@ -462,7 +498,7 @@ class ZkClusterStore:
                 continue
             changed |= {(e["topic"], e["partition"]) for e in json.loads(current[0])["partitions"]}
             try:
-                self._call(self._zk.delete, f"{ISR_CHANGES}/{child}")
+                self._call("delete", f"{ISR_CHANGES}/{child}")
             except NoNodeError:
                 pass
         return changed
@@ -541,9 +577,9 @@ class ZkClusterStore:
             data = _json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
             try:
                 if current is None:
-                    self._call(self._zk.create, PRODUCER_ID_BLOCK, data)
+                    self._call("create", PRODUCER_ID_BLOCK, data)
                 else:
-                    self._call(self._zk.set, PRODUCER_ID_BLOCK, data, version=current[1].version)
+                    self._call("set", PRODUCER_ID_BLOCK, data, version=current[1].version)
                 return first, last
             except (BadVersionError, NodeExistsError):
                 continue  # another broker claimed a block meanwhile: claim the one after it
@@ -597,6 +633,7 @@ class ZkClusterStore:
         self._session_lost.append(callback)
 
     def close(self) -> None:
+        self._closing = True
         try:
             self._zk.stop()
         finally:

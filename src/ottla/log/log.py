@@ -153,6 +153,7 @@ class Log:
         self._load(recovery_point, clean_shutdown)
         for segment in self._segments[:-1]:
             segment.mark_sealed()
+        # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
         self.high_watermark = self.log_end_offset
 
     @property
@@ -420,7 +421,6 @@ class Log:
         if self._recent_appends is not None:
             self._recent_appends.appended(segment)
         self._leo = next_offset
-        self.high_watermark = next_offset
         completed = state.apply(plan)
         if completed:
             for txn in aborted_entries(completed, state.first_unstable_offset()):
@@ -599,6 +599,12 @@ class Log:
             self._segments.pop(0).delete()
             self._bases.pop(0)
         self.producer_state.on_log_start_offset(offset)
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the high watermark, kept within [log start, log end]; the partition decides it
+        (leader: the smallest LEO of the ISR), never an append."""
+        self.high_watermark = min(max(offset, self.log_start_offset), self._leo)
+        return self.high_watermark
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of

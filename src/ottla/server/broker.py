@@ -1,8 +1,11 @@
-"""The broker: owns the logs, the coordinators and the network listener.
+"""The broker: owns the logs, the metadata cache, the replica manager, the coordinators and
+the network listener.
 
 The core it drives (LogManager, coordinators) is plain classes; this module adds the
-asyncio edges: the listener, the delayed-fetch waiters and the periodic duties
-(flush, producer-id expiry, coordinator timers).
+asyncio edges: the listener and the periodic duties (flush, producer-id expiry,
+coordinator timers). Alone (no controller) it is its own controller: topic changes go to
+the local catalog and from there into the metadata cache and the replica manager
+(`create_topic`, `delete_topic`, `add_partitions`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from ..cluster.store import StoreError
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
-from ..log.manager import LogManager
+from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
+from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
 from .handlers import load_handlers
+from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
+from .replica_manager import ReplicaManager
 
 log = logging.getLogger("ottla.broker")
 
@@ -94,17 +100,21 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
+        self.metadata = MetadataCache(self.node_id, self.cluster_id)
+        self.replicas = ReplicaManager(self.node_id, self.logs)
+        self._publish_local_metadata()
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
         self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
-        self.groups = GroupService(self, now_ms)
+        self.coordinator_runtime = BrokerCoordinatorRuntime(self)
+        self.groups = GroupService(self.coordinator_runtime, config, now_ms)
         # In a cluster: this broker's controller candidacy and its side of the controller
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
-        self.transactions = TransactionService(self, self.producer_ids.generate_producer_id, now_ms)
-        self._data_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+                                               self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
@@ -127,6 +137,7 @@ class Broker:
             raise
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
+            self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
             try:
                 await self.membership.start(*self.advertised)
@@ -147,6 +158,7 @@ class Broker:
             task.cancel()
         self.transactions.stop()
         self.groups.stop()
+        self.replicas.close()
         for connection in list(self.connections):
             connection.close()
         self.logs.close()
@@ -183,42 +195,29 @@ class Broker:
             except Exception:
                 log.exception("periodic log duties failed; retrying in a second")
 
-    def find_log(self, topic: str, partition: int):
-        """The partition's Log, or None when the topic or partition does not exist."""
-        return self.logs.logs.get((topic, partition))
+    # the local controller ----------------------------------------------------------
+    def _publish_local_metadata(self) -> None:
+        """Single node: the local catalog is the cluster's metadata, and this broker leads every
+        partition at leader epoch 0 (ISR = itself)."""
+        host, port = self.advertised
+        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
+                                             [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
+        self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
+        self.replicas.apply_partition_states(
+            state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
-    # appends ----------------------------------------------------------------------
-    def append(self, topic: str, partition: int, records: bytes, *, now: int, origin: str = "client"):
-        """Append to a partition's log and wake the fetches waiting on it; a partition that does
-        not exist is UNKNOWN_TOPIC_OR_PARTITION (the coordinators map it to their own codes)."""
-        result = self.logs.get_log(topic, partition).append(records, now_ms=now, origin=origin)
-        if not result.duplicate:
-            self.notify_append(topic, partition)
-        return result
+    def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        info = self.logs.create_topic(name, partitions, configs)
+        self._publish_local_metadata()
+        return info
 
-    # delayed fetch ---------------------------------------------------------------
-    def notify_append(self, topic: str, partition: int) -> None:
-        waiters = self._data_waiters.pop((topic, partition), None)
-        if waiters:
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+    def add_partitions(self, name: str, total: int) -> TopicInfo:
+        info = self.logs.add_partitions(name, total)
+        self._publish_local_metadata()
+        return info
 
-    async def wait_for_data(self, partitions: list[tuple[str, int]], timeout_s: float) -> None:
-        """Wait until any of `partitions` gets an append, or the timeout passes."""
-        if timeout_s <= 0:
-            return
-        future = asyncio.get_running_loop().create_future()
-        for key in partitions:
-            self._data_waiters.setdefault(key, []).append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            for key in partitions:
-                waiters = self._data_waiters.get(key)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-                    if not waiters:
-                        del self._data_waiters[key]
+    def delete_topic(self, name: str) -> None:
+        partitions = self.logs.topics[name].partitions
+        self.replicas.remove_partitions([(name, p) for p in range(partitions)])
+        self.logs.delete_topic(name)
+        self._publish_local_metadata()

@@ -31,7 +31,7 @@ __all__ = ["ZooKeeperServer", "ZooKeeperEnsemble", "zookeeper", "zookeeper_ensem
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # its manifest's Class-Path names the rest
 SLF4J_SIMPLE_JAR = Path("/usr/share/java/slf4j-simple.jar")  # so failures are logged, at WARN
-JVM_FLAGS = ["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss512k",
+JVM_FLAGS = ["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss512k", "-XX:-UsePerfData",
              "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-Dzookeeper.jmx.log4j.disable=true"]
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 

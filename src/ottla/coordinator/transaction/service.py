@@ -1,9 +1,10 @@
 """The asyncio edge of the transaction coordinator: its log, its markers and its timer.
 
-`TransactionCoordinator` is a pure state machine; this module gives it the broker's
-`__transaction_state` partitions as its `TxnLogStore`, the WriteTxnMarkers request path as its
-`MarkerWriter`, and a task that calls `poll`. The markers go through the same request and
-handler a remote coordinator would use, so the single-node path is the multi-broker path.
+`TransactionCoordinator` is a pure state machine; this module gives it the
+`__transaction_state` partitions (through the `CoordinatorRuntime`) as its `TxnLogStore`, a
+`MarkerWriter` that hands markers to the `MarkerChannel` and retries them, and a task that
+calls `poll`. A partition is loaded when this broker becomes its leader, with the leader
+epoch as the coordinator epoch, and unloaded when it stops leading it.
 """
 
 from __future__ import annotations
@@ -12,28 +13,16 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Mapping
 
-from kio.schema.write_txn_markers.v1.request import (
-    WritableTxnMarker,
-    WritableTxnMarkerTopic,
-    WriteTxnMarkersRequest,
-)
-
-from ...errors import ErrorCode, KafkaError
-from ...records.records import Record, build_batch, iter_batches
-from ...server.context import RequestContext
-from ...server.data_sync import DataSync
-from ...server.handlers import write_txn_markers
+from ...errors import ErrorCode
+from ...records.records import Record, build_batch
+from ..runtime import CoordinatorRuntime, MarkerChannel
 from .coordinator import Records, TransactionCoordinator
 from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition
 
-if TYPE_CHECKING:
-    from ...server.broker import Broker
-
 log = logging.getLogger("ottla.txn")
 
-_LOAD_CHUNK_BYTES = 1 << 20
 _MARKER_RETRY_MIN_S = 0.05
 _MARKER_RETRY_MAX_S = 1.0
 # The coordinator epoch or the producer epoch moved on: the completion is someone else's now.
@@ -52,62 +41,31 @@ def _failpoints() -> frozenset[str]:
 
 
 class TransactionLogStore:
-    """`TxnLogStore` over the broker's `__transaction_state` logs.
+    """`TxnLogStore` over the `__transaction_state` partitions, through the runtime: a state
+    change is answered once the runtime says its record is durable."""
 
-    On one node the log is the only copy, so "durable" means fdatasynced (`DataSync`)
-    before anyone is told.
-    """
-
-    def __init__(self, broker: "Broker", clock: Callable[[], int]):
-        self._broker = broker
+    def __init__(self, runtime: CoordinatorRuntime, clock: Callable[[], int]):
+        self._runtime = runtime
         self._clock = clock
-        self._sync = DataSync(broker.logs, TRANSACTION_STATE_TOPIC)
 
     def append(self, partition: int, key: bytes, value: bytes | None,
                on_durable: Callable[[ErrorCode], None]) -> None:
         now = self._clock()
         batch = build_batch([Record(key, value, (), now)], now_ms=now)
-        try:
-            self._broker.append(TRANSACTION_STATE_TOPIC, partition, batch, now=now, origin="coordinator")
-        except KafkaError as exc:
-            on_durable(exc.code)
-            return
-        except Exception:  # the coordinator answers its client whatever the store did
-            log.exception("append to %s-%d failed", TRANSACTION_STATE_TOPIC, partition)
-            on_durable(ErrorCode.kafka_storage_error)
-            return
-        self._sync.after_sync(partition, on_durable)
-
-    def close(self) -> None:
-        """Sync and answer the appends not yet acknowledged; from now on nothing is answered."""
-        self._sync.close()
+        self._runtime.append(TRANSACTION_STATE_TOPIC, partition, batch, lambda error, _offset: on_durable(error))
 
     def load(self, partition: int, on_loaded: Callable[[Records], None]) -> None:
-        on_loaded(self._read_all(partition))
-
-    def _read_all(self, partition: int) -> list[tuple[bytes, bytes | None]]:
-        partition_log = self._broker.logs.get_log(TRANSACTION_STATE_TOPIC, partition)
-        end = partition_log.log_end_offset
-        offset = partition_log.log_start_offset
-        records = []
-        while offset < end:
-            data = partition_log.read(offset, _LOAD_CHUNK_BYTES, max_offset=end).records
-            batches = list(iter_batches(data))
-            if not batches:
-                break
-            for header, batch_records in batches:
-                if not header.is_control:
-                    records.extend((r.key, r.value) for r in batch_records if r.key is not None)
-                offset = header.last_offset + 1
-        return records
+        on_loaded([(r.key, r.value) for header, batch_records in self._runtime.read(TRANSACTION_STATE_TOPIC, partition)
+                   if not header.is_control for r in batch_records if r.key is not None])
 
 
 class MarkerSender:
-    """`MarkerWriter` that sends WriteTxnMarkers to the partitions' leader (here: this broker)
+    """`MarkerWriter` over the `MarkerChannel`: sends WriteTxnMarkers to each partition's leader
     and retries each partition until it has its marker, as Kafka's marker channel does."""
 
-    def __init__(self, broker: "Broker", failpoints: frozenset[str] = frozenset()):
-        self._broker = broker
+    def __init__(self, channel: MarkerChannel, runtime: CoordinatorRuntime, failpoints: frozenset[str] = frozenset()):
+        self._channel = channel
+        self._runtime = runtime
         self._tasks: set[asyncio.Task] = set()
         self._crash_after_prepare_commit = "txn.after_prepare_commit" in failpoints
 
@@ -125,40 +83,27 @@ class MarkerSender:
                     remaining: set[TopicPartition], on_done: Callable[[ErrorCode], None]) -> None:
         delay = _MARKER_RETRY_MIN_S
         while remaining:
-            by_topic: dict[str, list[int]] = {}
-            for topic, index in sorted(remaining):
-                by_topic.setdefault(topic, []).append(index)
-            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
-                producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
-                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in by_topic.items()),
-                coordinator_epoch=coordinator_epoch),))
-            ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
             try:
-                response = await write_txn_markers.write_markers(ctx, request)
+                outcomes = await self._channel.write_txn_markers(producer_id, producer_epoch, coordinator_epoch,
+                                                                 commit, frozenset(remaining))
             except Exception:
                 log.exception("WriteTxnMarkers for producer %d failed; retrying", producer_id)
                 await asyncio.sleep(_MARKER_RETRY_MAX_S)
                 continue
-            for topic_result in response.markers[0].topics:
-                for result in topic_result.partitions:
-                    tp = (topic_result.name, result.partition_index)
-                    error = result.error_code
-                    if error in _MARKER_FENCED:
-                        on_done(error)
-                        return
-                    if error is ErrorCode.none or not self._topic_exists(tp[0]):
-                        remaining.discard(tp)
-                    else:
-                        log.info("marker for producer %d on %s-%d failed with %s; retrying",
-                                 producer_id, tp[0], tp[1], error.name)
+            for tp, error in outcomes.items():
+                if error in _MARKER_FENCED:
+                    on_done(error)
+                    return
+                # A deleted topic needs no marker (Kafka drops those partitions from the request too).
+                if error is ErrorCode.none or not self._runtime.topic_exists(tp[0]):
+                    remaining.discard(tp)
+                else:
+                    log.info("marker for producer %d on %s-%d failed with %s; retrying",
+                             producer_id, tp[0], tp[1], error.name)
             if remaining:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MARKER_RETRY_MAX_S)
         on_done(ErrorCode.none)
-
-    def _topic_exists(self, topic: str) -> bool:
-        # A deleted topic needs no marker (Kafka drops those partitions from the request too).
-        return topic in self._broker.logs.topics
 
     def cancel_all(self) -> None:
         for task in list(self._tasks):
@@ -166,41 +111,46 @@ class MarkerSender:
 
 
 class TransactionService:
-    """Creates `__transaction_state`, loads its partitions and runs the coordinator's timer.
+    """Creates `__transaction_state`, loads the partitions this broker leads and runs the
+    coordinator's timer. The coordinator epoch of a partition is its leader epoch."""
 
-    One node leads every partition; the coordinator epoch is the partition leader epoch,
-    which a single node never changes (0).
-    """
-
-    COORDINATOR_EPOCH = 0
-
-    def __init__(self, broker: "Broker", next_producer_id: Callable[[], int], clock: Callable[[], int]):
-        self._broker = broker
+    def __init__(self, runtime: CoordinatorRuntime, channel: MarkerChannel, config: Mapping[str, Any],
+                 next_producer_id: Callable[[], int], clock: Callable[[], int]):
+        self._runtime = runtime
+        self._config = config
         self._clock = clock
-        self.markers = MarkerSender(broker, _failpoints())
-        self._store = TransactionLogStore(broker, clock)
-        self.coordinator = TransactionCoordinator(broker.config, self._store, self.markers, next_producer_id)
+        self.markers = MarkerSender(channel, runtime, _failpoints())
+        self.coordinator = TransactionCoordinator(config, TransactionLogStore(runtime, clock), self.markers,
+                                                  next_producer_id)
         self._timer: asyncio.Task | None = None
+        self._loaded: set[int] = set()
 
     async def start(self) -> None:
-        config = self._broker.config
-        if TRANSACTION_STATE_TOPIC not in self._broker.logs.topics:
-            self._broker.logs.create_topic(TRANSACTION_STATE_TOPIC, config["transaction.state.log.num.partitions"], {
-                "cleanup.policy": "compact",
-                "compression.type": "uncompressed",
-                "segment.bytes": config["transaction.state.log.segment.bytes"],
-            })
-        partitions = self._broker.logs.topics[TRANSACTION_STATE_TOPIC].partitions
+        config = self._config
+        partitions = self._runtime.ensure_topic(TRANSACTION_STATE_TOPIC, config["transaction.state.log.num.partitions"], {
+            "cleanup.policy": "compact",
+            "compression.type": "uncompressed",
+            "segment.bytes": config["transaction.state.log.segment.bytes"],
+        })
         if partitions != self.coordinator.num_partitions:
             # Kafka refuses too: ids would be looked up in the wrong partitions.
             raise RuntimeError(f"{TRANSACTION_STATE_TOPIC} has {partitions} partitions but "
                                f"transaction.state.log.num.partitions is {self.coordinator.num_partitions}")
-        for partition in range(partitions):
-            self.coordinator.load_partition(partition, self.COORDINATOR_EPOCH, self._clock())
+        self._runtime.watch_leadership(TRANSACTION_STATE_TOPIC, self._on_elected, self._on_resigned)
         self._timer = asyncio.get_running_loop().create_task(self._run_timer())
 
+    def _on_elected(self, partition: int, leader_epoch: int) -> None:
+        # A new leader epoch reloads: the coordinator epoch must follow it.
+        self._loaded.add(partition)
+        self.coordinator.load_partition(partition, leader_epoch, self._clock())
+
+    def _on_resigned(self, partition: int, leader_epoch: int) -> None:
+        if partition in self._loaded:
+            self._loaded.discard(partition)
+            self.coordinator.unload_partition(partition)
+
     async def _run_timer(self) -> None:
-        interval_ms = self._broker.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
+        interval_ms = self._config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
         while True:
             now = self._clock()
             try:
@@ -216,7 +166,7 @@ class TransactionService:
         rolled forward by the next start, from the log."""
         if self._timer is not None:
             self._timer.cancel()
-        self._store.close()
+        self._runtime.close(TRANSACTION_STATE_TOPIC)
         self.markers.cancel_all()
-        for partition in range(self.coordinator.num_partitions):
-            self.coordinator.unload_partition(partition)
+        for partition in sorted(self._loaded):
+            self._on_resigned(partition, -1)

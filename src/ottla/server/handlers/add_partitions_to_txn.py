@@ -28,7 +28,7 @@ async def handle(ctx, request):
         refused = {tp: ErrorCode.topic_authorization_failed for tp in wanted
                    if not authorized(ctx, Operation.WRITE, ResourceType.TOPIC, tp[0])}
         refused.update({tp: ErrorCode.unknown_topic_or_partition for tp in wanted
-                        if tp not in refused and broker.find_log(*tp) is None})
+                        if tp not in refused and broker.metadata.partition(*tp) is None})
         if refused:
             errors = {tp: refused.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
         else:

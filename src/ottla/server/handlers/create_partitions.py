@@ -22,26 +22,26 @@ async def handle(ctx, request):
     results = []
     for topic in request.topics:
         error, message = ErrorCode.none, None
-        info = broker.logs.topics.get(topic.name)
+        info = broker.metadata.topic(topic.name)
         try:
             if info is None:
                 raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
             if topic.name in INTERNAL_TOPICS:
                 raise KafkaError(ErrorCode.invalid_topic_exception,
                                  f"Cannot change the partition count of internal topic {topic.name}")
-            if topic.count <= info.partitions:
+            if topic.count <= info.partition_count:
                 raise KafkaError(ErrorCode.invalid_partitions,
-                                 f"Topic currently has {info.partitions} partitions, which is higher than or "
+                                 f"Topic currently has {info.partition_count} partitions, which is higher than or "
                                  f"equal to the requested {topic.count}.")
             if topic.assignments is not None:
-                if len(topic.assignments) != topic.count - info.partitions:
+                if len(topic.assignments) != topic.count - info.partition_count:
                     raise KafkaError(ErrorCode.invalid_replica_assignment,
                                      "the number of assignments must match the number of new partitions")
                 if any(list(a.broker_ids) != [broker.node_id] for a in topic.assignments):
                     raise KafkaError(ErrorCode.invalid_replica_assignment,
                                      f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
             if not request.validate_only:
-                broker.logs.add_partitions(topic.name, topic.count)
+                broker.add_partitions(topic.name, topic.count)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         results.append(make(result_type, name=topic.name, error_code=error, error_message=message))

@@ -15,7 +15,7 @@ VERSIONS = (0, 7)  # v0-v1 removed in Kafka 4.0 (KIP-896); v1 adds validate_only
 def _plan(broker, topic) -> tuple[int, dict]:
     """Check one CreatableTopic; returns (partition count, configs) or raises KafkaError."""
     validate_topic_name(topic.name)
-    if topic.name in broker.logs.topics:
+    if broker.metadata.has_topic(topic.name):
         raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{topic.name}' already exists.")
     if topic.assignments:
         if topic.num_partitions != -1 or topic.replication_factor != -1:
@@ -62,7 +62,7 @@ async def handle(ctx, request):
             seen.add(topic.name)
             count, configs = _plan(broker, topic)
             if not getattr(request, "validate_only", False):
-                info = broker.logs.create_topic(topic.name, count, configs)
+                info = broker.create_topic(topic.name, count, configs)
                 topic_id = info.topic_id
                 entries = topic_config_entries(info.config)
             else:

@@ -32,11 +32,11 @@ async def handle(ctx, request):
     for name, topic_id in _targets(ctx, request):
         error, message = ErrorCode.none, None
         if name is None and topic_id is not None:
-            info = broker.logs.topic_by_id(topic_id)
+            info = broker.metadata.topic_by_id(topic_id)
             name = info.name if info else None
             if name is None:
                 error = ErrorCode.unknown_topic_id
-        info = broker.logs.topics.get(name) if name is not None else None
+        info = broker.metadata.topic(name) if name is not None else None
         if error == ErrorCode.none:
             if not broker.config["delete.topic.enable"]:
                 error = ErrorCode.topic_deletion_disabled
@@ -48,7 +48,7 @@ async def handle(ctx, request):
             else:
                 topic_id = info.topic_id
                 try:
-                    broker.logs.delete_topic(name)
+                    broker.delete_topic(name)
                     broker.groups.coordinator.on_topics_deleted([name], now_ms())
                 except KafkaError as exc:
                     error, message = exc.code, exc.message

@@ -1,4 +1,4 @@
-"""DescribeCluster: this node, as broker and controller."""
+"""DescribeCluster: the alive brokers and the controller, from the metadata cache."""
 
 from datetime import timedelta
 
@@ -12,15 +12,15 @@ BROKERS_ENDPOINT = 1
 
 
 async def handle(ctx, request):
-    broker = ctx.broker
+    metadata = ctx.broker.metadata
     response_type = ctx.response_type
     if getattr(request, "endpoint_type", BROKERS_ENDPOINT) != BROKERS_ENDPOINT:
         return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.unsupported_endpoint_type,
                     error_message="only broker endpoints are served", endpoint_type=request.endpoint_type,
-                    cluster_id=broker.cluster_id, controller_id=-1, brokers=(), cluster_authorized_operations=-2147483648)
-    host, port = broker.advertised
+                    cluster_id=metadata.cluster_id, controller_id=-1, brokers=(), cluster_authorized_operations=-2147483648)
     broker_type = nested(response_type, "DescribeClusterBroker")
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, error_message=None,
-                endpoint_type=BROKERS_ENDPOINT, cluster_id=broker.cluster_id, controller_id=broker.node_id,
-                brokers=(make(broker_type, broker_id=broker.node_id, host=host, port=port, rack=None, is_fenced=False),),
+                endpoint_type=BROKERS_ENDPOINT, cluster_id=metadata.cluster_id, controller_id=metadata.controller_id,
+                brokers=tuple(make(broker_type, broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack,
+                                   is_fenced=False) for b in metadata.brokers),
                 cluster_authorized_operations=-2147483648)

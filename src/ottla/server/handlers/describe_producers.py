@@ -25,7 +25,7 @@ def _topic_error(ctx, name: str) -> tuple[ErrorCode, str] | None:
         return exc.code, exc.message
     if not ctx.broker.authorizer.authorize(ctx.principal, Operation.READ, Resource(ResourceType.TOPIC, name)):
         return ErrorCode.topic_authorization_failed, f"{ctx.principal} may not read topic {name}"
-    if name not in ctx.broker.logs.topics:
+    if not ctx.broker.metadata.has_topic(name):
         return ErrorCode.unknown_topic_or_partition, _UNKNOWN
     return None
 
@@ -40,9 +40,14 @@ async def handle(ctx, request):
         error = _topic_error(ctx, topic.name)
         partitions = []
         for index in topic.partition_indexes:
-            log = None if error else ctx.broker.find_log(topic.name, index)
-            if log is None:
-                code, message = error or (ErrorCode.unknown_topic_or_partition, _UNKNOWN)
+            found = error
+            if found is None:
+                try:
+                    log = ctx.broker.replicas.leader_partition(topic.name, index).log
+                except KafkaError as exc:
+                    found = exc.code, exc.message or _UNKNOWN
+            if found is not None:
+                code, message = found
                 partitions.append(make(partition_type, partition_index=index, error_code=code,
                                        error_message=message, active_producers=()))
                 continue

@@ -33,10 +33,11 @@ def _read_partitions(ctx, request, response_type):
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            log = broker.find_log(topic.topic, wanted.partition)
-            if log is None:
+            try:
+                log = broker.replicas.leader_partition(topic.topic, wanted.partition).log
+            except KafkaError as exc:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=ErrorCode.unknown_topic_or_partition, high_watermark=-1,
+                                       error_code=exc.code, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                                        preferred_read_replica=-1, records=None))
                 failed = True
@@ -86,7 +87,7 @@ async def handle(ctx, request):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.wait_for_data(keys, remaining)
+        await ctx.broker.replicas.wait_for_data(keys, remaining)
         topics, total, failed = _read_partitions(ctx, request, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))

@@ -1,9 +1,12 @@
-"""FindCoordinator: this node leads every partition of both internal topics, so it coordinates
-every group and every transactional id."""
+"""FindCoordinator: the leader of the internal-topic partition that owns the key (Kafka's
+hash), from the metadata cache; COORDINATOR_NOT_AVAILABLE while that partition has none."""
 
 from datetime import timedelta
 
 from ..replies import authorized
+from ...coordinator.group.records import OFFSETS_TOPIC
+from ...coordinator.partitioning import partition_for
+from ...coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -25,8 +28,15 @@ def _answer(ctx, key_type: int, key: str) -> dict:
     elif not authorized(ctx, Operation.DESCRIBE, _RESOURCES[key_type][0], key):
         error, message = _RESOURCES[key_type][1], None
     else:
-        host, port = ctx.broker.advertised
-        return dict(error_code=ErrorCode.none, error_message=None, node_id=ctx.broker.node_id, host=host, port=port)
+        metadata = ctx.broker.metadata
+        topic = OFFSETS_TOPIC if key_type == GROUP else TRANSACTION_STATE_TOPIC
+        info = metadata.topic(topic)
+        partition = partition_for(key, info.partition_count) if info is not None else -1
+        leader = metadata.leader(topic, partition)
+        if leader is not None:
+            return dict(error_code=ErrorCode.none, error_message=None, node_id=leader.node_id,
+                        host=leader.host, port=leader.port)
+        error, message = ErrorCode.coordinator_not_available, f"{topic}-{partition} has no leader"
     return dict(error_code=error, error_message=message, node_id=-1, host="", port=-1)
 
 

@@ -46,19 +46,19 @@ async def handle(ctx, request):
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            log = ctx.broker.find_log(topic.name, wanted.partition_index)
-            error, offset, timestamp = ErrorCode.none, -1, -1
-            if log is None:
-                error = ErrorCode.unknown_topic_or_partition
-            elif wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
-                error = ErrorCode.unsupported_version
-            else:
-                try:
-                    offset, timestamp = _lookup(log, wanted.timestamp, read_committed)
-                except KafkaError as exc:
-                    error = exc.code
+            error, offset, timestamp, leader_epoch = ErrorCode.none, -1, -1, -1
+            partition_log = None
+            try:
+                partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
+                partition_log = partition.log
+                if wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
+                    raise KafkaError(ErrorCode.unsupported_version)
+                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed)
+                leader_epoch = partition.leader_epoch
+            except KafkaError as exc:
+                error = exc.code
             partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,
-                                   timestamp=timestamp, offset=offset, leader_epoch=0 if log else -1,
-                                   old_style_offsets=_old_style(log, wanted, offset)))
+                                   timestamp=timestamp, offset=offset, leader_epoch=leader_epoch,
+                                   old_style_offsets=_old_style(partition_log, wanted, offset)))
         topics.append(make(topic_type, name=topic.name, partitions=tuple(partitions)))
     return make(response_type, throttle_time=timedelta(0), topics=tuple(topics))

@@ -1,4 +1,5 @@
-"""Metadata: brokers, topics (with ids) and partition leaders; auto-creates topics when allowed."""
+"""Metadata: brokers, topics (with ids) and partition leaders, from the metadata cache;
+auto-creates topics when allowed."""
 
 from datetime import timedelta
 
@@ -19,7 +20,7 @@ def _requested_names(ctx, request) -> list[str] | None:
     for topic in request.topics:
         name = getattr(topic, "name", None)
         if name is None and getattr(topic, "topic_id", None) is not None:
-            info = ctx.broker.logs.topic_by_id(topic.topic_id)
+            info = ctx.broker.metadata.topic_by_id(topic.topic_id)
             name = info.name if info else None
         names.append(name)
     return names
@@ -27,21 +28,22 @@ def _requested_names(ctx, request) -> list[str] | None:
 
 async def handle(ctx, request):
     broker = ctx.broker
+    metadata = broker.metadata
     response_type = ctx.response_type
     broker_type = nested(response_type, "MetadataResponseBroker")
     topic_type = nested(response_type, "MetadataResponseTopic")
     partition_type = nested(response_type, "MetadataResponsePartition")
-    host, port = broker.advertised
     names = _requested_names(ctx, request)
     allow_create = getattr(request, "allow_auto_topic_creation", True) and broker.config["auto.create.topics.enable"]
 
     topics = []
-    for name in names if names is not None else sorted(broker.logs.topics):
+    for name in names if names is not None else metadata.topic_names():
         error = ErrorCode.none
-        info = broker.logs.topics.get(name) if name is not None else None
+        info = metadata.topic(name) if name is not None else None
         if info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
             try:
-                info = broker.logs.create_topic(name, broker.config["num.partitions"], {})
+                broker.create_topic(name, broker.config["num.partitions"], {})
+                info = metadata.topic(name)
             except KafkaError as exc:
                 error = exc.code
         if info is None:
@@ -50,9 +52,10 @@ async def handle(ctx, request):
                                topic_authorized_operations=-2147483648))
             continue
         partitions = tuple(
-            make(partition_type, error_code=ErrorCode.none, partition_index=p, leader_id=broker.node_id,
-                 leader_epoch=0, replica_nodes=(broker.node_id,), isr_nodes=(broker.node_id,), offline_replicas=())
-            for p in range(info.partitions)
+            make(partition_type, error_code=ErrorCode.none if state.leader >= 0 else ErrorCode.leader_not_available,
+                 partition_index=index, leader_id=state.leader, leader_epoch=state.leader_epoch,
+                 replica_nodes=state.replicas, isr_nodes=state.isr, offline_replicas=state.offline_replicas)
+            for index, state in sorted(info.partitions.items())
         )
         topics.append(make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
                            is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,
@@ -60,9 +63,10 @@ async def handle(ctx, request):
     return make(
         response_type,
         throttle_time=timedelta(0),
-        brokers=(make(broker_type, node_id=broker.node_id, host=host, port=port, rack=None),),
-        cluster_id=broker.cluster_id,
-        controller_id=broker.node_id,
+        brokers=tuple(make(broker_type, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                      for b in metadata.brokers),
+        cluster_id=metadata.cluster_id,
+        controller_id=metadata.controller_id,
         topics=tuple(topics),
         cluster_authorized_operations=-2147483648,
     )

@@ -23,7 +23,7 @@ def topic_name(broker, topic, by_id: bool) -> str | None:
     """The topic's name, resolving v10+ topic ids; None for an id no topic has."""
     if not by_id:
         return topic.name
-    info = broker.logs.topic_by_id(topic.topic_id)
+    info = broker.metadata.topic_by_id(topic.topic_id)
     return info.name if info is not None else None
 
 
@@ -33,7 +33,7 @@ def _topic_error(ctx, name: str | None, partition: int, by_id: bool) -> ErrorCod
         return ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
     if not authorized(ctx, Operation.READ, ResourceType.TOPIC, name):
         return ErrorCode.topic_authorization_failed
-    if ctx.broker.find_log(name, partition) is None:
+    if ctx.broker.metadata.partition(name, partition) is None:
         return ErrorCode.unknown_topic_or_partition
     return None
 

@@ -17,7 +17,7 @@ async def handle(ctx, request):
     broker = ctx.broker
     readable = {t.name for t in request.topics if authorized(ctx, Operation.READ, ResourceType.TOPIC, t.name)}
     partitions = [(t.name, p.partition_index) for t in request.topics if t.name in readable for p in t.partitions
-                  if broker.find_log(t.name, p.partition_index) is not None]
+                  if broker.metadata.partition(t.name, p.partition_index) is not None]
     if authorized(ctx, Operation.DELETE, ResourceType.GROUP, request.group_id):
         future, respond = reply_future()
         broker.groups.coordinator.delete_offsets(group_id=request.group_id, partitions=partitions,

@@ -61,7 +61,7 @@ def _fetch_group(ctx, group_id: str, requested, require_stable: bool, types: tup
             if visible(name):
                 by_topic.setdefault(name, []).append(index)
         for name, indexes in by_topic.items():
-            info = broker.logs.topics.get(name)
+            info = broker.metadata.topic(name)
             if by_id and info is None:
                 continue  # a deleted topic has no id to report it under
             topics.append(make(topic_type, name=name, topic_id=info.topic_id if info else None,

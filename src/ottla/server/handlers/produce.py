@@ -3,12 +3,13 @@
 import datetime
 from datetime import timedelta
 
-from ...errors import ErrorCode, InvalidRecords, KafkaError
+from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ...records.legacy import up_convert
 from ..clock import now_ms
 from ..context import CloseConnection
+from ..replica_manager import ProduceResult
 from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
@@ -42,6 +43,35 @@ def _unverified_transactional_write(broker, transactional_id, topic: str, index:
             f"partition {topic}-{index} is not part of the ongoing transaction of {transactional_id}")
 
 
+def _precheck(broker, request, internal_topics):
+    """Refusals that come before any append, per partition (None: go ahead)."""
+    def check(topic: str, index: int, records):
+        if topic in internal_topics:
+            return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
+        if not records:
+            return ErrorCode.invalid_record, "empty record set"
+        return _unverified_transactional_write(broker, getattr(request, "transactional_id", None), topic, index,
+                                               records)
+    return check
+
+
+def _records_as_v2(ctx, request, now: int):
+    """Each partition's records as v2 batches (v0-v2 requests carry the old message formats),
+    and the partitions whose conversion failed with the error to answer."""
+    entries, refused = {}, {}
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            records = data.records
+            if ctx.api_version < 3 and records:
+                try:
+                    records = up_convert(records, now)
+                except KafkaError as exc:
+                    refused[(topic.name, data.index)] = ProduceResult(exc.code, exc.message)
+                    continue
+            entries[(topic.name, data.index)] = records
+    return entries, refused
+
+
 async def handle(ctx, request):
     broker = ctx.broker
     response_type = ctx.response_type
@@ -49,49 +79,28 @@ async def handle(ctx, request):
     partition_type = nested(response_type, "PartitionProduceResponse")
     record_error_type = nested(response_type, "BatchIndexAndErrorMessage")  # v8+ (KIP-467)
     acks = request.acks
-    transactional_id = getattr(request, "transactional_id", None)
-    timestamp = now_ms()
+    order = [(topic.name, [data.index for data in topic.partition_data]) for topic in request.topic_data]
+    if acks not in (0, 1, -1):
+        results = {(name, index): ProduceResult(ErrorCode.invalid_required_acks)
+                   for name, indexes in order for index in indexes}
+    else:
+        timestamp = now_ms()
+        entries, results = _records_as_v2(ctx, request, timestamp)
+        results.update(await broker.replicas.append_records(
+            entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
+            origin="client", precheck=_precheck(broker, request, INTERNAL_TOPICS)))
     topics = []
-    for topic in request.topic_data:
-        name = topic.name
-        internal = name in INTERNAL_TOPICS
+    for name, indexes in order:
         partitions = []
-        for data in topic.partition_data:
-            error, message, record_errors = ErrorCode.none, None, ()
-            base_offset, append_time, start_offset = -1, -1, -1
-            log = broker.find_log(name, data.index)
-            records, conversion_error = data.records, None
-            if ctx.api_version < 3 and records:
-                try:
-                    records = up_convert(records, timestamp)
-                except KafkaError as exc:
-                    conversion_error = exc
-            if acks not in (0, 1, -1):
-                error = ErrorCode.invalid_required_acks
-            elif internal:
-                error, message = ErrorCode.invalid_topic_exception, f"cannot append to internal topic {name}"
-            elif log is None:
-                error = ErrorCode.unknown_topic_or_partition
-            elif not records:
-                error, message = ErrorCode.invalid_record, "empty record set"
-            elif conversion_error is not None:
-                error, message = conversion_error.code, conversion_error.message
-            elif (refused := _unverified_transactional_write(broker, transactional_id, name, data.index,
-                                                             records)) is not None:
-                error, message = refused
-            else:
-                try:
-                    result = broker.append(name, data.index, records, now=timestamp, origin="client")
-                    base_offset, append_time, start_offset = result.base_offset, result.log_append_time, result.log_start_offset
-                except InvalidRecords as exc:
-                    error, message = exc.code, exc.message
-                    record_errors = tuple(make(record_error_type, batch_index=index, batch_index_error_message=text)
-                                          for index, text in exc.record_errors) if record_error_type else ()
-                except KafkaError as exc:
-                    error, message = exc.code, exc.message
-            partitions.append(make(partition_type, index=data.index, error_code=error, base_offset=base_offset,
-                                   log_append_time=_append_time(append_time), log_start_offset=start_offset,
-                                   record_errors=record_errors, error_message=message))
+        for index in indexes:
+            result = results[(name, index)]
+            record_errors = tuple(make(record_error_type, batch_index=i, batch_index_error_message=text)
+                                  for i, text in result.record_errors) if record_error_type else ()
+            partitions.append(make(partition_type, index=index, error_code=result.error,
+                                   base_offset=result.base_offset,
+                                   log_append_time=_append_time(result.log_append_time),
+                                   log_start_offset=result.log_start_offset, record_errors=record_errors,
+                                   error_message=result.message))
         topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
     if acks == 0:
         failed = [f"{t.name}-{p.index}: {p.error_code.name}" for t in topics for p in t.partition_responses

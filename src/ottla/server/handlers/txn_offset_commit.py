@@ -34,7 +34,7 @@ async def handle(ctx, request):
         errors = {tp: ErrorCode.topic_authorization_failed for tp in wanted
                   if not authorized(ctx, Operation.READ, ResourceType.TOPIC, tp[0])}
         errors.update({tp: ErrorCode.unknown_topic_or_partition for tp in wanted
-                       if tp not in errors and broker.find_log(*tp) is None})
+                       if tp not in errors and broker.metadata.partition(*tp) is None})
         offsets = {tp: OffsetCommit(p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
                    for tp, p in wanted.items() if tp not in errors}
         if offsets:

@@ -49,19 +49,16 @@ async def write_markers(ctx, request):
         for topic in marker.topics:
             for index in topic.partition_indexes:
                 error = ErrorCode.none
-                if broker.find_log(topic.name, index) is None:
-                    error = ErrorCode.unknown_topic_or_partition
-                else:
-                    now = now_ms()
-                    batch = build_control_batch(marker.producer_id, marker.producer_epoch,
-                                                marker.coordinator_epoch, commit, now)
-                    try:
-                        broker.append(topic.name, index, batch, now=now, origin="coordinator")
-                        appended.add((topic.name, index))
-                        if topic.name == GROUP_METADATA_TOPIC:
-                            offsets_partitions.append(index)
-                    except KafkaError as exc:
-                        error = exc.code
+                now = now_ms()
+                batch = build_control_batch(marker.producer_id, marker.producer_epoch,
+                                            marker.coordinator_epoch, commit, now)
+                try:
+                    broker.replicas.append(topic.name, index, batch, now_ms=now, origin="coordinator")
+                    appended.add((topic.name, index))
+                    if topic.name == GROUP_METADATA_TOPIC:
+                        offsets_partitions.append(index)
+                except KafkaError as exc:
+                    error = exc.code
                 outcomes.append((topic.name, index, error))
         if offsets_partitions:
             broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)

@@ -1,0 +1,150 @@
+"""The server's side of the coordinator seams (`coordinator/runtime.py`).
+
+`BrokerCoordinatorRuntime` gives the coordinators their internal topics: appends as the
+partition's leader through the replica manager, acknowledged once durable -- fdatasynced
+(`DataSync`) and past the high watermark, which on one node is at once and with
+replication means the ISR has it -- and leadership changes from the replica manager.
+`LocalMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
+served in-process through the same handler a remote coordinator's request reaches; other
+leaders get the request over the inter-broker client once there are any.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from kio.schema.write_txn_markers.v1.request import (
+    WritableTxnMarker,
+    WritableTxnMarkerTopic,
+    WriteTxnMarkersRequest,
+)
+
+from ..coordinator.runtime import OnDurable, OnLeadership, TopicPartition
+from ..errors import ErrorCode, KafkaError
+from ..records.batch import BatchHeader
+from ..records.records import Record, iter_batches
+from .clock import now_ms
+from .context import RequestContext
+from .data_sync import DataSync
+from .handlers import write_txn_markers
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("ottla.coordinator")
+
+_LOAD_CHUNK_BYTES = 1 << 20
+
+
+class BrokerCoordinatorRuntime:
+    def __init__(self, broker: "Broker"):
+        self._broker = broker
+        self._syncs: dict[str, DataSync] = {}
+        self._watchers: dict[str, tuple[OnLeadership, OnLeadership]] = {}
+        broker.replicas.add_leadership_listener(self._on_leadership)
+
+    def ensure_topic(self, topic: str, partitions: int, configs: Mapping[str, Any]) -> int:
+        existing = self._broker.metadata.topic(topic)
+        if existing is None:
+            self._broker.create_topic(topic, partitions, dict(configs))
+            existing = self._broker.metadata.topic(topic)
+        return existing.partition_count
+
+    def partition_count(self, topic: str) -> int | None:
+        info = self._broker.metadata.topic(topic)
+        return info.partition_count if info is not None else None
+
+    def topic_exists(self, topic: str) -> bool:
+        return self._broker.metadata.has_topic(topic)
+
+    # -- leadership ----------------------------------------------------------------------
+
+    def watch_leadership(self, topic: str, on_elected: OnLeadership, on_resigned: OnLeadership) -> None:
+        self._watchers[topic] = (on_elected, on_resigned)
+        for (name, index), partition in sorted(self._broker.replicas.partitions.items()):
+            if name == topic and partition.is_leader:
+                on_elected(index, partition.leader_epoch)
+
+    def _on_leadership(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
+        watcher = self._watchers.get(topic)
+        if watcher is not None:
+            (watcher[0] if is_leader else watcher[1])(partition, leader_epoch)
+
+    # -- appends and loads ---------------------------------------------------------------
+
+    def append(self, topic: str, partition: int, records: bytes, on_durable: OnDurable) -> None:
+        replicas = self._broker.replicas
+        try:
+            result = replicas.append(topic, partition, records, now_ms=now_ms(), origin="coordinator")
+        except KafkaError as exc:
+            on_durable(exc.code, -1)
+            return
+        except Exception:  # the coordinator answers its client whatever the append did
+            log.exception("append to %s-%d failed", topic, partition)
+            on_durable(ErrorCode.kafka_storage_error, -1)
+            return
+        base_offset, end = result.base_offset, result.last_offset + 1
+
+        def replicated(error: ErrorCode) -> None:
+            on_durable(error, base_offset if error == ErrorCode.none else -1)
+
+        def synced(error: ErrorCode) -> None:
+            if error != ErrorCode.none:
+                on_durable(error, -1)
+            else:
+                replicas.after_high_watermark(topic, partition, end, replicated)
+
+        sync = self._syncs.get(topic)
+        if sync is None:
+            sync = self._syncs[topic] = DataSync(self._broker.logs, topic)
+        sync.after_sync(partition, synced)
+
+    def read(self, topic: str, partition: int) -> Iterator[tuple[BatchHeader, list[Record]]]:
+        partition_log = self._broker.logs.get_log(topic, partition)
+        end = partition_log.log_end_offset
+        offset = partition_log.log_start_offset
+        while offset < end:
+            batches = list(iter_batches(partition_log.read(offset, _LOAD_CHUNK_BYTES, max_offset=end).records))
+            if not batches:
+                return
+            for header, records in batches:
+                yield header, records
+                offset = header.last_offset + 1
+
+    def close(self, topic: str) -> None:
+        sync = self._syncs.pop(topic, None)
+        if sync is not None:
+            sync.close()
+
+
+class LocalMarkerChannel:
+    """WriteTxnMarkers to each partition's leader, per the metadata cache."""
+
+    def __init__(self, broker: "Broker"):
+        self._broker = broker
+
+    async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                                partitions: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        outcomes: dict[TopicPartition, ErrorCode] = {}
+        local: dict[str, list[int]] = {}
+        for topic, index in sorted(partitions):
+            leader = self._broker.metadata.leader(topic, index)
+            if leader is not None and leader.node_id == self._broker.node_id:
+                local.setdefault(topic, []).append(index)
+            elif self._broker.metadata.partition(topic, index) is None:
+                outcomes[(topic, index)] = ErrorCode.unknown_topic_or_partition
+            else:
+                # No leader, or another broker's (no inter-broker sends yet): retried by the sender.
+                outcomes[(topic, index)] = ErrorCode.not_leader_or_follower
+        if local:
+            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+                producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
+                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in local.items()),
+                coordinator_epoch=coordinator_epoch),))
+            ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
+            response = await write_txn_markers.write_markers(ctx, request)
+            for topic_result in response.markers[0].topics:
+                for result in topic_result.partitions:
+                    outcomes[(topic_result.name, result.partition_index)] = result.error_code
+        return outcomes

@@ -1,0 +1,265 @@
+"""The partitions this broker holds, their roles, and every wait on them (Kafka's `ReplicaManager`).
+
+It owns one `Partition` per local log and applies the leadership the metadata says
+(`apply_partition_states`, what LeaderAndIsr will call). Produce goes through
+`append_records`, which answers once the acknowledgement `acks` asks for holds: acks=1 after
+the leader's append, acks=-1 once the high watermark has passed the batch (one node: at
+once, its ISR is itself). Fetches wait here for data (`wait_for_data`), and anything may
+wait for a partition's high watermark to pass an offset (`after_high_watermark`), which is
+how "durable" will mean "replicated to the ISR".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..errors import ErrorCode, KafkaError
+from ..log.log import AppendResult
+from ..log.manager import LogManager
+from .metadata_cache import PartitionState
+from .partition import Partition
+
+__all__ = ["ReplicaManager", "ProduceResult", "LeadershipListener"]
+
+log = logging.getLogger("ottla.replica")
+
+TopicPartition = tuple[str, int]
+# (topic, partition, is_leader, leader_epoch): the coordinators load or unload on it.
+LeadershipListener = Callable[[str, int, bool, int], None]
+OnHighWatermark = Callable[[ErrorCode], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """One partition's answer to a produce: the append's result or an error."""
+
+    error: ErrorCode
+    message: str | None = None
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    # KIP-467: (batch index, message) of each record at fault, for Produce v8+.
+    record_errors: tuple[tuple[int, str], ...] = ()
+
+
+class ReplicaManager:
+    def __init__(self, node_id: int, logs: LogManager):
+        self.node_id = node_id
+        self.logs = logs
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self._listeners: list[LeadershipListener] = []
+        self._data_waiters: dict[TopicPartition, list[asyncio.Future]] = {}
+        # Per partition: (offset, callback) to run once the HW is past offset.
+        self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
+
+    # -- partitions and roles ------------------------------------------------------------
+
+    def get_partition(self, topic: str, partition: int) -> Partition | None:
+        return self.partitions.get((topic, partition))
+
+    def leader_partition(self, topic: str, partition: int) -> Partition:
+        """The partition if this broker leads it; else UNKNOWN_TOPIC_OR_PARTITION or
+        NOT_LEADER_OR_FOLLOWER."""
+        found = self.partitions.get((topic, partition))
+        if found is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition)
+        found.check_leader()
+        return found
+
+    def add_leadership_listener(self, listener: LeadershipListener) -> None:
+        """`listener(topic, partition, is_leader, leader_epoch)` after each role change."""
+        self._listeners.append(listener)
+
+    def apply_partition_states(self, states: Iterable[PartitionState]) -> dict[TopicPartition, ErrorCode]:
+        """Take the roles `states` give this broker (LeaderAndIsr): leader where it is the
+        leader, follower where it is another replica; per-partition errors, as Kafka answers."""
+        errors: dict[TopicPartition, ErrorCode] = {}
+        for state in states:
+            key = (state.topic, state.partition)
+            if self.node_id not in state.replicas:
+                continue
+            partition = self.partitions.get(key)
+            if partition is None:
+                found = self.logs.logs.get(key)
+                if found is None:
+                    errors[key] = ErrorCode.kafka_storage_error
+                    log.error("no log for %s-%d, which this broker is a replica of", *key)
+                    continue
+                partition = self.partitions[key] = Partition(state.topic, state.partition, found, self.node_id)
+            was_leader = partition.is_leader
+            try:
+                if state.leader == self.node_id:
+                    changed = partition.make_leader(state.leader_epoch, state.isr, state.replicas)
+                else:
+                    changed = partition.make_follower(state.leader_epoch, state.leader, state.replicas)
+            except KafkaError as exc:
+                errors[key] = exc.code
+                continue
+            errors[key] = ErrorCode.none
+            if was_leader and not partition.is_leader:
+                self._fail_waiters(key, ErrorCode.not_leader_or_follower)
+            if changed:
+                self._notify_leadership(partition)
+        return errors
+
+    def remove_partitions(self, keys: Iterable[TopicPartition]) -> None:
+        """The partitions are gone (topic deleted, StopReplica with delete): drop them and answer
+        whatever waits on them. The logs themselves belong to the LogManager."""
+        for key in keys:
+            partition = self.partitions.pop(key, None)
+            if partition is None:
+                continue
+            was_leader = partition.is_leader
+            partition.make_offline()
+            self._fail_waiters(key, ErrorCode.not_leader_or_follower)
+            self.notify_data(*key)
+            if was_leader:
+                self._notify_leadership(partition)
+
+    def _notify_leadership(self, partition: Partition) -> None:
+        for listener in self._listeners:
+            try:
+                listener(partition.topic, partition.index, partition.is_leader, partition.leader_epoch)
+            except Exception:
+                log.exception("leadership listener failed for %s-%d", partition.topic, partition.index)
+
+    # -- appends -------------------------------------------------------------------------
+
+    def append(self, topic: str, partition: int, records, *, now_ms: int, origin: str = "client") -> AppendResult:
+        """Append on the leader and wake whatever the append satisfies. Raises KafkaError."""
+        target = self.leader_partition(topic, partition)
+        hw_before = target.high_watermark
+        result = target.append_as_leader(records, now_ms=now_ms, origin=origin)
+        if not result.duplicate:
+            self.notify_data(topic, partition)
+        if target.high_watermark != hw_before:
+            self._complete_hw_waiters((topic, partition), target.high_watermark)
+        return result
+
+    async def append_records(self, entries: dict[TopicPartition, bytes], *, acks: int, timeout_ms: int,
+                             now_ms: int, origin: str = "client",
+                             precheck: Callable[[str, int, bytes], tuple[ErrorCode, str | None] | None] | None = None,
+                             ) -> dict[TopicPartition, ProduceResult]:
+        """Append each partition's records; return when `acks` holds for all of them.
+
+        acks 0 and 1: after the leader's append. acks -1: once each partition's high watermark
+        is past its batch, or REQUEST_TIMED_OUT after `timeout_ms` (the records stay in the
+        log, as in Kafka). `precheck` may refuse a partition before anything is appended.
+        """
+        results: dict[TopicPartition, ProduceResult] = {}
+        waits: dict[TopicPartition, asyncio.Future] = {}
+        for (topic, index), records in entries.items():
+            try:
+                self.leader_partition(topic, index)
+                refused = precheck(topic, index, records) if precheck is not None else None
+                if refused is not None:
+                    results[(topic, index)] = ProduceResult(*refused)
+                    continue
+                result = self.append(topic, index, records, now_ms=now_ms, origin=origin)
+            except KafkaError as exc:
+                results[(topic, index)] = ProduceResult(exc.code, exc.message,
+                                                        record_errors=tuple(getattr(exc, "record_errors", ())))
+                continue
+            results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
+                                                    result.log_append_time, result.log_start_offset)
+            if acks == -1:
+                waits[(topic, index)] = self._high_watermark_future(topic, index, result.last_offset + 1)
+        if waits:
+            pending = [f for f in waits.values() if not f.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout_ms / 1000)
+            for key, future in waits.items():
+                if not future.done():
+                    future.cancel()
+                    error = ErrorCode.request_timed_out
+                else:
+                    error = future.result()
+                if error != ErrorCode.none:
+                    results[key] = ProduceResult(error)
+        return results
+
+    # -- the high watermark --------------------------------------------------------------
+
+    def after_high_watermark(self, topic: str, partition: int, offset: int, callback: OnHighWatermark) -> None:
+        """Run `callback(ErrorCode.none)` once the HW is at or past `offset` (at once if it is),
+        or `callback(NOT_LEADER_OR_FOLLOWER)` if this broker stops leading the partition first."""
+        target = self.partitions.get((topic, partition))
+        if target is None or not target.is_leader:
+            callback(ErrorCode.not_leader_or_follower)
+        elif target.high_watermark >= offset:
+            callback(ErrorCode.none)
+        else:
+            self._hw_waiters.setdefault((topic, partition), []).append((offset, callback))
+
+    def _high_watermark_future(self, topic: str, partition: int, offset: int) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+
+        def done(error: ErrorCode) -> None:
+            if not future.done():
+                future.set_result(error)
+
+        self.after_high_watermark(topic, partition, offset, done)
+        return future
+
+    def high_watermark_moved(self, topic: str, partition: int) -> None:
+        """Someone (a follower's fetch, the replication layer) moved the HW: wake the waiters."""
+        target = self.partitions.get((topic, partition))
+        if target is not None:
+            self._complete_hw_waiters((topic, partition), target.high_watermark)
+            self.notify_data(topic, partition)
+
+    def _complete_hw_waiters(self, key: TopicPartition, high_watermark: int) -> None:
+        waiters = self._hw_waiters.get(key)
+        if not waiters:
+            return
+        ready = [w for w in waiters if w[0] <= high_watermark]
+        if not ready:
+            return
+        remaining = [w for w in waiters if w[0] > high_watermark]
+        if remaining:
+            self._hw_waiters[key] = remaining
+        else:
+            del self._hw_waiters[key]
+        for _, callback in ready:
+            callback(ErrorCode.none)
+
+    def _fail_waiters(self, key: TopicPartition, error: ErrorCode) -> None:
+        for _, callback in self._hw_waiters.pop(key, ()):
+            callback(error)
+
+    # -- delayed fetch -------------------------------------------------------------------
+
+    def notify_data(self, topic: str, partition: int) -> None:
+        """Wake the fetches waiting on this partition (an append, a HW move, a role change)."""
+        waiters = self._data_waiters.pop((topic, partition), None)
+        if waiters:
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
+        """Wait until any of `partitions` may have more to read, or the timeout passes."""
+        if timeout_s <= 0:
+            return
+        future = asyncio.get_running_loop().create_future()
+        for key in partitions:
+            self._data_waiters.setdefault(key, []).append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for key in partitions:
+                waiters = self._data_waiters.get(key)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._data_waiters[key]
+
+    def close(self) -> None:
+        """Answer every waiter: the broker is going away."""
+        for key in list(self._hw_waiters):
+            self._fail_waiters(key, ErrorCode.not_leader_or_follower)

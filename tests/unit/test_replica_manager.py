@@ -1,0 +1,110 @@
+"""Partitions and the replica manager on real logs: roles, the high watermark over the ISR,
+acks=all waiting for it, and what a lost leadership answers."""
+
+import asyncio
+import time
+
+import pytest
+
+from ottla.config import BrokerConfig
+from ottla.errors import ErrorCode, KafkaError
+from ottla.log.manager import LogManager
+from ottla.records.records import Record, build_batch
+from ottla.server.metadata_cache import PartitionState
+from ottla.server.replica_manager import ReplicaManager
+
+E = ErrorCode
+NOW = int(time.time() * 1000)
+
+
+def batch(n=1):
+    return build_batch([Record(b"k", b"v%d" % i) for i in range(n)])
+
+
+@pytest.fixture
+def manager(tmp_path):
+    logs = LogManager(tmp_path, BrokerConfig({}))
+    logs.create_topic("t", 2, {})
+    yield ReplicaManager(1, logs)
+    logs.close()
+
+
+def lead(manager, partition=0, epoch=0, isr=(1,), replicas=(1,)):
+    return manager.apply_partition_states([PartitionState("t", partition, 1, epoch, replicas, isr)])
+
+
+def test_leader_appends_and_moves_the_high_watermark_to_the_isr_minimum(manager):
+    seen = []
+    manager.add_leadership_listener(lambda *args: seen.append(args))
+    assert lead(manager, isr=(1, 2), replicas=(1, 2)) == {("t", 0): E.none}
+    assert seen == [("t", 0, True, 0)]
+    partition = manager.get_partition("t", 0)
+    manager.append("t", 0, batch(3), now_ms=NOW)
+    assert (partition.log_end_offset, partition.high_watermark) == (3, 0)  # follower 2 has nothing yet
+    assert partition.update_follower_fetch(2, 2, now_ms=NOW + 5)
+    assert partition.high_watermark == 2
+    partition.update_follower_fetch(2, 3, now_ms=NOW + 6)
+    assert partition.high_watermark == 3 and partition.followers[2].last_caught_up_ms == NOW + 6
+    # the batches carry the leader epoch
+    manager.apply_partition_states([PartitionState("t", 0, 1, 4, (1,), (1,))])
+    manager.append("t", 0, batch(), now_ms=NOW)
+    assert partition.log.read(3, 1 << 20, max_offset=4).records[12:16] == (4).to_bytes(4, "big")
+
+
+def test_not_leader_answers(manager):
+    with pytest.raises(KafkaError) as e:
+        manager.append("t", 0, batch(), now_ms=NOW)
+    assert e.value.code == E.unknown_topic_or_partition  # no role given yet
+    manager.apply_partition_states([PartitionState("t", 0, 2, 1, (1, 2), (1, 2))])
+    assert not manager.get_partition("t", 0).is_leader
+    with pytest.raises(KafkaError) as e:
+        manager.append("t", 0, batch(), now_ms=NOW)
+    assert e.value.code == E.not_leader_or_follower
+    # an older leader epoch is fenced and changes nothing
+    assert manager.apply_partition_states([PartitionState("t", 0, 1, 0, (1, 2), (1, 2))]) == {
+        ("t", 0): E.fenced_leader_epoch}
+    assert manager.get_partition("t", 0).leader_id == 2
+
+
+def test_acks_all_waits_for_the_high_watermark(manager):
+    async def scenario():
+        lead(manager, isr=(1, 2), replicas=(1, 2))
+        lead(manager, partition=1)
+        partition = manager.get_partition("t", 0)
+        produce = asyncio.ensure_future(manager.append_records(
+            {("t", 0): batch(2), ("t", 1): batch()}, acks=-1, timeout_ms=60_000, now_ms=NOW))
+        await asyncio.sleep(0.05)
+        assert not produce.done()  # partition 0 waits for follower 2
+        partition.update_follower_fetch(2, 2, now_ms=NOW)
+        manager.high_watermark_moved("t", 0)
+        results = await produce
+        assert [(r.error, r.base_offset) for r in results.values()] == [(E.none, 0), (E.none, 0)]
+        # acks=1 answers without the follower; a timeout answers REQUEST_TIMED_OUT
+        one = await manager.append_records({("t", 0): batch()}, acks=1, timeout_ms=0, now_ms=NOW)
+        assert one[("t", 0)].error == E.none and partition.high_watermark == 2
+        late = await manager.append_records({("t", 0): batch()}, acks=-1, timeout_ms=10, now_ms=NOW)
+        assert late[("t", 0)].error == E.request_timed_out
+        # a single-member ISR acknowledges acks=all at once
+        alone = await manager.append_records({("t", 1): batch()}, acks=-1, timeout_ms=0, now_ms=NOW)
+        assert alone[("t", 1)].error == E.none and manager.get_partition("t", 1).high_watermark == 2
+    asyncio.run(scenario())
+
+
+def test_losing_leadership_answers_the_waiters(manager):
+    lead(manager, isr=(1, 2), replicas=(1, 2))
+    manager.append("t", 0, batch(), now_ms=NOW)
+    answers = []
+    manager.after_high_watermark("t", 0, 1, answers.append)
+    assert answers == []
+    manager.apply_partition_states([PartitionState("t", 0, 2, 1, (1, 2), (2,))])
+    assert answers == [E.not_leader_or_follower]
+    manager.after_high_watermark("t", 0, 0, answers.append)
+    assert answers[-1] == E.not_leader_or_follower
+
+
+def test_removed_partitions_are_forgotten(manager):
+    seen = []
+    lead(manager)
+    manager.add_leadership_listener(lambda *args: seen.append(args))
+    manager.remove_partitions([("t", 0)])
+    assert manager.get_partition("t", 0) is None and seen == [("t", 0, False, 0)]
