@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..config import BrokerConfig, TopicConfig
-from ..errors import ConfigError, ErrorCode, KafkaError
+from ..errors import ConfigError, DataDirError, ErrorCode, KafkaError
 from .log import Log
 from .page_cache import RecentAppends
 from ..durability import fsync
@@ -131,6 +131,7 @@ class LogManager:
         recent_appends = RecentAppends(broker_config["log.page.cache.max.bytes"])
         self.recent_appends = recent_appends if recent_appends.enabled else None
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
+        self._duty_errors: dict[tuple[str, tuple[str, int]], str] = {}  # logged once until they change
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -143,13 +144,7 @@ class LogManager:
         start_offsets = read_offset_checkpoint(self.data_dir / LOG_START_OFFSET_FILE)
         for entry in os.scandir(self.data_dir / TOPICS_DIR):
             if entry.name.endswith(".json"):
-                meta = json.loads(Path(entry.path).read_text(encoding="utf-8"))
-                info = TopicInfo(
-                    meta["name"],
-                    uuid.UUID(meta["topic_id"]),
-                    meta["partitions"],
-                    TopicConfig(self.broker_config, meta["configs"]),
-                )
+                info = self._read_topic_file(Path(entry.path))
                 self.topics[info.name] = info
             elif entry.name.endswith(".tmp"):
                 os.unlink(entry.path)
@@ -178,6 +173,19 @@ class LogManager:
             # From here on a crash must be noticed: the marker's removal has to be durable.
             marker.unlink()
             _fsync_dir(self.data_dir)
+
+    def _read_topic_file(self, path: Path) -> TopicInfo:
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            info = TopicInfo(meta["name"], uuid.UUID(meta["topic_id"]), int(meta["partitions"]),
+                             TopicConfig(self.broker_config, meta["configs"]))
+            validate_topic_name(info.name)
+            if info.partitions < 1:
+                raise ValueError(f"partition count {info.partitions}")
+        except (ValueError, KeyError, TypeError, AttributeError, ConfigError, KafkaError) as exc:
+            raise DataDirError(f"topic file {path} is corrupt ({type(exc).__name__}: {exc}); restore it from a "
+                               f"backup, or remove it and the topic's partition directories") from None
+        return info
 
     def _partition_dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
@@ -338,20 +346,31 @@ class LogManager:
 
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point
-        checkpoint (log.flush.offset.checkpoint.interval.ms), retention and producer id expiry."""
-        for log_ in self.logs.values():
-            log_.flush_if_due(now_ms)
+        checkpoint (log.flush.offset.checkpoint.interval.ms), retention and producer id expiry.
+
+        Each partition's duty runs on its own: one that fails is logged (once per distinct
+        error) and every other partition, and the checkpoint, still get theirs."""
+        self._each("flush", lambda log_: log_.flush_if_due(now_ms))
         if now_ms - self._last_checkpoint_ms >= self.broker_config["log.flush.offset.checkpoint.interval.ms"]:
             self.checkpoint()
             self._last_checkpoint_ms = now_ms
         if now_ms - self._last_expiry_check_ms >= self.broker_config["producer.id.expiration.check.interval.ms"]:
-            for log_ in self.logs.values():
-                log_.remove_expired_producers(now_ms)
+            self._each("producer id expiry", lambda log_: log_.remove_expired_producers(now_ms))
             self._last_expiry_check_ms = now_ms
         if now_ms - self._last_retention_check_ms >= self.broker_config["log.retention.check.interval.ms"]:
-            for log_ in self.logs.values():
-                log_.apply_retention(now_ms)
+            self._each("retention", lambda log_: log_.apply_retention(now_ms))
             self._last_retention_check_ms = now_ms
+
+    def _each(self, duty: str, run: Callable[[Log], None]) -> None:
+        for key, log_ in list(self.logs.items()):
+            try:
+                run(log_)
+            except Exception as exc:
+                if self._duty_errors.get((duty, key)) != str(exc):
+                    self._duty_errors[(duty, key)] = str(exc)
+                    log.error("%s of %s-%d failed: %s", duty, *key, exc)
+            else:
+                self._duty_errors.pop((duty, key), None)
 
     def flush_all(self) -> None:
         for log_ in self.logs.values():
