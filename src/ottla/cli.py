@@ -21,9 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="write HOST:PORT here once listening (for embedding)")
     serve.set_defaults(run="ottla.server.main:run")
 
-    from . import client_cli
+    from . import client_cli, client_records
 
-    client_cli.add_commands(commands)
+    topic_commands, command = client_cli.add_commands(commands)
+    client_records.add_topic_commands(topic_commands, command)
     return parser
 
 

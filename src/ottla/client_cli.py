@@ -89,7 +89,9 @@ def _start_offset(text: str) -> int:
     return value if value >= 0 else OFFSET_TAIL_BASE + value
 
 
-def add_commands(commands) -> None:
+def add_commands(commands):
+    """Register the client commands; returns the `topics` subcommands and the factory that
+    adds one, for commands kept in other modules (client_records)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-b", "--bootstrap-server", metavar="HOST:PORT",
                         default=os.environ.get("OTTLA_BOOTSTRAP") or DEFAULT_BOOTSTRAP,
@@ -204,6 +206,7 @@ def add_commands(commands) -> None:
     describe.add_argument("topic")
     describe.add_argument("-p", "--partition", type=_non_negative_int, action="append",
                           help="partition to describe (repeatable; default all)")
+    return topic_commands, command
 
 
 # --- shared plumbing ---------------------------------------------------------------------

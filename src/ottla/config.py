@@ -7,10 +7,13 @@ Topic configs fall back to the broker's `log.*` settings the way Kafka's do.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+
+_log = logging.getLogger("ottla.config")
 
 
 def _bool(value: str | bool) -> bool:
@@ -110,6 +113,16 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("log.message.timestamp.before.max.ms", _int, 2**63 - 1, 0),
         ConfigDef("log.message.timestamp.after.max.ms", _int, 3600000, 0),
         ConfigDef("log.cleaner.min.compaction.lag.ms", _int, 0, 0),
+        # The log cleaner (log/cleaner/), Kafka's names and defaults.
+        ConfigDef("log.cleaner.enable", _bool, True),
+        ConfigDef("log.cleaner.threads", _int, 1, 0),
+        ConfigDef("log.cleaner.dedupe.buffer.size", _int, 134217728, 0),
+        ConfigDef("log.cleaner.io.buffer.load.factor", float, 0.9, 0),
+        ConfigDef("log.cleaner.io.max.bytes.per.second", float, 1.7976931348623157e308, 0),
+        ConfigDef("log.cleaner.backoff.ms", _int, 15000, 0),
+        ConfigDef("log.cleaner.min.cleanable.ratio", float, 0.5, 0),
+        ConfigDef("log.cleaner.delete.retention.ms", _int, _DAY_MS, 0),
+        ConfigDef("log.cleaner.max.compaction.lag.ms", _int, 2**63 - 1, 1),
         ConfigDef("compression.type", _compression_type, "producer"),
         ConfigDef("min.insync.replicas", _int, 1, 1),
         ConfigDef("producer.id.expiration.ms", _int, _DAY_MS, 1),
@@ -152,6 +165,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("message.timestamp.after.max.ms", _int, 3600000, 0),
         ConfigDef("min.cleanable.dirty.ratio", float, 0.5),
         ConfigDef("min.compaction.lag.ms", _int, 0, 0),
+        ConfigDef("max.compaction.lag.ms", _int, 2**63 - 1, 1),
         ConfigDef("min.insync.replicas", _int, 1, 1),
         ConfigDef("retention.bytes", _int, -1),
         ConfigDef("retention.ms", _int, 7 * _DAY_MS, -1),
@@ -160,6 +174,42 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("segment.ms", _int, 7 * _DAY_MS, 1),
     ]
 }
+
+# Topic configs Kafka 3.9 defines whose behaviour Ottla does not have (replication
+# throttles, tiered storage, preallocation, compression levels, ...). They are accepted,
+# stored and described like the others so tools that set them keep working, and the
+# first time each is set the broker logs that it is not applied (`report_not_applied`).
+_NOT_APPLIED = [
+    ConfigDef("compression.gzip.level", _int, -1, -1),
+    ConfigDef("compression.lz4.level", _int, 9, 1),
+    ConfigDef("compression.zstd.level", _int, 3, -131072),
+    ConfigDef("follower.replication.throttled.replicas", _str, ""),
+    ConfigDef("leader.replication.throttled.replicas", _str, ""),
+    ConfigDef("local.retention.bytes", _int, -2, -2),
+    ConfigDef("local.retention.ms", _int, -2, -2),
+    ConfigDef("max.compaction.lag.ms", _int, 2**63 - 1, 1),
+    ConfigDef("message.downconversion.enable", _bool, True),
+    ConfigDef("message.format.version", _str, "3.0-IV1"),
+    ConfigDef("message.timestamp.difference.max.ms", _int, 2**63 - 1, 0),
+    ConfigDef("preallocate", _bool, False),
+    ConfigDef("remote.log.copy.disable", _bool, False),
+    ConfigDef("remote.log.delete.on.disable", _bool, False),
+    ConfigDef("remote.storage.enable", _bool, False),
+    ConfigDef("segment.jitter.ms", _int, 0, 0),
+    ConfigDef("unclean.leader.election.enable", _bool, False),
+]
+NOT_APPLIED_TOPIC_CONFIGS = frozenset(d.name for d in _NOT_APPLIED if d.name not in TOPIC_CONFIGS)
+for _definition in _NOT_APPLIED:
+    TOPIC_CONFIGS.setdefault(_definition.name, _definition)
+_reported: set[str] = set()
+
+
+def report_not_applied(names) -> None:
+    """Log, once per config name, that a topic sets a config Ottla stores but does not act on."""
+    for name in sorted(set(names) & NOT_APPLIED_TOPIC_CONFIGS - _reported):
+        _reported.add(name)
+        _log.warning("topic config %s is accepted and stored but not applied by Ottla", name)
+
 
 # Which broker setting supplies a topic config's default (Kafka's synonyms).
 TOPIC_TO_BROKER_SYNONYM = {
@@ -173,6 +223,9 @@ TOPIC_TO_BROKER_SYNONYM = {
     "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
     "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
     "min.insync.replicas": "min.insync.replicas",
     "retention.bytes": "log.retention.bytes",
     "retention.ms": "log.retention.ms",
@@ -248,6 +301,7 @@ def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
         if definition is None:
             raise ConfigError(f"unknown topic config {name!r}")
         result[name] = definition.coerce(raw)
+    report_not_applied(result)
     return result
 
 

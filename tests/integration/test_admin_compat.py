@@ -27,3 +27,83 @@ def test_append_and_subtract_start_from_the_current_value_default_included(ottla
     assert _topic_config(admin, "policies", "cleanup.policy") == "compact"
     _incremental(admin, "policies", "cleanup.policy", AlterConfigOpType.SUBTRACT, "compact")
     assert _topic_config(admin, "policies", "cleanup.policy") == ""
+
+
+def test_every_topic_config_kafka_defines_is_accepted_and_described(ottla_broker):
+    """max.compaction.lag.ms and friends: stored and described; the broker logs them once as not applied."""
+    from kafka.admin import ConfigResource as KPConfigResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    configs = {"max.compaction.lag.ms": "3600000", "unclean.leader.election.enable": "true",
+               "follower.replication.throttled.replicas": "*", "segment.jitter.ms": "10"}
+    admin.create_topics([KPNewTopic("kafka-configs", 1, 1, topic_configs=configs)])
+    admin.create_topics([KPNewTopic("kafka-configs-2", 1, 1, topic_configs={"max.compaction.lag.ms": "1000"})])
+    described = admin.describe_configs([KPConfigResource(ConfigResourceType.TOPIC, "kafka-configs")],
+                                       config_filter="all")["topic"]["kafka-configs"]
+    admin.close()
+    for name, value in configs.items():
+        assert (described[name]["value"], described[name]["config_source"]) == (value, "DYNAMIC_TOPIC_CONFIG")
+    assert described["remote.storage.enable"]["value"] == "false"
+    assert ottla_broker.read_stderr().count(
+        "topic config max.compaction.lag.ms is accepted and stored but not applied") == 1
+
+
+def test_delete_groups_right_after_a_session_times_out(ottla_broker_factory, raw_connection):
+    """A member that stops heartbeating is gone as soon as its session runs out: DeleteGroups
+    sent just after the timeout succeeds, as in Kafka (not NON_EMPTY_GROUP until a timer tick).
+    Raw frames on connections opened beforehand keep the client's own latency out of it."""
+    import time
+    from datetime import timedelta
+
+    from kio.schema.errors import ErrorCode
+
+    from ottla.protocol.build import make, nested
+    from ottla.protocol.schemas import request_schema
+    from tests.wire import roundtrip
+
+    broker = ottla_broker_factory({"group.initial.rebalance.delay.ms": 0})
+    sock, admin_sock = raw_connection(broker.bootstrap), raw_connection(broker.bootstrap)
+    join_type = request_schema(11, 5)
+    protocol = make(nested(join_type, "JoinGroupRequestProtocol"), name="range", metadata=b"")
+
+    def join(member_id):
+        return roundtrip(sock, make(join_type, group_id="expiring", session_timeout=timedelta(seconds=6),
+                                    rebalance_timeout=timedelta(seconds=6), member_id=member_id,
+                                    group_instance_id=None, protocol_type="consumer", protocols=(protocol,)))[1]
+
+    member = join(join("").member_id).member_id
+    sync_type = request_schema(14, 3)
+    assignment = make(nested(sync_type, "SyncGroupRequestAssignment"), member_id=member, assignment=b"")
+    _, synced = roundtrip(sock, make(sync_type, group_id="expiring", generation_id=1, member_id=member,
+                                     group_instance_id=None, assignments=(assignment,)))
+    answered = time.monotonic()
+    assert synced.error_code == ErrorCode.none
+    # The broker set the session deadline before it answered; the member now stays silent past it.
+    time.sleep(max(0.0, answered + 6.002 - time.monotonic()))
+    _, deleted = roundtrip(admin_sock, request_schema(42, 2)(groups_names=("expiring",)))
+    assert deleted.results[0].error_code == ErrorCode.none
+
+
+def test_authorized_operations_are_reported_as_kafka_without_an_authorizer_does(ottla_broker):
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    admin = _admin(ottla_broker.bootstrap)
+    admin.create_topics([NewTopic("ops", 1, 1)])["ops"].result(15)
+    topic = admin.describe_topics(TopicCollection(["ops"]), include_authorized_operations=True)["ops"].result(15)
+    assert set(topic.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DESCRIBE, AclOperation.DELETE,
+        AclOperation.ALTER, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(15)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+        AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER, AclOperation.DESCRIBE}
+    from confluent_kafka import Consumer
+    consumer = Consumer({"bootstrap.servers": ottla_broker.bootstrap, "group.id": "ops-group"})
+    consumer.subscribe(["ops"])
+    consumer.poll(5)
+    group = admin.describe_consumer_groups(["ops-group"], include_authorized_operations=True)["ops-group"].result(15)
+    consumer.close()
+    assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from kafka import KafkaAdminClient
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -142,11 +143,19 @@ def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
         try:
             assert client.exists("/ottla") is None
             client.create("/ottla")
-            handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4})
+            handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4,
+                                                       "broker.rack": "rack-a"})
             handle.start()
             try:
                 assert client.get_children("/ottla/brokers/ids") == ["4"]
+                assert json.loads(client.get("/ottla/brokers/ids/4")[0])["rack"] == "rack-a"
                 assert client.exists("/ottla/cluster/id") and client.exists("/brokers") is None
+                admin = KafkaAdminClient(bootstrap_servers=handle.bootstrap)
+                try:
+                    described = admin.describe_cluster()
+                finally:
+                    admin.close()
+                assert [(b["broker_id"], b["rack"]) for b in described["brokers"]] == [(4, "rack-a")]
             finally:
                 handle.stop()
             assert client.get_children("/ottla/brokers/ids") == []  # a clean stop ends the session at once
@@ -172,3 +181,15 @@ def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ott
     finally:
         client.stop()
         client.close()
+
+
+def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):
+    """Kafka's InconsistentClusterIdException: meta.properties names the cluster a data dir
+    belongs to; a broker pointed at another cluster's ZooKeeper must not mix them."""
+    alone = BrokerProcess(tmp_path / "data").start()  # no zookeeper.connect: a cluster id of its own
+    alone.stop()
+    result = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect={zk_cluster.connect}",
+                    "--config", "broker.id=9"])
+    assert result.returncode == 1
+    assert "doesn't match stored clusterId" in result.stderr and "trying to join the wrong cluster" in result.stderr
+    assert zk.exists("/brokers/ids/9") is None

@@ -22,7 +22,8 @@ from kazoo.client import KazooClient
 
 from ottla.cluster.store import (NO_LEADER, BrokerIdInUse, BrokerRegistration, ControllerMoved, LeaderAndIsr,
                                  NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists)
-from ottla.cluster.zk import ZkClusterStore, ZkProducerIdBlockStore, topic_id_to_str
+from ottla.cluster.zk import ZkClusterStore, ZkProducerIdBlockStore
+from ottla.cluster.zk_data import topic_id_to_str
 from ottla.producer_state.allocator import ProducerIdManager
 from ottla.testing.zookeeper import free_port, zookeeper, zookeeper_ensemble
 

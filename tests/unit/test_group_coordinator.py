@@ -970,3 +970,17 @@ def test_deleted_topics_lose_their_offsets_everywhere():
     reloaded = make(store)
     assert fetched(reloaded) == {("t", 0): 1}
     assert fetched(reloaded, "simple", [("gone", 1)]) == {("gone", 1): -1}
+
+
+def test_a_session_that_ran_out_is_gone_for_the_next_request_without_a_poll():
+    """Expiry is on time: whatever call comes after the deadline sees the member gone, so a
+    DeleteGroups right after the session timeout succeeds where a late timer left NON_EMPTY_GROUP."""
+    c = make()
+    form_group(c, 1)
+    assert c.next_deadline() == SESSION
+    box = Box()
+    c.delete_groups(group_ids=["g"], now_ms=SESSION, on_complete=box)  # at the deadline: still a member
+    assert box.value == {"g": E.non_empty_group}
+    box = Box()
+    c.delete_groups(group_ids=["g"], now_ms=SESSION + 1, on_complete=box)  # no poll in between
+    assert box.value == {"g": E.none}

@@ -14,12 +14,10 @@ bump are created in one multi too, so exactly one broker wins an election.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
 import time
-import uuid
 from typing import Any, Callable, Mapping
 
 from kazoo.client import KazooClient, KazooState
@@ -35,115 +33,15 @@ from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdB
 from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
                     NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists,
                     TopicPartition, WatchTarget)
+from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
+                      INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
+                      PRODUCER_ID_BLOCK, REASSIGN, TOPICS, config_bytes, decode_assignment, decode_broker,
+                      decode_state, encode_assignment, encode_broker, encode_state, now_ms, partition_list,
+                      split_chroot, state_path, to_json, topic_path)
 
 log = logging.getLogger(__name__)
 
-BROKER_IDS = "/brokers/ids"
-TOPICS = "/brokers/topics"
-CONTROLLER = "/controller"
-CONTROLLER_EPOCH = "/controller_epoch"
-CLUSTER_ID = "/cluster/id"
-CONFIG_CHANGES = "/config/changes"
-DELETE_TOPICS = "/admin/delete_topics"
-REASSIGN = "/admin/reassign_partitions"
-PREFERRED_ELECTION = "/admin/preferred_replica_election"
-ISR_CHANGES = "/isr_change_notification"
-PRODUCER_ID_BLOCK = "/latest_producer_id_block"
-# Kafka's ZkData.PersistentZkPaths (plus ConfigType.all), created at start-up if missing.
-PERSISTENT_PATHS = ("/consumers", BROKER_IDS, TOPICS, CONFIG_CHANGES, DELETE_TOPICS, "/brokers/seqid",
-                    ISR_CHANGES, PRODUCER_ID_BLOCK, "/log_dir_event_notification", "/config/topics",
-                    "/config/clients", "/config/users", "/config/brokers", "/config/ips")
-INITIAL_CONTROLLER_EPOCH = 0  # Kafka's KafkaController.InitialControllerEpoch
 RETRY_BACKOFF_S = 0.1
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _now_ms() -> str:
-    return str(int(time.time() * 1000))
-
-
-def topic_id_to_str(topic_id: uuid.UUID) -> str:
-    """Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, without padding."""
-    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
-
-
-def topic_id_from_str(text: str) -> uuid.UUID:
-    return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-
-
-def topic_path(topic: str) -> str:
-    return f"{TOPICS}/{topic}"
-
-
-def state_path(topic: str, partition: int) -> str:
-    return f"{TOPICS}/{topic}/partitions/{partition}/state"
-
-
-def _partition_list(partitions) -> list[dict]:
-    return [{"topic": t, "partition": p} for t, p in sorted(partitions)]
-
-
-def encode_broker(reg: BrokerRegistration) -> bytes:
-    """Kafka's BrokerIdZNode JSON, version 5 (no JMX, no features)."""
-    data = {"features": {}, "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
-            "endpoints": [f"PLAINTEXT://{reg.host}:{reg.port}"], "jmx_port": -1,
-            "host": reg.host, "port": reg.port, "timestamp": _now_ms(), "version": 5}
-    if reg.rack is not None:
-        data["rack"] = reg.rack
-    return _json(data)
-
-
-def decode_broker(broker_id: int, raw: bytes, czxid: int) -> BrokerRegistration:
-    data = json.loads(raw)
-    host, port = data.get("host"), data.get("port", -1)
-    for endpoint in data.get("endpoints", ()):
-        if endpoint.startswith("PLAINTEXT://"):
-            host, _, port_text = endpoint[len("PLAINTEXT://"):].rpartition(":")
-            port = int(port_text)
-            break
-    return BrokerRegistration(broker_id, host, int(port), data.get("rack"), czxid)
-
-
-def encode_assignment(a: TopicAssignment) -> bytes:
-    """Kafka's TopicZNode JSON, version 3."""
-    def replicas(m):
-        return {str(p): list(r) for p, r in sorted(m.items())}
-    return _json({"partitions": replicas(a.partitions), "topic_id": topic_id_to_str(a.topic_id),
-                  "adding_replicas": replicas(a.adding_replicas),
-                  "removing_replicas": replicas(a.removing_replicas), "version": 3})
-
-
-def decode_assignment(name: str, raw: bytes) -> TopicAssignment:
-    data = json.loads(raw)
-
-    def replicas(key):
-        return {int(p): tuple(r) for p, r in (data.get(key) or {}).items()}
-    # A topic written by a pre-2.8 tool has no id; the controller gives it one on next write.
-    topic_id = topic_id_from_str(data["topic_id"]) if data.get("topic_id") else uuid.UUID(int=0)
-    return TopicAssignment(name, topic_id, replicas("partitions"), replicas("adding_replicas"),
-                           replicas("removing_replicas"))
-
-
-def encode_state(s: LeaderAndIsr) -> bytes:
-    return _json({"controller_epoch": s.controller_epoch, "leader": s.leader, "version": 1,
-                  "leader_epoch": s.leader_epoch, "isr": list(s.isr)})
-
-
-def decode_state(raw: bytes, version: int) -> LeaderAndIsr:
-    data = json.loads(raw)
-    return LeaderAndIsr(data["leader"], data["leader_epoch"], tuple(data["isr"]), data["controller_epoch"], version)
-
-
-def _config_bytes(configs: Mapping[str, str]) -> bytes:
-    return _json({"version": 1, "config": {k: str(v) for k, v in configs.items()}})
-
-
-def split_chroot(connect: str) -> tuple[str, str | None]:
-    hosts, slash, chroot = connect.partition("/")
-    return hosts, ("/" + chroot.rstrip("/")) if slash and chroot.strip("/") else None
 
 
 class ZkClusterStore:
@@ -268,11 +166,11 @@ class ZkClusterStore:
             try:
                 if current is None:
                     if new is not None:
-                        self._call("create", path, _json(new), makepath=True)
+                        self._call("create", path, to_json(new), makepath=True)
                 elif new is None:
                     self._call("delete", path, version=current[1].version)
                 else:
-                    self._call("set", path, _json(new), version=current[1].version)
+                    self._call("set", path, to_json(new), version=current[1].version)
                 return
             except (BadVersionError, NodeExistsError, NoNodeError):
                 continue
@@ -287,7 +185,7 @@ class ZkClusterStore:
     # -- cluster ---------------------------------------------------------------------------
     def cluster_id(self, proposed: str) -> str:
         try:
-            self._call("create", CLUSTER_ID, _json({"version": "1", "id": proposed}), makepath=True)
+            self._call("create", CLUSTER_ID, to_json({"version": "1", "id": proposed}), makepath=True)
             return proposed
         except NodeExistsError:
             return json.loads(self._get(CLUSTER_ID)[0])["id"]
@@ -325,7 +223,7 @@ class ZkClusterStore:
                     pass
                 continue
             epoch = int(current[0]) + 1
-            controller = _json({"version": 1, "brokerid": broker_id, "timestamp": _now_ms()})
+            controller = to_json({"version": 1, "brokerid": broker_id, "timestamp": now_ms()})
 
             def ops(txn):
                 txn.create(CONTROLLER, controller, ephemeral=True)
@@ -375,9 +273,9 @@ class ZkClusterStore:
 
         def ops(txn):
             if config_exists:
-                txn.set_data(config_path, _config_bytes(configs))
+                txn.set_data(config_path, config_bytes(configs))
             else:
-                txn.create(config_path, _config_bytes(configs))
+                txn.create(config_path, config_bytes(configs))
             txn.create(topic_path(name), encode_assignment(assignment))
         try:
             self._commit(ops, None)
@@ -397,11 +295,11 @@ class ZkClusterStore:
     def _set_configs(self, path: str, entity_path: str, configs: Mapping[str, str]) -> None:
         """Replace an entity's config, then announce it (Kafka's changeEntityConfig)."""
         try:
-            self._call("set", path, _config_bytes(configs))
+            self._call("set", path, config_bytes(configs))
         except NoNodeError:
-            self._call("create", path, _config_bytes(configs), makepath=True)
+            self._call("create", path, config_bytes(configs), makepath=True)
         self._call("create", f"{CONFIG_CHANGES}/config_change_",
-                   _json({"version": 2, "entity_path": entity_path}), sequence=True)
+                   to_json({"version": 2, "entity_path": entity_path}), sequence=True)
 
     def topic_configs(self, name: str) -> dict[str, str]:
         return self._configs(f"/config/topics/{name}")
@@ -488,7 +386,7 @@ class ZkClusterStore:
     # -- notifications and admin requests --------------------------------------------------
     def notify_isr_change(self, partitions: set[TopicPartition]) -> None:
         self._call("create", f"{ISR_CHANGES}/isr_change_",
-                   _json({"version": 1, "partitions": _partition_list(partitions)}), sequence=True)
+                   to_json({"version": 1, "partitions": partition_list(partitions)}), sequence=True)
 
     def take_isr_changes(self) -> set[TopicPartition]:
         changed = set()
@@ -535,7 +433,7 @@ class ZkClusterStore:
                 if data is None:
                     txn.delete(path, version=current[1].version)
                 else:
-                    txn.set_data(path, _json(data), version=current[1].version)
+                    txn.set_data(path, to_json(data), version=current[1].version)
             try:
                 self._commit(ops, epoch)
                 return
@@ -557,7 +455,7 @@ class ZkClusterStore:
     def request_preferred_election(self, partitions: set[TopicPartition]) -> None:
         def change(data):
             merged = {(e["topic"], e["partition"]) for e in (data or {}).get("partitions", ())} | set(partitions)
-            return {"version": 1, "partitions": _partition_list(merged)} if merged else None
+            return {"version": 1, "partitions": partition_list(merged)} if merged else None
         self._update_json(PREFERRED_ELECTION, change)
 
     def clear_preferred_election(self, epoch: ControllerEpoch) -> None:
@@ -574,7 +472,7 @@ class ZkClusterStore:
             if first > MAX_PRODUCER_ID - block_size + 1:
                 raise ProducerIdsExhaustedError(f"no block of {block_size} ids left after {first - 1}")
             last = first + block_size - 1
-            data = _json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
+            data = to_json({"version": 1, "broker": broker_id, "block_start": str(first), "block_end": str(last)})
             try:
                 if current is None:
                     self._call("create", PRODUCER_ID_BLOCK, data)

@@ -36,6 +36,7 @@ from ..records.batch import (
 from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
 from ..records.validator import check_records, inflate_limit
+from .cleaner.swap import recover_swaps
 from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
@@ -177,6 +178,7 @@ class Log:
         )
 
     def _load(self, recovery_point: int | None, clean_shutdown: bool) -> None:
+        recover_swaps(self.directory)
         bases = []
         for name in os.listdir(self.directory):
             stem, _, suffix = name.partition(".")
@@ -275,6 +277,16 @@ class Log:
                 segment.txn_index.append(txn)
 
         return on_batch
+
+    def replace_segments(self, groups: list[tuple[int, list[int]]]) -> None:
+        """The cleaner swapped the files of each group's old segments (`old_bases`, already
+        released) for one cleaned segment at `new_base`: point the log at it."""
+        for new_base, old_bases in groups:
+            i = self._bases.index(old_bases[0])
+            cleaned = self._new_segment(new_base)
+            cleaned.mark_sealed()
+            self._segments[i:i + len(old_bases)] = [cleaned]
+            self._bases[i:i + len(old_bases)] = [new_base]
 
     def _add_segment(self, base_offset: int) -> LogSegment:
         segment = self._new_segment(base_offset)

@@ -117,13 +117,16 @@ class LogSegment:
         self._size = 0
 
     def release(self) -> None:
-        """Close the .log and the indexes of a sealed segment; the next read reopens them."""
+        """Let go of the files without writing to them: a sealed segment not read lately, or
+        one the cleaner is swapping out (see log/cleaner/swap.py). The next use reopens them."""
         _open_sealed.forget(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self.offset_index.close()
         self.time_index.close()
+        if self._txn_index is not None:
+            self._txn_index.close()
 
     def mark_sealed(self) -> None:
         """A segment below the active one, loaded from disk: read-only from now on."""

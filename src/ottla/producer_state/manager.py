@@ -283,6 +283,12 @@ class ProducerStateManager:
         """The live state of one producer (Kafka's lastEntry)."""
         return self._producers.get(producer_id)
 
+    def last_batch_offsets(self) -> dict[int, int]:
+        """Per producer, the last offset of its latest data batch (of its latest marker if it
+        wrote no data this epoch): the log cleaner keeps that batch, emptied if need be, so the
+        producer's sequence survives compaction (Kafka's lastRecordsOfActiveProducers)."""
+        return {pid: e.batches[-1].last_offset if e.batches else e.last_offset for pid, e in self._producers.items()}
+
     @property
     def map_end_offset(self) -> int:
         """The state reflects every batch below this offset."""

@@ -11,6 +11,7 @@ the local catalog and from there into the metadata cache and the replica manager
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import fcntl
 import logging
 import os
@@ -23,6 +24,8 @@ from ..cluster.store import StoreError
 from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
+from ..failpoints import from_environment as failpoints_from_environment
+from ..log.cleaner.service import LogCleaner
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -74,6 +77,25 @@ def _load_or_create_cluster_id(data_dir: Path, node_id: int, membership: Cluster
     return cluster_id
 
 
+def _runner_on(loop: asyncio.AbstractEventLoop):
+    """For the log cleaner's threads: run a function on the event loop thread and wait for it."""
+
+    def run(function):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return future.result()
+
+    return run
+
+
 class Broker:
     def __init__(
         self,
@@ -100,6 +122,7 @@ class Broker:
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections: set[Connection] = set()
         self.logs = LogManager(self.data_dir, config)
+        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
         self._publish_local_metadata()
@@ -145,6 +168,7 @@ class Broker:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
 
@@ -161,6 +185,7 @@ class Broker:
         self.replicas.close()
         for connection in list(self.connections):
             connection.close()
+        await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
         self.logs.close()
         if self.membership is not None:
             self.membership.close()
@@ -200,7 +225,7 @@ class Broker:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
         partition at leader epoch 0 (ISR = itself)."""
         host, port = self.advertised
-        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port),
+        deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
         self.replicas.apply_partition_states(

@@ -35,3 +35,32 @@ def fencing_as_version_says(error: ErrorCode, api_version: int = 0, *, fenced_si
     if error is ErrorCode.producer_fenced and (fenced_since is None or api_version < fenced_since):
         return ErrorCode.invalid_producer_epoch
     return error
+
+
+# Kafka's AclOperation codes, and the operations each resource type has (AclEntry.supportedOperations).
+_OPERATION_CODES = {
+    Operation.READ: 3, Operation.WRITE: 4, Operation.CREATE: 5, Operation.DELETE: 6, Operation.ALTER: 7,
+    Operation.DESCRIBE: 8, Operation.CLUSTER_ACTION: 9, Operation.DESCRIBE_CONFIGS: 10,
+    Operation.ALTER_CONFIGS: 11, Operation.IDEMPOTENT_WRITE: 12,
+}
+_SUPPORTED_OPERATIONS = {
+    ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE, Operation.DELETE,
+                         Operation.ALTER, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE),
+    ResourceType.CLUSTER: (Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS,
+                           Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE, Operation.ALTER, Operation.DESCRIBE),
+    ResourceType.TRANSACTIONAL_ID: (Operation.DESCRIBE, Operation.WRITE),
+}
+NOT_REQUESTED = -2147483648  # what Kafka answers when authorized operations were not asked for
+
+
+def authorized_operations(ctx, resource_type: ResourceType, name: str, requested: bool) -> int:
+    """The include_*_authorized_operations answer: one bit per operation code the principal
+    may perform on the resource (Kafka's to32BitField); every supported one without ACLs."""
+    if not requested:
+        return NOT_REQUESTED
+    bits = 0
+    for operation in _SUPPORTED_OPERATIONS[resource_type]:
+        if authorized(ctx, operation, resource_type, name):
+            bits |= 1 << _OPERATION_CODES[operation]
+    return bits

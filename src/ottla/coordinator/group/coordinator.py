@@ -100,7 +100,8 @@ class _DelayedJoin:
 class _Timers:
     """Deadlines keyed by what they guard; scheduling a key again replaces its deadline."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_schedule: Callable[[int], None] | None = None) -> None:
+        self._on_schedule = on_schedule
         self._heap: list[tuple[int, int, Hashable]] = []
         self._live: dict[Hashable, tuple[int, int, Any]] = {}
         self._seq = itertools.count()
@@ -109,6 +110,8 @@ class _Timers:
         seq = next(self._seq)
         self._live[key] = (deadline_ms, seq, payload)
         heapq.heappush(self._heap, (deadline_ms, seq, key))
+        if self._on_schedule is not None:
+            self._on_schedule(deadline_ms)
 
     def cancel(self, key: Hashable) -> None:
         self._live.pop(key, None)
@@ -116,6 +119,16 @@ class _Timers:
     def payload(self, key: Hashable) -> Any:
         entry = self._live.get(key)
         return None if entry is None else entry[2]
+
+    def next_deadline(self) -> int | None:
+        """The earliest live deadline (stale heap entries of rescheduled keys are dropped)."""
+        while self._heap:
+            deadline, seq, key = self._heap[0]
+            entry = self._live.get(key)
+            if entry is not None and entry[1] == seq:
+                return deadline
+            heapq.heappop(self._heap)
+        return None
 
     def pop_due(self, now_ms: int) -> tuple[Hashable, Any] | None:
         while self._heap and self._heap[0][0] <= now_ms:
@@ -163,10 +176,12 @@ class _Join:
 class GroupCoordinator:
     """Classic consumer groups and their offsets for the `__consumer_offsets` partitions loaded here."""
 
-    def __init__(self, config: BrokerConfig, store: OffsetsStore, *, num_partitions: int | None = None):
+    def __init__(self, config: BrokerConfig, store: OffsetsStore, *, num_partitions: int | None = None,
+                 on_deadline: Callable[[int], None] | None = None):
         """`num_partitions` is the offsets topic's actual partition count when it already
         exists; like Kafka, that count and not offsets.topic.num.partitions decides where a
-        group lives."""
+        group lives. `on_deadline(ms)` is told of every deadline scheduled, so the edge can
+        arm a timer for it."""
         self.config = config
         self.store = store
         self.num_partitions: int = num_partitions or config["offsets.topic.num.partitions"]
@@ -174,11 +189,12 @@ class GroupCoordinator:
         self._owned: set[int] = set()
         self._loading: set[int] = set()
         self._producer_groups: dict[int, set[str]] = {}  # producer id -> groups with staged txn offsets
-        self._timers = _Timers()
+        self._timers = _Timers(on_deadline)
         self._effects: deque[tuple[Callable[..., Any], tuple]] = deque()
         self._flushing = False
         self._now = 0
         self._next_retention_check: int | None = None
+        self._firing = False
 
     # --- plumbing -----------------------------------------------------------------------
     def partition_for(self, group_id: str) -> int:
@@ -186,8 +202,12 @@ class GroupCoordinator:
 
     @contextmanager
     def _operation(self, now_ms: int) -> Iterator[None]:
+        """Every call happens at an explicit time, and whatever expired before then expires
+        first: a request right after a session timeout sees the member gone, as in Kafka.
+        (Deadlines equal to `now_ms` are left to `poll`, so calls at one instant see each other.)"""
         self._now = max(self._now, now_ms)
         try:
+            self._fire_due(self._now - 1)
             yield
         finally:
             self._flush()
@@ -1109,18 +1129,33 @@ class GroupCoordinator:
                                 (group.protocol_name or "") if stable else "", members)
 
     # --- time ---------------------------------------------------------------------------
-    def poll(self, now_ms: int) -> None:
-        """Fire every timer due by `now_ms`, and expire offsets every offsets.retention.check.interval.ms."""
+    def next_deadline(self) -> int | None:
+        """When `poll` next has something to do (ms, the clock `now_ms` uses); the asyncio
+        edge arms one timer for it instead of polling on a tick."""
+        deadlines = [d for d in (self._timers.next_deadline(), self._next_retention_check) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def _fire_due(self, until_ms: int) -> None:
+        if self._firing:
+            return
         handlers = {
             "heartbeat": self._on_heartbeat_expired,
             "pending": self._on_pending_member_expired,
             "join": self._on_join_expired,
             "sync": self._on_sync_expired,
         }
-        with self._operation(now_ms):
-            while (due := self._timers.pop_due(self._now)) is not None:
+        self._firing = True
+        try:
+            while (due := self._timers.pop_due(until_ms)) is not None:
                 (kind, group, member_id), payload = due
                 handlers[kind](group, member_id, payload)
+        finally:
+            self._firing = False
+
+    def poll(self, now_ms: int) -> None:
+        """Fire every timer due by `now_ms`, and expire offsets every offsets.retention.check.interval.ms."""
+        with self._operation(now_ms):
+            self._fire_due(self._now)
             interval = self.config["offsets.retention.check.interval.ms"]
             if self._next_retention_check is None:
                 self._next_retention_check = self._now + interval

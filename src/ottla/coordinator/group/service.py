@@ -3,7 +3,9 @@
 `GroupCoordinator` is a pure state machine; this module creates the compacted internal
 topic through the `CoordinatorRuntime`, hands the coordinator the topic's partitions as its
 `OffsetsStore`, loads a partition when this broker becomes its leader and unloads it when
-it stops leading it, and runs `poll` on a short tick.
+it stops leading it, and runs `poll` when the coordinator's next deadline is due (one
+timer, re-armed whenever an earlier deadline is scheduled), so a session expires when it
+times out.
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ from .coordinator import GroupCoordinator
 from .records import OFFSETS_TOPIC
 
 log = logging.getLogger("ottla.group")
-
-# Timers need no more precision than this: Kafka's own delayed operations are best effort.
-_TICK_S = 0.05
 
 
 class OffsetsLogStore:
@@ -62,8 +61,11 @@ class GroupService:
         self._config = config
         self._clock = clock
         self.coordinator = GroupCoordinator(config, OffsetsLogStore(runtime, clock),
-                                            num_partitions=runtime.partition_count(OFFSETS_TOPIC))
-        self._timer: asyncio.Task | None = None
+                                            num_partitions=runtime.partition_count(OFFSETS_TOPIC),
+                                            on_deadline=self._arm)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for: int | None = None
         self._loaded: set[int] = set()
 
     async def start(self) -> None:
@@ -78,7 +80,28 @@ class GroupService:
                         OFFSETS_TOPIC, partitions, config["offsets.topic.num.partitions"])
         self._runtime.watch_leadership(OFFSETS_TOPIC, self._on_elected, self._on_resigned)
         log.info("loaded %d groups from %s", len(self.coordinator.list_groups().groups), OFFSETS_TOPIC)
-        self._timer = asyncio.get_running_loop().create_task(self._run_timer())
+        self._loop = asyncio.get_running_loop()
+        self._fire()
+
+    def _arm(self, deadline_ms: int) -> None:
+        """Make sure a timer fires by `deadline_ms` (an earlier armed one already does)."""
+        if self._loop is None or (self._armed_for is not None and self._armed_for <= deadline_ms):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = deadline_ms
+        self._timer = self._loop.call_later(max(deadline_ms - self._clock(), 0) / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._armed_for = None
+        try:
+            self.coordinator.poll(self._clock())
+        except Exception:
+            # A bug must not stop every other group's session and rebalance timers for good.
+            log.exception("group coordinator timer failed")
+        deadline = self.coordinator.next_deadline()
+        if deadline is not None:
+            self._arm(deadline)
 
     def _on_elected(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:
@@ -91,15 +114,6 @@ class GroupService:
             self._loaded.discard(partition)
             self.coordinator.unload_partition(partition, self._clock())
 
-    async def _run_timer(self) -> None:
-        while True:
-            try:
-                self.coordinator.poll(self._clock())
-            except Exception:
-                # A bug must not stop every other group's session and rebalance timers for good.
-                log.exception("group coordinator timer failed")
-            await asyncio.sleep(_TICK_S)
-
     def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int]) -> None:
         """The producer's COMMIT/ABORT marker is now in these `__consumer_offsets` partitions."""
         self.coordinator.complete_txn(producer_id=producer_id, partitions=partitions, commit=commit,
@@ -110,6 +124,7 @@ class GroupService:
         they look for the coordinator again once the broker is back."""
         if self._timer is not None:
             self._timer.cancel()
+        self._loop = None
         self._runtime.close(OFFSETS_TOPIC)
         for partition in sorted(self._loaded):
             self._on_resigned(partition, -1)

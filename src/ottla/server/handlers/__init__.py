@@ -14,6 +14,7 @@ HANDLER_MODULES = [
     "list_offsets",
     "create_topics",
     "delete_topics",
+    "delete_records",
     "create_partitions",
     "describe_configs",
     "incremental_alter_configs",
@@ -46,6 +47,7 @@ HANDLER_MODULES = [
     "elect_leaders",
     "alter_partition_reassignments",
     "list_partition_reassignments",
+    "consumer_group_heartbeat",
 ]
 
 

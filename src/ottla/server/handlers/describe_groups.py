@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from ...coordinator.group import GroupDescription
-from ..replies import authorized
+from ..replies import authorized, authorized_operations
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
@@ -12,10 +12,6 @@ API_KEY = 15
 # v3: authorized operations; v4: static members; v6: a group that does not exist is Dead with
 # GROUP_ID_NOT_FOUND and a message; earlier versions report it Dead without an error.
 VERSIONS = (0, 6)
-
-# Kafka's "not requested" value for authorized operations.
-_NO_OPERATIONS = -2147483648
-
 
 async def handle(ctx, request):
     response_type = ctx.response_type
@@ -39,5 +35,6 @@ async def handle(ctx, request):
             for m in d.members)
         groups.append(make(group_type, error_code=error, error_message=message, group_id=group_id,
                            group_state=d.state, protocol_type=d.protocol_type,
-                           protocol_data=d.protocol, members=members, authorized_operations=_NO_OPERATIONS))
+                           protocol_data=d.protocol, members=members, authorized_operations=authorized_operations(
+                               ctx, ResourceType.GROUP, group_id, getattr(request, "include_authorized_operations", False))))
     return make(response_type, throttle_time=timedelta(0), groups=tuple(groups))

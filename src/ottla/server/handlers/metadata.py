@@ -4,7 +4,9 @@ auto-creates topics when allowed."""
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
+from ...producer_state.authorizer import CLUSTER_NAME, ResourceType
 from ...protocol.build import make, nested
+from ..replies import NOT_REQUESTED, authorized_operations
 
 API_KEY = 3
 VERSIONS = (0, 12)
@@ -36,6 +38,7 @@ async def handle(ctx, request):
     names = _requested_names(ctx, request)
     allow_create = getattr(request, "allow_auto_topic_creation", True) and broker.config["auto.create.topics.enable"]
 
+    include_topic_ops = getattr(request, "include_topic_authorized_operations", False)
     topics = []
     for name in names if names is not None else metadata.topic_names():
         error = ErrorCode.none
@@ -49,7 +52,7 @@ async def handle(ctx, request):
         if info is None:
             topics.append(make(topic_type, error_code=error if error != ErrorCode.none else ErrorCode.unknown_topic_or_partition,
                                name=name, topic_id=None, is_internal=False, partitions=(),
-                               topic_authorized_operations=-2147483648))
+                               topic_authorized_operations=NOT_REQUESTED))
             continue
         partitions = tuple(
             make(partition_type, error_code=ErrorCode.none if state.leader >= 0 else ErrorCode.leader_not_available,
@@ -59,7 +62,8 @@ async def handle(ctx, request):
         )
         topics.append(make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
                            is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,
-                           topic_authorized_operations=-2147483648))
+                           topic_authorized_operations=authorized_operations(
+                               ctx, ResourceType.TOPIC, info.name, include_topic_ops)))
     return make(
         response_type,
         throttle_time=timedelta(0),
@@ -68,5 +72,6 @@ async def handle(ctx, request):
         cluster_id=metadata.cluster_id,
         controller_id=metadata.controller_id,
         topics=tuple(topics),
-        cluster_authorized_operations=-2147483648,
+        cluster_authorized_operations=authorized_operations(
+            ctx, ResourceType.CLUSTER, CLUSTER_NAME, getattr(request, "include_cluster_authorized_operations", False)),
     )

@@ -1,0 +1,296 @@
+"""The log cleaner on real files, driven with explicit time and no threads: what survives a
+clean, offsets, tombstones and delete horizons, transactions, producer state, and the swap's
+crash safety (a "crash" raises at a failpoint and the directory is reopened as it was left)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ottla.config import BrokerConfig
+from ottla.log import LogManager
+from ottla.log.cleaner import swap
+from ottla.log.cleaner.clean import CleaningAborted
+from ottla.log.cleaner.filter import DELETE_HORIZON_BIT
+from ottla.log.cleaner.service import CLEANER_CHECKPOINT_FILE, LogCleaner
+from ottla.records.control import build_control_batch
+from ottla.records.records import Record, build_batch, iter_batches
+
+NOW = 1_700_000_000_000
+DAY = 86_400_000
+def INLINE(function):
+    return function()
+
+
+class Clock:
+    def __init__(self):
+        self.now = NOW
+
+    def __call__(self):
+        return self.now
+
+
+def setup(tmp_path, clock, topic_config=None, broker_config=None):
+    manager = LogManager(tmp_path, BrokerConfig(broker_config or {}), clock=clock)
+    config = {"cleanup.policy": "compact", "segment.bytes": "2048"}
+    config.update(topic_config or {})
+    manager.create_topic("t", 1, config)
+    return manager, LogCleaner(manager, manager.broker_config, clock=clock)
+
+
+def append(log, data, now_ms, **kwargs):
+    """Append and move the high watermark along, as the replica manager does on one node."""
+    result = log.append(data, now_ms=now_ms, **kwargs)
+    log.update_high_watermark(log.log_end_offset)
+    return result
+
+
+def put(log, key, value, clock, **batch_args):
+    records = [Record(key, value, (), clock.now)]
+    return append(log, build_batch(records, now_ms=clock.now, **batch_args), clock.now)
+
+
+def contents(log):
+    """(offset, key, value, batch header) of every record, reading the segment files."""
+    out = []
+    for segment in log.segments:
+        for header, records in iter_batches(segment.log_path.read_bytes()):
+            out += [(r.offset, r.key, r.value, header) for r in records]
+    return out
+
+
+def latest(log):
+    return {key: (offset, value) for offset, key, value, _ in contents(log)}
+
+
+def fill(log, clock, updates=600, keys=40, prefix=b"key"):
+    expected = {}
+    for i in range(updates):
+        key = b"%s-%d" % (prefix, i % keys)
+        value = b"value-%d" % i
+        expected[key] = (put(log, key, value, clock).base_offset, value)
+    return expected
+
+
+def test_only_the_latest_value_of_each_key_survives_with_its_offset(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock)
+    segments_before = len(log.segments)
+    active_before = log.active_segment.log_path.read_bytes()
+    assert segments_before > 10
+
+    result = cleaner.clean_once(INLINE)
+    assert result is not None and result.records_read == log.active_segment.base_offset
+
+    records = contents(log)
+    offsets = [o for o, *_ in records]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert latest(log) == expected
+    # Only the active segment may still hold superseded values.
+    sealed = [(o, k) for o, k, _, _ in records if o < log.active_segment.base_offset]
+    assert len(sealed) == len({k for _, k in sealed})
+    assert log.active_segment.log_path.read_bytes() == active_before
+    assert len(log.segments) == segments_before  # grouped by their size before cleaning, as Kafka does
+    assert log.log_end_offset == 600
+    # The next pass has nothing dirty to do.
+    assert cleaner.clean_once(INLINE) is None
+    # Once more is dirty, the now small cleaned segments are merged.
+    expected.update(fill(log, clock, updates=300))
+    segments_before = len(log.segments)
+    assert cleaner.clean_once(INLINE) is not None
+    assert len(log.segments) < segments_before - 10
+    assert latest(log) == expected
+    assert (tmp_path / CLEANER_CHECKPOINT_FILE).read_text().splitlines()[2] == f"t 0 {log.active_segment.base_offset}"
+
+    # Fetches still find every surviving offset.
+    first = log.read(0, 1 << 20, max_offset=log.high_watermark)
+    assert first.records
+    manager.close()
+    reopened = LogManager(tmp_path, BrokerConfig(), clock=clock).get_log("t", 0)
+    assert latest(reopened) == expected
+
+
+def test_tombstones_stay_for_delete_retention_after_first_clean_then_go(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"delete.retention.ms": "1000"})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock, updates=300, keys=20)
+    for i in range(5):
+        put(log, b"key-%d" % i, None, clock)
+    fill_more = fill(log, clock, updates=200, keys=1000, prefix=b"more")  # new keys roll the tombstones out of the active segment
+    cleaner.clean_once(INLINE)
+    state = latest(log)
+    for i in range(5):
+        assert state[b"key-%d" % i][1] is None  # the tombstone is still there
+    tombstone_batches = [h for _, k, v, h in contents(log) if v is None]
+    assert tombstone_batches and all(h.attributes & DELETE_HORIZON_BIT for h in tombstone_batches)
+    assert all(h.first_timestamp == NOW + 1000 for h in tombstone_batches)
+
+    clock.now += 999
+    assert cleaner.clean_once(INLINE) is None  # nothing dirty and the horizon is still ahead
+    clock.now += 2
+    assert cleaner.clean_once(INLINE) is not None  # the horizon passing makes the log due
+    state = latest(log)
+    for i in range(20):
+        key = b"key-%d" % i
+        assert (key in state) == (i >= 5)
+        if i >= 5:
+            assert state[key] == expected[key]
+    for key, value in fill_more.items():
+        assert state[key] == value
+
+
+def test_record_timestamps_survive_the_horizon_rewrite(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    log = manager.get_log("t", 0)
+    records = [Record(b"a", b"1", (), NOW - 5000), Record(b"b", None, (("h", b"x"),), NOW - 4000),
+               Record(b"c", b"3", (), NOW - 3000)]
+    append(log, build_batch(records, compression="gzip"), clock.now)
+    fill(log, clock, updates=100, keys=100, prefix=b"more")
+    cleaner.clean_once(INLINE)
+    header, decoded = next(iter_batches(log.segments[0].log_path.read_bytes()))
+    assert header.attributes & DELETE_HORIZON_BIT and header.compression == 1
+    assert [(r.key, r.value, r.headers, r.timestamp, r.offset) for r in decoded] == [
+        (b"a", b"1", (), NOW - 5000, 0), (b"b", None, (("h", b"x"),), NOW - 4000, 1), (b"c", b"3", (), NOW - 3000, 2)]
+
+
+def test_min_compaction_lag_and_lso_bound_what_is_cleaned(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"min.compaction.lag.ms": "60000"})
+    log = manager.get_log("t", 0)
+    fill(log, clock)
+    assert cleaner.clean_once(INLINE) is None  # every record is younger than the lag
+    clock.now += 60_001
+    assert cleaner.clean_once(INLINE) is not None
+
+
+def _txn(log, pid, epoch, seq, key, value, clock):
+    return append(log, build_batch([Record(key, value, (), clock.now)], producer_id=pid, producer_epoch=epoch,
+                                   base_sequence=seq, is_transactional=True, now_ms=clock.now), clock.now)
+
+
+def _marker(log, pid, epoch, commit, clock):
+    return append(log, build_control_batch(pid, epoch, 0, commit, clock.now), clock.now, origin="coordinator")
+
+
+def test_transactions_aborted_removed_open_untouched_markers_kept_until_safe(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"delete.retention.ms": "1000"})
+    log = manager.get_log("t", 0)
+    committed = _txn(log, 1000, 0, 0, b"c", b"committed", clock).base_offset
+    commit_marker = _marker(log, 1000, 0, True, clock).base_offset
+    aborted = _txn(log, 2000, 0, 0, b"a", b"aborted", clock).base_offset
+    abort_marker = _marker(log, 2000, 0, False, clock).base_offset
+    fill(log, clock, updates=200, keys=200)
+    open_offset = _txn(log, 3000, 0, 0, b"o", b"open", clock).base_offset
+    fill(log, clock, updates=200, keys=200)  # the open transaction's batch is in a sealed segment now
+    assert log.last_stable_offset == open_offset
+    open_before = [(o, k, v) for o, k, v, _ in contents(log) if o >= open_offset]
+
+    cleaner.clean_once(INLINE)
+    records = {o: (k, v, h) for o, k, v, h in contents(log)}
+    assert committed in records and commit_marker in records
+    assert aborted not in records  # the aborted transaction's data is gone
+    assert abort_marker in records  # its marker stays while its data was just removed
+    assert [(o, k, v) for o, k, v, _ in contents(log) if o >= open_offset] == open_before
+    # read_committed still learns about the abort from the kept index entry
+    assert [t.producer_id for s in log.segments for t in s.txn_index.entries] == [2000]
+
+    _marker(log, 3000, 0, True, clock)
+    # While the aborted batch is producer 2000's last, it stays (emptied) and so does the
+    # marker, as in Kafka; a later transaction of the producer lets both go.
+    _txn(log, 2000, 0, 1, b"a2", b"later", clock)
+    _marker(log, 2000, 0, True, clock)
+    for _ in range(4):  # the marker gets its horizon once no data of its transaction is left
+        fill(log, clock, updates=200, keys=200)
+        clock.now += 1001
+        cleaner.clean_once(INLINE)
+    records = {o: (k, v, h) for o, k, v, h in contents(log)}
+    assert abort_marker not in records
+    assert b"committed" in [v for k, v, _ in records.values()]
+    assert log.last_stable_offset == log.high_watermark
+
+
+def test_producer_last_batch_kept_empty_so_retries_stay_deduplicated(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    log = manager.get_log("t", 0)
+    first = build_batch([Record(b"key-0", b"old", (), NOW)], producer_id=7, producer_epoch=0, base_sequence=0, now_ms=NOW)
+    append(log, first, NOW)
+    last = build_batch([Record(b"key-0", b"new", (), NOW)], producer_id=7, producer_epoch=0, base_sequence=1, now_ms=NOW)
+    original = append(log, last, NOW)
+    fill(log, clock, updates=100, keys=1)
+    fill(log, clock, updates=100, keys=100)
+    cleaner.clean_once(INLINE)
+    headers = {h.base_offset: h for _, _, _, h in contents(log)}
+    batches = [h for seg in log.segments for h in seg.headers_from(0) if h.producer_id == 7]
+    assert [(b.base_offset, b.records_count, b.base_sequence) for b in batches] == [(original.base_offset, 0, 1)]
+    assert original.base_offset not in headers  # no record survives in it
+    manager.close()
+    log = LogManager(tmp_path, BrokerConfig(), clock=clock).get_log("t", 0)
+    retry = append(log, last, NOW)
+    assert retry.duplicate and retry.base_offset == original.base_offset
+
+
+@pytest.mark.parametrize("failpoint", ["cleaner.after_cleaned", *swap.FAILPOINTS[1:]])
+def test_a_crash_at_any_step_of_the_swap_leaves_old_or_new(tmp_path, monkeypatch, failpoint):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock)
+    before = contents(log)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(name, failpoints):
+        if name == failpoint:
+            raise Crash(name)
+
+    monkeypatch.setattr(swap, "crash_at", crash)
+    monkeypatch.setattr("ottla.log.cleaner.service.crash_at", crash)
+    with pytest.raises(Crash):
+        cleaner.clean_once(INLINE)
+    # The process "dies" here: reopen the directory as the crash left it (no clean shutdown).
+    reopened = LogManager(tmp_path, BrokerConfig(), clock=clock).get_log("t", 0)
+    after = contents(reopened)
+    assert latest(reopened) == expected
+    old = [(o, k, v) for o, k, v, _ in before]
+    new = [(o, k, v) for o, k, v, _ in after]
+    committed = failpoint != "cleaner.after_cleaned"
+    assert (new != old) == committed
+    names = [p.name for p in (tmp_path / "t-0").iterdir()]
+    assert not [n for n in names if n.endswith((".cleaned", ".swap", ".deleted"))], names
+    assert reopened.log_end_offset == 600
+
+
+def test_a_log_changed_under_the_pass_is_not_swapped(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"cleanup.policy": "compact,delete", "retention.bytes": "4000"})
+    log = manager.get_log("t", 0)
+    fill(log, clock)
+    grabbed = cleaner._grab()
+    from ottla.log.cleaner.clean import Throttler, clean
+    from ottla.log.cleaner.filter import OffsetMap
+
+    result = clean(grabbed.task, OffsetMap(1 << 20), Throttler(float("inf")), lambda: None)
+    assert log.apply_retention(clock.now) > 0  # retention deletes segments the pass read
+    before = contents(log)
+    with pytest.raises(CleaningAborted):
+        cleaner._commit(grabbed, result)
+    assert contents(log) == before
+
+
+def test_a_full_offset_map_cleans_in_several_passes(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, broker_config={"log.cleaner.dedupe.buffer.size": str(24 * 60)})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock, updates=1000, keys=200)
+    passes = 0
+    while cleaner.clean_once(INLINE) is not None:
+        passes += 1
+        assert passes < 50
+    assert passes > 1
+    assert latest(log) == expected
