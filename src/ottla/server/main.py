@@ -11,7 +11,7 @@ import sys
 
 from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
-from ..config import BrokerConfig, ConfigError
+from ..config import BrokerConfig, ConfigError, report_not_applied_broker_configs
 from .broker import Broker
 
 
@@ -79,6 +79,7 @@ def run(args) -> int:
         if args.node_id is not None:
             overrides["node.id"] = str(args.node_id)
         config = BrokerConfig(overrides)
+        report_not_applied_broker_configs(config)
         host, port = parse_address(args.listen, "--listen")
         advertised = parse_address(args.advertised, "--advertised") if args.advertised else None
     except ConfigError as exc:
