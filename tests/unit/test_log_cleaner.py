@@ -4,6 +4,8 @@ crash safety (a "crash" raises at a failpoint and the directory is reopened as i
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ottla.config import BrokerConfig
@@ -293,4 +295,37 @@ def test_a_full_offset_map_cleans_in_several_passes(tmp_path):
         passes += 1
         assert passes < 50
     assert passes > 1
+    assert latest(log) == expected
+
+
+def test_delete_and_compact_applies_both_policies(tmp_path):
+    clock = Clock()
+    clock.now = int(time.time() * 1000)  # segments emptied by cleaning age by their file time, as in Kafka
+    manager, cleaner = setup(tmp_path, clock, {"cleanup.policy": "delete,compact", "retention.ms": "60000"})
+    log = manager.get_log("t", 0)
+    fill(log, clock, updates=300, keys=20, prefix=b"old")
+    clock.now += 120_000
+    expected = fill(log, clock, updates=300, keys=20, prefix=b"new")
+    assert cleaner.clean_once(INLINE) is not None
+    state = latest(log)
+    assert len([o for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]) < 100  # compacted
+    assert log.apply_retention(clock.now) > 0  # and the old keys' segments are past retention.ms
+    state = latest(log)
+    assert not [k for k in state if k.startswith(b"old")]
+    assert {k: v for k, v in state.items()} == expected
+
+
+def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    fill(manager.get_log("t", 0), clock, updates=1500)
+    assert cleaner.clean_once(INLINE) is not None
+    manager.delete_topic("t")
+    manager.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": "2048"})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock, updates=1000, prefix=b"a")  # below where the old log's checkpoint was...
+    expected.update(fill(log, clock, updates=1000, prefix=b"b"))  # ...and past it, with other keys
+    assert cleaner.clean_once(INLINE) is not None
+    sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
+    assert len(sealed) == len(set(sealed))  # everything was cleaned, not only what lay past the old checkpoint
     assert latest(log) == expected

@@ -30,8 +30,9 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
-from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
+from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
+from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
@@ -130,13 +131,14 @@ class Broker:
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
         self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
+        self.interbroker = InterBrokerClient(f"broker-{self.node_id}")
         self.coordinator_runtime = BrokerCoordinatorRuntime(self)
         self.groups = GroupService(self.coordinator_runtime, config, now_ms)
         # In a cluster: this broker's controller candidacy and its side of the controller
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
-        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+        self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -183,6 +185,7 @@ class Broker:
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
+        await self.interbroker.close()
         for connection in list(self.connections):
             connection.close()
         await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
@@ -223,8 +226,16 @@ class Broker:
     # the local controller ----------------------------------------------------------
     def _publish_local_metadata(self) -> None:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
-        partition at leader epoch 0 (ISR = itself)."""
+        partition at leader epoch 0 (ISR = itself). In a cluster only the controller's
+        UpdateMetadata and LeaderAndIsr give topics and roles; until the first one arrives
+        the cache knows this broker alone."""
         host, port = self.advertised
+        if self.membership is not None:
+            if self.metadata.controller_epoch < 0:
+                itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
+                self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
+                                     partition_states=[], topic_ids={}, full=True)
+            return
         deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])

@@ -103,6 +103,7 @@ class LogCleaner:
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
+        self._logs_seen: dict[tuple[str, int], "Log"] = {}  # whose log the checkpoint speaks for
         self._in_progress: set[tuple[str, int]] = set()
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_versions = itertools.count(1)
@@ -118,6 +119,10 @@ class LogCleaner:
         config = log_.config
         if "compact" not in config["cleanup.policy"]:
             return None
+        if self._logs_seen.setdefault(key, log_) is not log_:  # the topic was deleted and created again
+            self._logs_seen[key] = log_
+            self._checkpoints.pop(key, None)
+            self._horizons.pop(key, None)
         segments = log_.segments
         start = log_.log_start_offset
         checkpoint = self._checkpoints.get(key, start)
