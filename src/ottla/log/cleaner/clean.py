@@ -50,8 +50,6 @@ class SegmentInfo:
     next_base: int  # base offset of the following segment
     log_path: Path
     size: int
-    largest_timestamp: int
-    first_timestamp: int | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,6 @@ class CleanedGroup:
     base: int
     end: int  # the next segment's base: old segments with bases in [base, end) are replaced
     replaced: list[int]  # base offsets of the old segments
-    size: int
 
 
 @dataclass
@@ -276,7 +273,7 @@ class _GroupWriter:
             txn_index.close()
         _write_fsynced(range_path, str(end).encode())
         result.bytes_written += position
-        return CleanedGroup(base, end, [s.base for s in group], position)
+        return CleanedGroup(base, end, [s.base for s in group])
 
 
 def _write_fsynced(path: Path, data: bytes) -> None:

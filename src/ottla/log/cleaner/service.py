@@ -177,8 +177,7 @@ class LogCleaner:
     def _task(log_: "Log", stats: DirtyStats, now_ms: int) -> CleanTask:
         segments = log_.segments
         config = log_.config
-        infos = [SegmentInfo(s.base_offset, following.base_offset, s.log_path, s.size,
-                             s.max_timestamp_and_offset()[0], s.first_batch_timestamp())
+        infos = [SegmentInfo(s.base_offset, following.base_offset, s.log_path, s.size)
                  for s, following in zip(segments, segments[1:])]
         aborted: list[AbortedTxn] = [txn for s in segments for txn in s.txn_index.entries]
         return CleanTask(
