@@ -13,7 +13,7 @@ Who touches what:
   pass is dropped), and writes only its own `.cleaned` files. The commit checks that every
   segment it read is still the same object in the log, else it changes nothing.
 - The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes, at
-  nice 10), so decoding records in Python never holds the event loop's interpreter lock and
+  nice 10, spawned for the first pass), so decoding records in Python never holds the event loop's interpreter lock and
   yields the CPU to the broker on a busy machine; the thread waits for it. Each process throttles its reads and writes to its share of
   `log.cleaner.io.max.bytes.per.second`. Stopping the broker terminates the pool; a pass cut
   short leaves only `.cleaned` files.
@@ -100,6 +100,7 @@ class LogCleaner:
         self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
         self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
         self._pool: multiprocessing.pool.Pool | None = None
+        self._pool_lock = threading.Lock()
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
@@ -242,10 +243,14 @@ class LogCleaner:
         return result
 
     def _clean(self, task: CleanTask) -> CleanResult:
-        """The pass itself: in a worker process once `start` made the pool, so record decoding
-        never holds the event loop's interpreter lock; in the calling thread before (tests)."""
-        if self._pool is None:
+        """The pass itself: in a worker process once `start` ran, so record decoding never
+        holds the event loop's interpreter lock; in the calling thread otherwise (tests)."""
+        if not self._workers:
             return clean(task, OffsetMap(self._map_memory, self._load_factor), self._throttler, self._check)
+        with self._pool_lock:  # made on first use: a start with nothing to clean spawns nothing
+            self._check()  # and never after `stop`
+            if self._pool is None:
+                self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=init_worker)
         pending = self._pool.apply_async(clean_in_worker, (task, self._map_memory, self._load_factor,
                                                            self._io_rate / self.threads))
         while True:
@@ -264,7 +269,6 @@ class LogCleaner:
     def start(self, run_on_owner: Callable[[Callable], object]) -> None:
         if not self.enabled:
             return
-        self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=init_worker)
         for i in range(self.threads):
             worker = threading.Thread(target=self._run, args=(run_on_owner,), name=f"kafka-log-cleaner-thread-{i}",
                                       daemon=True)
@@ -293,9 +297,11 @@ class LogCleaner:
         """Ask the threads to stop and wait for them; call off the owner thread, which must
         keep running meanwhile so a thread waiting on it can finish."""
         self._stop.set()
-        if self._pool is not None:
-            self._pool.terminate()  # a pass cut short leaves only .cleaned files, removed below or at load
-            self._pool.join()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()  # a pass cut short leaves only .cleaned files, removed below or at load
+            pool.join()
         for worker in self._workers:
             worker.join()
         self._workers.clear()
