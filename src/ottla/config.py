@@ -125,6 +125,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("log.cleaner.max.compaction.lag.ms", _int, 2**63 - 1, 1),
         ConfigDef("compression.type", _compression_type, "producer"),
         ConfigDef("min.insync.replicas", _int, 1, 1),
+        ConfigDef("replica.high.watermark.checkpoint.interval.ms", _int, 5000, 1),
         ConfigDef("producer.id.expiration.ms", _int, _DAY_MS, 1),
         ConfigDef("producer.id.expiration.check.interval.ms", _int, 600000, 1),
         ConfigDef("offsets.topic.num.partitions", _int, 50, 1),

@@ -1,5 +1,6 @@
 """Admin behaviours tools rely on, checked with real admin clients against a real broker."""
 
+import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 
@@ -107,3 +108,82 @@ def test_authorized_operations_are_reported_as_kafka_without_an_authorizer_does(
     group = admin.describe_consumer_groups(["ops-group"], include_authorized_operations=True)["ops-group"].result(15)
     consumer.close()
     assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+
+
+def test_acl_apis_answer_security_disabled_without_an_authorizer(ottla_broker):
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+
+    admin = _admin(ottla_broker.bootstrap)
+    binding = AclBinding(ResourceType.TOPIC, "t", ResourcePatternType.LITERAL, "User:alice", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    acl_filter = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                  AclOperation.ANY, AclPermissionType.ANY)
+    for future in (admin.create_acls([binding])[binding], admin.delete_acls([acl_filter])[acl_filter]):
+        with pytest.raises(KafkaException) as failed:
+            future.result(15)
+        assert failed.value.args[0].code() == KafkaError.SECURITY_DISABLED
+    # librdkafka turns a DescribeAcls error into an empty list; kafka-python raises it.
+    from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, KafkaAdminClient
+    from kafka.admin import ResourcePatternFilter
+    from kafka.admin import ResourceType as KPResourceType
+    from kafka.errors import SecurityDisabledError
+
+    # A client of the Kafka 1.x era sends DescribeAcls v0 (removed in Kafka 4.0).
+    for api_version in (None, (1, 1, 0)):
+        kp_admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap, api_version=api_version)
+        pattern = ACLResourcePatternType.ANY if api_version is None else ACLResourcePatternType.LITERAL
+        with pytest.raises(SecurityDisabledError):
+            kp_admin.describe_acls(ACLFilter(principal=None, host="*", operation=ACLOperation.ANY,
+                                             permission_type=ACLPermissionType.ANY,
+                                             resource_pattern=ResourcePatternFilter(KPResourceType.TOPIC, None, pattern)))
+        kp_admin.close()
+
+
+def test_describe_log_dirs_reports_partition_sizes(ottla_broker):
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    admin.create_topics([KPNewTopic("sized", 2, 1)])
+    producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
+    for _ in range(100):
+        producer.send("sized", value=b"x" * 1000, partition=1)
+    producer.close()
+    dirs = admin.describe_log_dirs()
+    admin.close()
+    sizes = _log_dir_sizes(dirs)
+    assert sizes[("sized", 0)] == 0
+    assert sizes[("sized", 1)] > 100 * 1000
+
+
+def _log_dir_sizes(response) -> dict:
+    """(topic, partition) -> size from kafka-python's describe_log_dirs answer."""
+    return {(topic["name"], partition["partition_index"]): partition["partition_size"]
+            for broker in response for log_dir in broker["log_dirs"] for topic in log_dir["topics"]
+            for partition in topic["partitions"]}
+
+
+def test_describe_topic_partitions_pages_with_a_cursor_and_list_config_resources(ottla_broker):
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    admin.create_topics([KPNewTopic("paged-a", 3, 1), KPNewTopic("paged-b", 2, 1)])
+    first = admin.describe_topic_partitions(["paged-a", "paged-b", "missing"], response_partition_limit=4)
+    pages = [first]
+    while pages[-1]["next_cursor"] is not None:
+        pages.append(admin.describe_topic_partitions(["paged-a", "paged-b", "missing"], response_partition_limit=4,
+                                                     cursor=pages[-1]["next_cursor"]))
+    assert first["next_cursor"] == {"topic_name": "paged-b", "partition_index": 1}
+    seen = [(t["name"], p["partition_index"]) for page in pages for t in page["topics"] for p in t["partitions"]]
+    assert seen == [("paged-a", 0), ("paged-a", 1), ("paged-a", 2), ("paged-b", 0), ("paged-b", 1)]
+    errors = {t["name"]: t["error_code"] for page in pages for t in page["topics"]}
+    assert errors["missing"] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+    resources = admin.list_config_resources(["TOPIC", "BROKER"])
+    admin.close()
+    assert {"paged-a", "paged-b"} <= set(resources["topic"])
+    assert resources["broker"] == ["0"]

@@ -193,3 +193,21 @@ def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):
     assert result.returncode == 1
     assert "doesn't match stored clusterId" in result.stderr and "trying to join the wrong cluster" in result.stderr
     assert zk.exists("/brokers/ids/9") is None
+
+
+def test_brokers_stay_registered_while_the_zookeeper_ensemble_loses_its_leader(tmp_path):
+    with cluster(brokers=2, zookeeper_nodes=3, root=tmp_path) as handle:
+        client = KazooClient(hosts=handle.connect)
+        client.start(timeout=30)
+        try:
+            before = {b: client.get(f"/brokers/ids/{b}")[1].czxid for b in (1, 2)}
+            handle.zookeeper.leader().kill()
+            handle.zookeeper.leader()  # the other two elect a new leader
+            # The brokers' sessions move to the surviving servers: same registrations.
+            assert {b: client.get(f"/brokers/ids/{b}")[1].czxid for b in (1, 2)} == before
+            handle.brokers[2].restart()  # and a broker can still join
+            assert client.get("/brokers/ids/2")[1].czxid > before[2]
+            assert sorted(client.get_children("/brokers/ids")) == ["1", "2"]
+        finally:
+            client.stop()
+            client.close()

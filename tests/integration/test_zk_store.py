@@ -420,3 +420,24 @@ def _answers(store) -> bool:
         return True
     except StoreUnavailable:
         return False
+
+
+def test_watches_keep_firing_after_the_session_expires(stores, connect):
+    """Expire a store's session the way ZooKeeper's own tests do: a second client joins the
+    same session and closes it. The store gets a new session; its watches still fire."""
+    store, other = stores(), stores()
+    lost = threading.Event()
+    saw_new_topic = threading.Event()
+    store.on_session_lost(lost.set)
+    store.watch("topics", lambda: "after-expiry" in store.topics() and saw_new_topic.set())
+    store.register_broker(BrokerRegistration(1, "127.0.0.1", 9092))
+    session_id, password = store._zk.client_id
+    killer = KazooClient(hosts=connect.partition("/")[0], client_id=(session_id, password))
+    killer.start(timeout=30)
+    killer.stop()
+    killer.close()
+    assert lost.wait(60)
+    wait_for(lambda: 1 not in other.live_brokers(), what="the expired session's registration to go")
+    wait_for(lambda: _answers(store), what="the store's new session")
+    other.create_topic(TopicAssignment("after-expiry", uuid.uuid4(), {0: (1,)}), {})
+    assert saw_new_topic.wait(30)

@@ -183,8 +183,11 @@ def _plain(value):
 
 
 KAFKA_PYTHON = _kafka_python_old_classes()
+# kafka-python's DescribeLogDirsRequest_v0 declares Partitions as one int32 where Kafka's
+# schema has []int32; v0 has v1's layout, so that one is checked against kio's v1 instead.
+KAFKA_PYTHON_WRONG = {(35, 0, "request")}
 CROSS_CHECKED = [(kind, key, version, path) for kind, key, version, path in GENERATED
-                 if (key, version, kind) in KAFKA_PYTHON]
+                 if (key, version, kind) in KAFKA_PYTHON and (key, version, kind) not in KAFKA_PYTHON_WRONG]
 
 
 @pytest.mark.parametrize("kind,api_key,version,path", CROSS_CHECKED,
@@ -199,8 +202,21 @@ def test_old_versions_encode_byte_for_byte_like_kafka_python(kind, api_key, vers
     assert bytes(theirs) == out.getvalue()
 
 
+def test_describe_log_dirs_v0_request_is_laid_out_like_kios_v1():
+    from kio.index import load_request_schema
+
+    ours, kios = request_schema(35, 0), load_request_schema(35, 1)
+    value = sample(ours)
+    topic = kios.__dataclass_fields__["topics"].type.__args__[0].__args__[0]
+    theirs = kios(topics=tuple(topic(topic=t.topic, partitions=t.partitions) for t in value.topics))
+    out_ours, out_theirs = io.BytesIO(), io.BytesIO()
+    entity_writer(ours)(out_ours, value)
+    entity_writer(kios)(out_theirs, theirs)
+    assert out_ours.getvalue() == out_theirs.getvalue()
+
+
 def test_kafka_python_cross_check_covers_the_kip_896_versions():
-    covered = {(key, version) for _, key, version, _ in CROSS_CHECKED}
+    covered = {(key, version) for _, key, version, _ in CROSS_CHECKED} | {(35, 0)}
     for api_key, versions in {0: (0, 1, 2), 1: (0, 1, 2, 3), 2: (0,), 8: (0, 1), 9: (0,), 19: (0, 1),
-                              20: (0,), 32: (0,)}.items():
+                              20: (0,), 32: (0,), 29: (0,), 30: (0,), 31: (0,), 35: (0,)}.items():
         assert {(api_key, v) for v in versions} <= covered, api_key

@@ -510,3 +510,12 @@ def test_truncation_into_a_sealed_segment_survives_a_clean_restart(tmp_path):
         assert offsets_in(reopened.read(target, 1, max_offset=cut + 1).records) == [target]
     assert reopened.offset_for_timestamp(cut - 1) == (cut - 1, cut - 1)
     assert reopened.offset_for_timestamp(cut) == (cut, 100)
+
+
+def test_truncating_a_batch_that_straddles_the_log_start_leaves_an_empty_log_at_the_start(log):
+    log.append(batch(3), now_ms=0)  # offsets 0-2
+    log.high_watermark = 3
+    log.delete_records_before(1)  # the log start falls inside the batch
+    log.truncate_to(2)  # whole batches: 0-2 goes, and with it everything readable
+    assert (log.log_start_offset, log.log_end_offset) == (1, 1)
+    assert log.append(batch(1), now_ms=0).base_offset == 1

@@ -203,3 +203,32 @@ def test_tick_checkpoints_on_its_interval(tmp_path):
     assert not (tmp_path / "recovery-point-offset-checkpoint").exists()
     manager.tick(1_000)
     assert read_offset_checkpoint(tmp_path / "recovery-point-offset-checkpoint") == {("t", 0): 2}
+
+
+def test_high_watermarks_are_checkpointed_on_their_own_interval_and_restored(tmp_path):
+    """replication-offset-checkpoint: what a follower may serve after a restart is its last
+    known HW, not its log end (which may hold records never acknowledged)."""
+    broker = BrokerConfig({"replica.high.watermark.checkpoint.interval.ms": 200})
+    manager = LogManager(tmp_path, broker, clock=lambda: 0)
+    manager.create_topic("t", 2)
+    log0 = manager.get_log("t", 0)
+    log0.append(batch(5), now_ms=0)
+    log0.high_watermark = 3  # held back by a follower
+    manager.tick(100)
+    assert not (tmp_path / "replication-offset-checkpoint").exists()
+    manager.tick(200)
+    assert (tmp_path / "replication-offset-checkpoint").read_text() == "0\n2\nt 0 3\nt 1 0\n"
+    assert not (tmp_path / "recovery-point-offset-checkpoint").exists()  # its own, longer interval
+    log0.append(batch(2), now_ms=0)  # the HW does not follow: crash now
+    restarted = LogManager(tmp_path, broker, clock=lambda: 0)
+    again = restarted.get_log("t", 0)
+    assert (again.log_end_offset, again.high_watermark) == (7, 3)
+
+
+def test_a_restored_high_watermark_stays_within_the_log(tmp_path):
+    manager = LogManager(tmp_path, BrokerConfig(), clock=lambda: 0)
+    manager.create_topic("t", 1)
+    manager.get_log("t", 0).append(batch(4), now_ms=0)
+    manager.close()
+    (tmp_path / "replication-offset-checkpoint").write_text("0\n1\nt 0 99\n")
+    assert LogManager(tmp_path, BrokerConfig()).get_log("t", 0).high_watermark == 4

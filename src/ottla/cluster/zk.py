@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from typing import Any, Callable, Mapping
 
 from kazoo.client import KazooClient, KazooState
@@ -60,7 +61,9 @@ class ZkClusterStore:
         self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
                                connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         try:
-            self._zk.start(timeout=self._timeout)
+            with warnings.catch_warnings():  # kazoo warns of a missing chroot; we report it below
+                warnings.simplefilter("ignore", UserWarning)
+                self._zk.start(timeout=self._timeout)
         except KazooTimeoutError:
             self._zk.stop()
             self._zk.close()

@@ -33,9 +33,10 @@ from ..records.batch import (
     set_partition_leader_epoch,
     validate_client_batch,
 )
-from ..records.compression import CODEC_IDS
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from .append_settings import AppendSettings, check_create_times
 from .cleaner.swap import recover_swaps
+from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
 from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
@@ -68,57 +69,6 @@ class FetchData(NamedTuple):
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
-
-
-class _AppendSettings:
-    """The topic configs every append reads, resolved once per config change: a TopicConfig
-    lookup walks overrides and broker synonyms, too slow for tens of thousands of appends/s."""
-
-    __slots__ = (
-        "max_message_bytes",
-        "compacted",
-        "target_codec",
-        "log_append_time",
-        "timestamp_before_max_ms",
-        "timestamp_after_max_ms",
-        "segment_bytes",
-        "segment_ms",
-        "flush_messages",
-        "flush_ms",
-    )
-
-    def __init__(self, config: TopicConfig):
-        self.max_message_bytes = config["max.message.bytes"]
-        self.compacted = "compact" in config["cleanup.policy"]
-        target = config["compression.type"]
-        self.target_codec = None if target == "producer" else CODEC_IDS[target]
-        self.log_append_time = config["message.timestamp.type"] == "LogAppendTime"
-        self.timestamp_before_max_ms = config["message.timestamp.before.max.ms"]
-        self.timestamp_after_max_ms = config["message.timestamp.after.max.ms"]
-        self.segment_bytes = config["segment.bytes"]
-        self.segment_ms = config["segment.ms"]
-        self.flush_messages = config["flush.messages"]
-        self.flush_ms = config["flush.ms"]
-
-
-_UNBOUNDED_MS = 2**63 - 1
-
-
-def _check_create_times(buf, header: BatchHeader, now_ms: int, settings: _AppendSettings) -> None:
-    """Kafka's `message.timestamp.before.max.ms` / `after.max.ms` (KIP-937) for CreateTime
-    topics: a stamp further in the past or future than allowed is INVALID_TIMESTAMP; records
-    without a timestamp (-1) pass. The header's max timestamp bounds every record from above,
-    so the default settings (no lower bound) never decode a record; a finite lower bound
-    needs each record's stamp, and costs a decode on that topic only."""
-    earliest = now_ms - settings.timestamp_before_max_ms
-    latest = now_ms + settings.timestamp_after_max_ms
-    stamp = header.max_timestamp
-    if stamp <= latest and settings.timestamp_before_max_ms < _UNBOUNDED_MS:
-        stamp = min((r.timestamp for r in decode_batch(buf, header) if r.timestamp >= 0), default=-1)
-    if stamp >= 0 and not earliest <= stamp <= latest:
-        raise KafkaError(ErrorCode.invalid_timestamp,
-                         f"timestamp {stamp} is out of range: it must lie within [{earliest}, {latest}] "
-                         f"(message.timestamp.before.max.ms / message.timestamp.after.max.ms)")
 
 
 class Log:
@@ -162,7 +112,7 @@ class Log:
     def config(self, config: TopicConfig) -> None:
         """AlterConfigs takes effect from the next append (index sizes: from the next segment)."""
         self._config = config
-        self._settings = _AppendSettings(config)
+        self._settings = AppendSettings(config)
 
     # -- loading and recovery ------------------------------------------------------------
 
@@ -184,6 +134,12 @@ class Log:
         bases.sort()
         self._segments = [self._new_segment(b) for b in bases]
         self._bases = bases
+        self.leader_epoch_cache, cache_usable = LeaderEpochCache.load(self.directory)
+        self._load_segments(recovery_point, clean_shutdown)
+        fit_to_log(self.leader_epoch_cache, cache_usable, self._segments, self.log_start_offset, self._leo)
+
+    def _load_segments(self, recovery_point: int | None, clean_shutdown: bool) -> None:
+        bases = self._bases
         if not bases:
             self._add_segment(self.log_start_offset)
             self._leo = self.log_start_offset
@@ -333,6 +289,10 @@ class Log:
             return self.high_watermark
         return max(self.log_start_offset, min(unstable, self.high_watermark))
 
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        """OffsetsForLeaderEpoch: `(epoch, end offset)` from the leader epoch cache (KIP-279)."""
+        return self.leader_epoch_cache.end_offset_for(epoch, self._leo)
+
     @property
     def active_segment(self) -> LogSegment:
         return self._segments[-1]
@@ -363,7 +323,7 @@ class Log:
                 raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
             validate_client_batch(headers[0])
             if not settings.log_append_time:
-                _check_create_times(buf, headers[0], now_ms, settings)
+                check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):
                 message = f"Compacted topic cannot accept message without key in topic partition {self.directory.name}."
                 raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
@@ -422,6 +382,8 @@ class Log:
                 self.log_start_offset,
                 True,
             )
+        for header in assigned:  # before the bytes, as Kafka: recovery cuts the cache back to the log
+            self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         segment = self.active_segment
         segment.append(parts, assigned)
         if self._recent_appends is not None:
@@ -601,6 +563,7 @@ class Log:
 
     def _advance_log_start(self, offset: int) -> None:
         self.log_start_offset = offset
+        self.leader_epoch_cache.truncate_from_start(offset)
         while len(self._segments) > 1 and self._bases[1] <= offset:
             self._segments.pop(0).delete()
             self._bases.pop(0)
@@ -630,8 +593,17 @@ class Log:
                 self._leo = removed_from
             else:  # the cut falls in a gap between batches, or exactly at a segment boundary
                 self._leo = new_end if new_end is not None else offset
+            if self._leo < self.log_start_offset:  # a batch straddling the log start went whole
+                self._truncate_fully(self.log_start_offset)
+        self.leader_epoch_cache.truncate_from_end(self._leo)
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
+        self._reload_producer_state()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and restart it at `offset`: a follower behind its leader's log start."""
+        self._truncate_fully(offset)
+        self.high_watermark = self.recovery_point = offset
         self._reload_producer_state()
 
     def _truncate_fully(self, offset: int) -> None:
@@ -639,6 +611,7 @@ class Log:
             segment.delete()
         self._segments, self._bases = [], []
         self._add_segment(offset)
+        self.leader_epoch_cache.clear()
         self.log_start_offset = offset
         self._leo = offset
 

@@ -7,6 +7,7 @@ Layout of `<data-dir>`:
                                          a suffix would pass the 255-byte file name limit)
     recovery-point-offset-checkpoint     Kafka's text format, one line per partition
     log-start-offset-checkpoint          same format
+    replication-offset-checkpoint        same format: each partition's high watermark
     .kafka_cleanshutdown                 present only between a clean shutdown and the next start
 
 Metadata files are written atomically (temp file, fsync, rename, fsync of the directory) and
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
+HIGH_WATERMARK_FILE = "replication-offset-checkpoint"
 TOPICS_DIR = ".topics"
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -130,6 +132,7 @@ class LogManager:
         recent_appends = RecentAppends(broker_config["log.page.cache.max.bytes"])
         self.recent_appends = recent_appends if recent_appends.enabled else None
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
+        self._last_hw_checkpoint_ms = self._last_checkpoint_ms
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -140,6 +143,7 @@ class LogManager:
         clean = marker.exists()
         recovery_points = read_offset_checkpoint(self.data_dir / RECOVERY_POINT_FILE)
         start_offsets = read_offset_checkpoint(self.data_dir / LOG_START_OFFSET_FILE)
+        high_watermarks = read_offset_checkpoint(self.data_dir / HIGH_WATERMARK_FILE)
         for entry in os.scandir(self.data_dir / TOPICS_DIR):
             if entry.name.endswith(".json"):
                 meta = json.loads(Path(entry.path).read_text(encoding="utf-8"))
@@ -173,6 +177,7 @@ class LogManager:
                     now_ms=self._clock(),
                     recent_appends=self.recent_appends,
                 )
+                self.logs[key].update_high_watermark(high_watermarks.get(key, 0))
         if clean:
             # From here on a crash must be noticed: the marker's removal has to be durable.
             marker.unlink()
@@ -309,22 +314,35 @@ class LogManager:
 
     def checkpoint(self) -> None:
         """Persist every partition's recovery point and log start offset (call periodically:
-        log.flush.offset.checkpoint.interval.ms); a crash then rescans only what came after."""
+        log.flush.offset.checkpoint.interval.ms; a crash then rescans only what came after),
+        and the high watermarks."""
         write_offset_checkpoint(
             self.data_dir / RECOVERY_POINT_FILE, {k: v.recovery_point for k, v in self.logs.items()}
         )
         write_offset_checkpoint(
             self.data_dir / LOG_START_OFFSET_FILE, {k: v.log_start_offset for k, v in self.logs.items()}
         )
+        self.checkpoint_high_watermarks()
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Persist every partition's HW (replica.high.watermark.checkpoint.interval.ms): a
+        restarted follower serves consumers only up to it until its leader says more."""
+        write_offset_checkpoint(
+            self.data_dir / HIGH_WATERMARK_FILE, {k: v.high_watermark for k, v in self.logs.items()}
+        )
 
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point
-        checkpoint (log.flush.offset.checkpoint.interval.ms), retention and producer id expiry."""
+        checkpoint (log.flush.offset.checkpoint.interval.ms), the HW checkpoint
+        (replica.high.watermark.checkpoint.interval.ms), retention and producer id expiry."""
         for log_ in self.logs.values():
             log_.flush_if_due(now_ms)
         if now_ms - self._last_checkpoint_ms >= self.broker_config["log.flush.offset.checkpoint.interval.ms"]:
             self.checkpoint()
-            self._last_checkpoint_ms = now_ms
+            self._last_checkpoint_ms = self._last_hw_checkpoint_ms = now_ms
+        elif now_ms - self._last_hw_checkpoint_ms >= self.broker_config["replica.high.watermark.checkpoint.interval.ms"]:
+            self.checkpoint_high_watermarks()
+            self._last_hw_checkpoint_ms = now_ms
         if now_ms - self._last_expiry_check_ms >= self.broker_config["producer.id.expiration.check.interval.ms"]:
             for log_ in self.logs.values():
                 log_.remove_expired_producers(now_ms)

@@ -130,8 +130,9 @@ class ProducerStateManager:
                 if duplicate is not None:
                     return AppendPlan(duplicate, {}, (), None, self._version)
             current = updated[pid] if pid in updated else self._producers.get(pid, ProducerEntry(pid))
-            # Recovery has no "now"; the batch's own time is the best we know.
-            timestamp = header.max_timestamp if origin == "recovery" else now_ms
+            # Recovery has no "now", and a follower's is not its leader's: the batch's own
+            # time is the best they know, and the same on every replica (Kafka uses it always).
+            timestamp = header.max_timestamp if origin in _REPLAYED else now_ms
             if header.is_control:
                 if origin == "client":
                     raise KafkaError(ErrorCode.invalid_record, "clients may not write control batches")

@@ -6,6 +6,7 @@
         c.brokers[3].pause()                           # SIGSTOP (resume() sends SIGCONT)
 
 Broker ids are 1..N. Sessions time out after 6 s (Kafka: 18 s) so expiry tests stay short.
+`zookeeper_nodes=3` puts the brokers on a 3-node ensemble (`c.zookeeper.leader().kill()`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from .broker import BrokerProcess
-from .zookeeper import ZooKeeperServer, zookeeper
+from .zookeeper import ZooKeeperEnsemble, ZooKeeperServer, zookeeper, zookeeper_ensemble
 
 TEST_SESSION_TIMEOUT_MS = 6000
 
 
 class Cluster:
-    def __init__(self, root: Path, zk: ZooKeeperServer, *, config: Mapping[str, object] | None = None,
+    def __init__(self, root: Path, zk: ZooKeeperServer | ZooKeeperEnsemble, *, config: Mapping[str, object] | None = None,
                  session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, log_level: str = "warning"):
         self.root = Path(root)
         self.zookeeper = zk
@@ -68,13 +69,15 @@ class Cluster:
 
 @contextlib.contextmanager
 def cluster(brokers: int = 3, config: Mapping[str, object] | None = None, *,
-            session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, root: str | Path | None = None,
-            log_level: str = "warning") -> Iterator[Cluster]:
+            session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, zookeeper_nodes: int = 1,
+            root: str | Path | None = None, log_level: str = "warning") -> Iterator[Cluster]:
     """ZooKeeper and `brokers` brokers for the duration of the block; all cleaned up after."""
     owned = root is None
     base = Path(tempfile.mkdtemp(prefix="ottla-cluster-")) if owned else Path(root)
+    servers = (zookeeper(root=base / "zookeeper") if zookeeper_nodes == 1
+               else zookeeper_ensemble(zookeeper_nodes, root=base / "zookeeper"))
     try:
-        with zookeeper(root=base / "zookeeper") as zk:
+        with servers as zk:
             handle = Cluster(base, zk, config=config, session_timeout_ms=session_timeout_ms, log_level=log_level)
             try:
                 yield handle.start(brokers)

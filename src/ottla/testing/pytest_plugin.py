@@ -1,7 +1,9 @@
 """pytest fixtures for real brokers: `ottla_broker` (fresh per test), `ottla_broker_factory`,
-and `ottla_cluster` (ZooKeeper and three brokers)."""
+`ottla_cluster` (ZooKeeper and three brokers) and `ottla_cluster_factory`."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
@@ -33,9 +35,22 @@ def ottla_broker(ottla_broker_factory) -> BrokerProcess:
 
 
 @pytest.fixture
-def ottla_cluster(tmp_path):
-    """ZooKeeper and three brokers (ids 1-3) joined to it; `.bootstrap`, `.brokers[id]`."""
+def ottla_cluster_factory(tmp_path):
+    """Call as `ottla_cluster_factory(brokers=3, config=None, zookeeper_nodes=1, ...)` (the
+    arguments of `ottla.testing.cluster`); every cluster started is torn down after the test."""
     from .cluster_harness import cluster
 
-    with cluster(brokers=3, root=tmp_path) as handle:
-        yield handle
+    with contextlib.ExitStack() as stack:
+        started = []
+
+        def start(brokers: int = 3, config=None, **kwargs):
+            root = tmp_path / f"cluster-{len(started)}"
+            started.append(stack.enter_context(cluster(brokers, config, root=root, **kwargs)))
+            return started[-1]
+        yield start
+
+
+@pytest.fixture
+def ottla_cluster(ottla_cluster_factory):
+    """ZooKeeper and three brokers (ids 1-3) joined to it; `.bootstrap`, `.brokers[id]`."""
+    return ottla_cluster_factory(brokers=3)

@@ -42,7 +42,11 @@ REQUESTS = {
     (19, 1): "ottla.protocol.legacy.create_topics.v1.request:CreateTopicsRequest",
     (20, 0): "ottla.protocol.legacy.delete_topics.v0.request:DeleteTopicsRequest",
     (27, 0): "ottla.protocol.legacy.write_txn_markers.v0.request:WriteTxnMarkersRequest",
+    (29, 0): "ottla.protocol.legacy.describe_acls.v0.request:DescribeAclsRequest",
+    (30, 0): "ottla.protocol.legacy.create_acls.v0.request:CreateAclsRequest",
+    (31, 0): "ottla.protocol.legacy.delete_acls.v0.request:DeleteAclsRequest",
     (32, 0): "ottla.protocol.legacy.describe_configs.v0.request:DescribeConfigsRequest",
+    (35, 0): "ottla.protocol.legacy.describe_log_dirs.v0.request:DescribeLogDirsRequest",
 }
 
 RESPONSES = {
@@ -87,5 +91,9 @@ RESPONSES = {
     (19, 1): "ottla.protocol.legacy.create_topics.v1.response:CreateTopicsResponse",
     (20, 0): "ottla.protocol.legacy.delete_topics.v0.response:DeleteTopicsResponse",
     (27, 0): "ottla.protocol.legacy.write_txn_markers.v0.response:WriteTxnMarkersResponse",
+    (29, 0): "ottla.protocol.legacy.describe_acls.v0.response:DescribeAclsResponse",
+    (30, 0): "ottla.protocol.legacy.create_acls.v0.response:CreateAclsResponse",
+    (31, 0): "ottla.protocol.legacy.delete_acls.v0.response:DeleteAclsResponse",
     (32, 0): "ottla.protocol.legacy.describe_configs.v0.response:DescribeConfigsResponse",
+    (35, 0): "ottla.protocol.legacy.describe_log_dirs.v0.response:DescribeLogDirsResponse",
 }

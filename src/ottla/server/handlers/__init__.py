@@ -12,6 +12,7 @@ HANDLER_MODULES = [
     "produce",
     "fetch",
     "list_offsets",
+    "offset_for_leader_epoch",
     "create_topics",
     "delete_topics",
     "delete_records",
@@ -48,6 +49,12 @@ HANDLER_MODULES = [
     "alter_partition_reassignments",
     "list_partition_reassignments",
     "consumer_group_heartbeat",
+    "create_acls",
+    "describe_acls",
+    "delete_acls",
+    "describe_log_dirs",
+    "list_config_resources",
+    "describe_topic_partitions",
 ]
 
 

@@ -10,6 +10,8 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.legacy import down_convert
+from ...replication.epochs import diverging_epoch
+from ..leader_epochs import leader_partition_at
 
 API_KEY = 1
 # v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
@@ -20,11 +22,22 @@ _NO_LIMIT = 0x7FFFFFFF
 READ_COMMITTED = 1
 
 
+def _diverging(wanted, partition, epoch_type):
+    """KIP-595's diverging epoch for a Fetch v12+ carrying last_fetched_epoch, as the
+    response's EpochEndOffset, or None."""
+    last_fetched = getattr(wanted, "last_fetched_epoch", -1)
+    if last_fetched < 0:
+        return None
+    found = diverging_epoch(partition.log, partition.leader_epoch, last_fetched, wanted.fetch_offset)
+    return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
+
+
 def _read_partitions(ctx, request, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
+    epoch_type = nested(response_type, "EpochEndOffset")
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     remaining = getattr(request, "max_bytes", _NO_LIMIT)
     total = 0
@@ -33,8 +46,10 @@ def _read_partitions(ctx, request, response_type):
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            try:
-                log = broker.replicas.leader_partition(topic.topic, wanted.partition).log
+            try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
+                partition = leader_partition_at(broker, topic.topic, wanted.partition,
+                                                getattr(wanted, "current_leader_epoch", -1))
+                log = partition.log
             except KafkaError as exc:
                 partitions.append(make(partition_type, partition_index=wanted.partition,
                                        error_code=exc.code, high_watermark=-1,
@@ -44,21 +59,25 @@ def _read_partitions(ctx, request, response_type):
                 continue
             high_watermark = log.high_watermark
             stable = log.last_stable_offset
-            error, records, aborted = ErrorCode.none, b"", None
+            error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
-                data = log.read(
-                    wanted.fetch_offset,
-                    min(wanted.partition_max_bytes, max(remaining, 0)),
-                    max_offset=stable if read_committed else high_watermark,
-                    min_one_batch=total == 0,
-                    with_aborted=read_committed,
-                )
-                records = data.records
-                if ctx.api_version < 4:
-                    records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
-                if read_committed:
-                    aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
-                                    for txn in data.aborted_transactions)
+                diverging = _diverging(wanted, partition, epoch_type)
+                if diverging is not None:  # the fetcher must truncate first: answer at once
+                    failed = True
+                else:
+                    data = log.read(
+                        wanted.fetch_offset,
+                        min(wanted.partition_max_bytes, max(remaining, 0)),
+                        max_offset=stable if read_committed else high_watermark,
+                        min_one_batch=total == 0,
+                        with_aborted=read_committed,
+                    )
+                    records = data.records
+                    if ctx.api_version < 4:
+                        records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
+                    if read_committed:
+                        aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
+                                        for txn in data.aborted_transactions)
             except KafkaError as exc:
                 error = exc.code
                 failed = True
@@ -67,7 +86,8 @@ def _read_partitions(ctx, request, response_type):
             partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
                                    high_watermark=high_watermark, last_stable_offset=stable,
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
-                                   preferred_read_replica=-1, records=records))
+                                   preferred_read_replica=-1, records=records,
+                                   **({} if diverging is None else {"diverging_epoch": diverging})))
         topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
     return topics, total, failed
 

@@ -1,9 +1,13 @@
-"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp."""
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp.
+
+Each answer carries the leader epoch of the offset it names (the current epoch for latest),
+and a request naming another current leader epoch is fenced (KIP-320)."""
 
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ..leader_epochs import leader_partition_at
 
 API_KEY = 2
 # v0 (removed in Kafka 4.0, KIP-896) answers a list of offsets ("old style") instead of one.
@@ -24,6 +28,17 @@ def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
     else:
         found = log.offset_for_timestamp(timestamp)
     return found if found is not None else (-1, -1)
+
+
+def _epoch_of(partition, timestamp: int, offset: int) -> int:
+    """Kafka's answer: the current epoch for latest, else the epoch whose leader wrote `offset`
+    (-1 when no offset was found)."""
+    if offset < 0:
+        return -1
+    if timestamp == LATEST:
+        return partition.leader_epoch
+    epoch = partition.log.leader_epoch_cache.epoch_for_offset(offset)
+    return partition.leader_epoch if epoch is None else epoch  # nothing written since this leader's election
 
 
 def _old_style(log, wanted, offset: int) -> tuple[int, ...]:
@@ -49,12 +64,13 @@ async def handle(ctx, request):
             error, offset, timestamp, leader_epoch = ErrorCode.none, -1, -1, -1
             partition_log = None
             try:
-                partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
+                partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
+                                                getattr(wanted, "current_leader_epoch", -1))
                 partition_log = partition.log
                 if wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
                     raise KafkaError(ErrorCode.unsupported_version)
                 offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed)
-                leader_epoch = partition.leader_epoch
+                leader_epoch = _epoch_of(partition, wanted.timestamp, offset)
             except KafkaError as exc:
                 error = exc.code
             partitions.append(make(partition_type, partition_index=wanted.partition_index, error_code=error,

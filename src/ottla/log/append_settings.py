@@ -1,0 +1,63 @@
+"""The topic settings a Log append reads, resolved once per config change, and the CreateTime
+bounds check that uses them."""
+
+from __future__ import annotations
+
+from ..config import TopicConfig
+from ..errors import ErrorCode, KafkaError
+from ..records.batch import BatchHeader
+from ..records.compression import CODEC_IDS
+from ..records.records import decode_batch
+
+__all__ = ["AppendSettings", "check_create_times"]
+
+
+class AppendSettings:
+    """The topic configs every append reads, resolved once per config change: a TopicConfig
+    lookup walks overrides and broker synonyms, too slow for tens of thousands of appends/s."""
+
+    __slots__ = (
+        "max_message_bytes",
+        "compacted",
+        "target_codec",
+        "log_append_time",
+        "timestamp_before_max_ms",
+        "timestamp_after_max_ms",
+        "segment_bytes",
+        "segment_ms",
+        "flush_messages",
+        "flush_ms",
+    )
+
+    def __init__(self, config: TopicConfig):
+        self.max_message_bytes = config["max.message.bytes"]
+        self.compacted = "compact" in config["cleanup.policy"]
+        target = config["compression.type"]
+        self.target_codec = None if target == "producer" else CODEC_IDS[target]
+        self.log_append_time = config["message.timestamp.type"] == "LogAppendTime"
+        self.timestamp_before_max_ms = config["message.timestamp.before.max.ms"]
+        self.timestamp_after_max_ms = config["message.timestamp.after.max.ms"]
+        self.segment_bytes = config["segment.bytes"]
+        self.segment_ms = config["segment.ms"]
+        self.flush_messages = config["flush.messages"]
+        self.flush_ms = config["flush.ms"]
+
+
+_UNBOUNDED_MS = 2**63 - 1
+
+
+def check_create_times(buf, header: BatchHeader, now_ms: int, settings: AppendSettings) -> None:
+    """Kafka's `message.timestamp.before.max.ms` / `after.max.ms` (KIP-937) for CreateTime
+    topics: a stamp further in the past or future than allowed is INVALID_TIMESTAMP; records
+    without a timestamp (-1) pass. The header's max timestamp bounds every record from above,
+    so the default settings (no lower bound) never decode a record; a finite lower bound
+    needs each record's stamp, and costs a decode on that topic only."""
+    earliest = now_ms - settings.timestamp_before_max_ms
+    latest = now_ms + settings.timestamp_after_max_ms
+    stamp = header.max_timestamp
+    if stamp <= latest and settings.timestamp_before_max_ms < _UNBOUNDED_MS:
+        stamp = min((r.timestamp for r in decode_batch(buf, header) if r.timestamp >= 0), default=-1)
+    if stamp >= 0 and not earliest <= stamp <= latest:
+        raise KafkaError(ErrorCode.invalid_timestamp,
+                         f"timestamp {stamp} is out of range: it must lie within [{earliest}, {latest}] "
+                         f"(message.timestamp.before.max.ms / message.timestamp.after.max.ms)")

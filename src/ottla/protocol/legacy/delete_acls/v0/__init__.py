@@ -1,0 +1,7 @@
+from .request import DeleteAclsRequest
+from .response import DeleteAclsResponse
+
+__all__ = (
+    "DeleteAclsRequest",
+    "DeleteAclsResponse",
+)

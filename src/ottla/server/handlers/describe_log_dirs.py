@@ -1,0 +1,34 @@
+"""DescribeLogDirs: the one log directory, with each partition's size on disk (UIs, ops tools)."""
+
+import shutil
+from datetime import timedelta
+
+from ...errors import ErrorCode
+from ...protocol.build import make, nested
+
+API_KEY = 35
+VERSIONS = (0, 4)  # v0 is v1 (removed in Kafka 4.0, KIP-896)
+
+
+async def handle(ctx, request):
+    logs = ctx.broker.logs
+    response_type = ctx.response_type
+    partition_type = nested(response_type, "DescribeLogDirsPartition")
+    topic_type = nested(response_type, "DescribeLogDirsTopic")
+    result_type = nested(response_type, "DescribeLogDirsResult")
+    if request.topics is None:
+        wanted = None
+    else:
+        wanted = {(t.topic, p) for t in request.topics for p in t.partitions}
+    by_topic: dict[str, list] = {}
+    for (topic, partition), log in sorted(logs.logs.items()):
+        if wanted is not None and (topic, partition) not in wanted:
+            continue
+        size = sum(segment.size for segment in log.segments)
+        by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition, partition_size=size,
+                                                   offset_lag=0, is_future_key=False))
+    usage = shutil.disk_usage(logs.data_dir)
+    result = make(result_type, error_code=ErrorCode.none, log_dir=str(logs.data_dir.resolve()),
+                  topics=tuple(make(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()),
+                  total_bytes=usage.total, usable_bytes=usage.free)
+    return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, results=(result,))

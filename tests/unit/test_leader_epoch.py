@@ -1,0 +1,222 @@
+"""Leader epoch cache: Kafka's LeaderEpochFileCache semantics, its checkpoint file, and how
+the Log keeps it in step with appends, truncation, log start moves and recovery."""
+
+import os
+
+import pytest
+
+from ottla.log import Log
+from ottla.log.leader_epoch import (
+    CHECKPOINT_FILE,
+    EpochEntry,
+    LeaderEpochCache,
+    UNDEFINED_EPOCH,
+    UNDEFINED_EPOCH_OFFSET,
+)
+from ottla.records.batch import parse_batches
+from tests.unit.test_log import batch, config
+
+UNDEFINED = (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+
+
+def cache_with(tmp_path, *entries):
+    cache = LeaderEpochCache(tmp_path)
+    for epoch, offset in entries:
+        cache.assign(epoch, offset)
+    return cache
+
+
+# -- the cache alone ---------------------------------------------------------------------
+
+
+def test_end_offset_for_follows_kafka(tmp_path):
+    cache = cache_with(tmp_path, (1, 0), (3, 10), (4, 25))
+    leo = 40
+    assert cache.end_offset_for(4, leo) == (4, 40)  # latest epoch: the log end
+    assert cache.end_offset_for(3, leo) == (3, 25)  # next epoch's start
+    assert cache.end_offset_for(1, leo) == (1, 10)
+    assert cache.end_offset_for(2, leo) == (1, 10)  # unknown epoch in between: the one below it
+    assert cache.end_offset_for(0, leo) == (0, 0)  # older than every entry: earliest start
+    assert cache.end_offset_for(5, leo) == UNDEFINED  # newer than the latest
+    assert cache.end_offset_for(UNDEFINED_EPOCH, leo) == UNDEFINED
+    assert LeaderEpochCache(tmp_path / "x").end_offset_for(0, 0) == UNDEFINED  # empty
+
+
+def test_assign_is_monotonic_and_removes_conflicting_entries(tmp_path):
+    cache = cache_with(tmp_path, (0, 0), (0, 5), (2, 10))
+    assert cache.entries == [(0, 0), (2, 10)]  # same epoch, later offset: nothing new
+    assert not cache.assign(2, 12)
+    assert not cache.assign(-1, 20)  # unstamped batches
+    assert cache.assign(3, 8)  # starts before epoch 2 did: epoch 2 goes
+    assert cache.entries == [(0, 0), (3, 8)]
+    assert cache.assign(1, 3)  # an older epoch later in the log wipes what is newer
+    assert cache.entries == [(0, 0), (1, 3)]
+
+
+def test_truncation_from_both_ends(tmp_path):
+    cache = cache_with(tmp_path, (0, 0), (1, 10), (2, 20), (3, 30))
+    cache.truncate_from_end(31)
+    assert cache.entries == [(0, 0), (1, 10), (2, 20), (3, 30)]
+    cache.truncate_from_end(20)
+    assert cache.entries == [(0, 0), (1, 10)]
+    cache.truncate_from_start(5)
+    assert cache.entries == [(0, 5), (1, 10)]
+    cache.truncate_from_start(10)
+    assert cache.entries == [(1, 10)]
+    cache.truncate_from_start(15)
+    assert cache.entries == [(1, 15)]
+
+
+def test_checkpoint_file_is_kafkas_format_and_reloads(tmp_path):
+    cache_with(tmp_path, (0, 0), (4, 17))
+    assert (tmp_path / CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n4 17\n"
+    assert not (tmp_path / (CHECKPOINT_FILE + ".tmp")).exists()
+    cache, usable = LeaderEpochCache.load(tmp_path)
+    assert usable and cache.entries == [EpochEntry(0, 0), EpochEntry(4, 17)]
+
+
+@pytest.mark.parametrize("text", ["1\n1\n0 0\n", "0\n2\n0 0\n", "0\n2\n3 5\n2 9\n", "garbage", "0\n1\n0 -4\n"])
+def test_a_corrupt_checkpoint_is_reported_unusable(tmp_path, text):
+    (tmp_path / CHECKPOINT_FILE).write_text(text)
+    cache, usable = LeaderEpochCache.load(tmp_path)
+    assert not usable and cache.entries == []
+
+
+# -- wired into the log ------------------------------------------------------------------
+
+
+def epochs_on_disk(log):
+    data = log.read(log.log_start_offset, 1 << 30, max_offset=log.log_end_offset).records
+    return [(h.base_offset, h.partition_leader_epoch) for h in parse_batches(data)]
+
+
+def test_leader_appends_stamp_and_record_their_epoch(tmp_path):
+    log = Log(tmp_path / "t-0", config())
+    log.append(batch(2), now_ms=0, leader_epoch=0)
+    log.append(batch(1), now_ms=0, leader_epoch=0)
+    log.append(batch(3), now_ms=0, leader_epoch=2)
+    log.append(batch(1), now_ms=0, leader_epoch=5)
+    assert epochs_on_disk(log) == [(0, 0), (2, 0), (3, 2), (6, 5)]
+    assert log.leader_epoch_cache.entries == [(0, 0), (2, 3), (5, 6)]
+    assert log.end_offset_for_epoch(2) == (2, 6)
+    assert log.end_offset_for_epoch(5) == (5, 7)
+    assert (tmp_path / "t-0" / CHECKPOINT_FILE).read_text() == "0\n3\n0 0\n2 3\n5 6\n"
+
+
+def test_follower_appends_record_the_epochs_of_replicated_batches(tmp_path):
+    leader = Log(tmp_path / "l" / "t-0", config())
+    for epoch in (0, 0, 1, 3, 3):
+        leader.append(batch(2), now_ms=0, leader_epoch=epoch)
+    follower = Log(tmp_path / "f" / "t-0", config())
+    data = leader.read(0, 1 << 30, max_offset=leader.log_end_offset).records
+    follower.append(bytes(data), now_ms=0, origin="replication")
+    assert follower.leader_epoch_cache.entries == leader.leader_epoch_cache.entries == [(0, 0), (1, 4), (3, 6)]
+    assert follower.log_end_offset == 10
+
+
+def test_truncate_to_cuts_the_cache(tmp_path):
+    log = Log(tmp_path / "t-0", config())
+    for epoch in (0, 1, 1, 2):
+        log.append(batch(2), now_ms=0, leader_epoch=epoch)
+    log.truncate_to(6)
+    assert log.leader_epoch_cache.entries == [(0, 0), (1, 2)]
+    log.truncate_to(2)
+    assert log.leader_epoch_cache.entries == [(0, 0)]
+    log.append(batch(1), now_ms=0, leader_epoch=4)
+    assert log.leader_epoch_cache.entries == [(0, 0), (4, 2)]
+    log.truncate_to(0)  # fully: the log restarts empty
+    assert log.leader_epoch_cache.entries == []
+
+
+def test_log_start_moves_cut_the_cache(tmp_path):
+    log = Log(tmp_path / "t-0", config(segment_bytes=200))
+    for epoch in (0, 0, 1, 1, 2):
+        log.append(batch(2), now_ms=0, leader_epoch=epoch)
+    log.update_high_watermark(log.log_end_offset)
+    log.delete_records_before(5)
+    assert log.leader_epoch_cache.entries == [(1, 5), (2, 8)]
+    log.delete_records_before(9)
+    assert log.leader_epoch_cache.entries == [(2, 9)]
+
+
+def test_clean_reopen_keeps_the_cache(tmp_path):
+    log = Log(tmp_path / "t-0", config())
+    for epoch in (0, 3):
+        log.append(batch(2), now_ms=0, leader_epoch=epoch)
+    log.close()
+    again = Log(tmp_path / "t-0", config(), recovery_point=4, clean_shutdown=True)
+    assert again.leader_epoch_cache.entries == [(0, 0), (3, 2)]
+
+
+def test_recovery_cuts_entries_past_a_torn_tail(tmp_path):
+    log = Log(tmp_path / "t-0", config())
+    log.append(batch(2), now_ms=0, leader_epoch=0)
+    log.append(batch(2), now_ms=0, leader_epoch=1)
+    log.flush()
+    log.append(batch(2), now_ms=0, leader_epoch=2)  # its entry is checkpointed, its bytes get torn
+    path = log.active_segment.log_path
+    os.truncate(path, os.path.getsize(path) - 5)
+    recovered = Log(tmp_path / "t-0", config(), recovery_point=0)
+    assert recovered.log_end_offset == 4
+    assert recovered.leader_epoch_cache.entries == [(0, 0), (1, 2)]
+    assert (tmp_path / "t-0" / CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n1 2\n"
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_a_lost_or_corrupt_checkpoint_is_rebuilt_from_the_batches(tmp_path, damage):
+    log = Log(tmp_path / "t-0", config(segment_bytes=300))
+    for epoch in (0, 0, 2, 2, 2, 7):
+        log.append(batch(2), now_ms=0, leader_epoch=epoch)
+    log.close()
+    assert len(log.segments) > 2
+    path = tmp_path / "t-0" / CHECKPOINT_FILE
+    if damage == "delete":
+        path.unlink()
+    else:
+        path.write_text("0\n9\n1 1\n")
+    again = Log(tmp_path / "t-0", config(), recovery_point=12, clean_shutdown=True)
+    assert again.leader_epoch_cache.entries == [(0, 0), (2, 4), (7, 10)]
+    assert path.read_text() == "0\n3\n0 0\n2 4\n7 10\n"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_cache_always_matches_the_batches_in_the_log(tmp_path, seed):
+    """Random appends under rising epochs, truncations, log start moves and crash reopens:
+    the cache always says what the log's own batches say (what a rebuild finds)."""
+    import random
+
+    from ottla.log.leader_epoch import entries_from_batches
+
+    rng = random.Random(seed)
+    directory = tmp_path / "t-0"
+    log = Log(directory, config(segment_bytes=500))
+    epoch = 0
+
+    def rebuilt():
+        headers = [h for s in log.segments for h in s.headers_from(0) if h.base_offset < log.log_end_offset]
+        expected = LeaderEpochCache(tmp_path / "scratch")
+        expected.replace(entries_from_batches(headers))
+        expected.truncate_from_start(log.log_start_offset)
+        return expected.entries
+
+    def describing_data(entries):
+        """Entries for epochs with data in the log: one that starts at the log end (the log
+        start moved up to it) says nothing, and a reload drops it, as Kafka's does."""
+        return [e for e in entries if e.start_offset < log.log_end_offset]
+
+    (tmp_path / "scratch").mkdir()
+    for _ in range(60):
+        action = rng.choice(["append"] * 5 + ["epoch", "truncate", "start", "reopen"])
+        if action == "append":
+            log.append(batch(rng.randint(1, 3)), now_ms=0, leader_epoch=epoch)
+        elif action == "epoch":
+            epoch += rng.randint(1, 3)
+        elif action == "truncate" and log.log_end_offset > log.log_start_offset:
+            log.truncate_to(rng.randint(log.log_start_offset, log.log_end_offset))
+        elif action == "start" and log.log_end_offset > log.log_start_offset:
+            log.update_high_watermark(log.log_end_offset)
+            log.delete_records_before(rng.randint(log.log_start_offset, log.log_end_offset))
+        elif action == "reopen":
+            log = Log(directory, config(segment_bytes=500), recovery_point=0,
+                      log_start_offset=log.log_start_offset)
+        assert describing_data(log.leader_epoch_cache.entries) == describing_data(rebuilt()), action
