@@ -12,11 +12,11 @@ Who touches what:
   (retention or truncation may unlink them: the read keeps its descriptor, or fails and the
   pass is dropped), and writes only its own `.cleaned` files. The commit checks that every
   segment it read is still the same object in the log, else it changes nothing.
-- The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes, at
-  nice 10, spawned for the first pass), so decoding records in Python never holds the event loop's interpreter lock and
-  yields the CPU to the broker on a busy machine; the thread waits for it. Each process throttles its reads and writes to its share of
-  `log.cleaner.io.max.bytes.per.second`. Stopping the broker terminates the pool; a pass cut
-  short leaves only `.cleaned` files.
+- The pass itself runs in a worker process the thread spawns for it (at nice 10), so decoding
+  records in Python never holds the event loop's interpreter lock and the broker gets the CPU
+  first on a busy machine; the thread waits for its result. Each worker throttles its reads
+  and writes to its share of `log.cleaner.io.max.bytes.per.second`. `stop` kills a worker
+  mid-pass; that leaves only `.cleaned` files, removed by the thread or at the next load.
 
 A log is cleaned when its dirty ratio (bytes in [first dirty, first uncleanable) over bytes
 from the log start to the first uncleanable offset) exceeds `min.cleanable.dirty.ratio`,
@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import multiprocessing.pool
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
@@ -46,9 +45,8 @@ from .clean import (
     SegmentInfo,
     Throttler,
     clean,
-    clean_in_worker,
     discard,
-    init_worker,
+    run_in_worker,
 )
 from .filter import OffsetMap
 from .swap import commit_swap, crash_at, remove_files
@@ -64,6 +62,8 @@ __all__ = ["LogCleaner", "CLEANER_CHECKPOINT_FILE", "DirtyStats"]
 log = logging.getLogger(__name__)
 
 CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
+# Worker processes start fresh: forking a broker that runs threads and an event loop is unsafe.
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 class DirtyStats(NamedTuple):
@@ -99,8 +99,6 @@ class LogCleaner:
         self._backoff_s = config["log.cleaner.backoff.ms"] / 1000
         self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
         self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
-        self._pool: multiprocessing.pool.Pool | None = None
-        self._pool_lock = threading.Lock()
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
@@ -243,22 +241,32 @@ class LogCleaner:
         return result
 
     def _clean(self, task: CleanTask) -> CleanResult:
-        """The pass itself: in a worker process once `start` ran, so record decoding never
-        holds the event loop's interpreter lock; in the calling thread otherwise (tests)."""
+        """The pass itself: in a worker process of its own once `start` ran, so record decoding
+        never holds the event loop's interpreter lock; in the calling thread otherwise (tests).
+        `stop` kills a worker mid-pass: it leaves only `.cleaned` files."""
         if not self._workers:
             return clean(task, OffsetMap(self._map_memory, self._load_factor), self._throttler, self._check)
-        with self._pool_lock:  # made on first use: a start with nothing to clean spawns nothing
-            self._check()  # and never after `stop`
-            if self._pool is None:
-                self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=init_worker)
-        pending = self._pool.apply_async(clean_in_worker, (task, self._map_memory, self._load_factor,
-                                                           self._io_rate / self.threads))
-        while True:
-            self._check()
+        receiver, sender = _SPAWN.Pipe(duplex=False)
+        worker = _SPAWN.Process(target=run_in_worker, name="kafka-log-cleaner-worker", daemon=True,
+                                args=(sender, task, self._map_memory, self._load_factor,
+                                      self._io_rate / self.threads))
+        worker.start()
+        sender.close()
+        try:
+            while not receiver.poll(0.2):
+                self._check()
             try:
-                return pending.get(timeout=0.2)
-            except multiprocessing.TimeoutError:
-                continue
+                succeeded, outcome = receiver.recv()
+            except EOFError:
+                raise CleaningAborted(f"the cleaner process exited with {worker.exitcode}") from None
+        finally:
+            if worker.is_alive():
+                worker.kill()
+            worker.join()
+            receiver.close()
+        if not succeeded:
+            raise outcome
+        return outcome
 
     def _write_checkpoint(self, checkpoints: dict[tuple[str, int], int], version: int) -> None:
         with self._checkpoint_lock:
@@ -297,11 +305,6 @@ class LogCleaner:
         """Ask the threads to stop and wait for them; call off the owner thread, which must
         keep running meanwhile so a thread waiting on it can finish."""
         self._stop.set()
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.terminate()  # a pass cut short leaves only .cleaned files, removed below or at load
-            pool.join()
         for worker in self._workers:
             worker.join()
         self._workers.clear()
