@@ -86,6 +86,14 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("zookeeper.connect", _str, None),
         ConfigDef("zookeeper.session.timeout.ms", _int, 18000, 1),
         ConfigDef("zookeeper.connection.timeout.ms", _int, None),  # default: the session timeout
+        # The controller (controller/): Kafka's names and defaults.
+        ConfigDef("controlled.shutdown.enable", _bool, True),
+        ConfigDef("controlled.shutdown.max.retries", _int, 3, 1),
+        ConfigDef("controlled.shutdown.retry.backoff.ms", _int, 5000, 0),
+        ConfigDef("unclean.leader.election.enable", _bool, False),
+        ConfigDef("auto.leader.rebalance.enable", _bool, True),
+        ConfigDef("leader.imbalance.check.interval.seconds", _int, 300, 1),
+        ConfigDef("leader.imbalance.per.broker.percentage", _int, 10, 0),
         ConfigDef("num.partitions", _int, 1, 1),
         ConfigDef("default.replication.factor", _int, 1, 1),
         ConfigDef("auto.create.topics.enable", _bool, True),
@@ -173,6 +181,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("segment.bytes", _int, 1073741824, 14),
         ConfigDef("segment.index.bytes", _int, 10485760, 4),
         ConfigDef("segment.ms", _int, 7 * _DAY_MS, 1),
+        ConfigDef("unclean.leader.election.enable", _bool, False),
     ]
 }
 
@@ -188,7 +197,6 @@ _NOT_APPLIED = [
     ConfigDef("leader.replication.throttled.replicas", _str, ""),
     ConfigDef("local.retention.bytes", _int, -2, -2),
     ConfigDef("local.retention.ms", _int, -2, -2),
-    ConfigDef("max.compaction.lag.ms", _int, 2**63 - 1, 1),
     ConfigDef("message.downconversion.enable", _bool, True),
     ConfigDef("message.format.version", _str, "3.0-IV1"),
     ConfigDef("message.timestamp.difference.max.ms", _int, 2**63 - 1, 0),
@@ -233,6 +241,7 @@ TOPIC_TO_BROKER_SYNONYM = {
     "segment.bytes": "log.segment.bytes",
     "segment.index.bytes": "log.index.size.max.bytes",
     "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
 

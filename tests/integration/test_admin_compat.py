@@ -31,7 +31,8 @@ def test_append_and_subtract_start_from_the_current_value_default_included(ottla
 
 
 def test_every_topic_config_kafka_defines_is_accepted_and_described(ottla_broker):
-    """max.compaction.lag.ms and friends: stored and described; the broker logs them once as not applied."""
+    """max.compaction.lag.ms (refused before compaction landed) and the configs Ottla does not act on:
+    stored and described; the broker logs each of the latter once as not applied."""
     from kafka.admin import ConfigResource as KPConfigResource
     from kafka.admin import ConfigResourceType, KafkaAdminClient
     from kafka.admin import NewTopic as KPNewTopic
@@ -40,15 +41,16 @@ def test_every_topic_config_kafka_defines_is_accepted_and_described(ottla_broker
     configs = {"max.compaction.lag.ms": "3600000", "unclean.leader.election.enable": "true",
                "follower.replication.throttled.replicas": "*", "segment.jitter.ms": "10"}
     admin.create_topics([KPNewTopic("kafka-configs", 1, 1, topic_configs=configs)])
-    admin.create_topics([KPNewTopic("kafka-configs-2", 1, 1, topic_configs={"max.compaction.lag.ms": "1000"})])
+    admin.create_topics([KPNewTopic("kafka-configs-2", 1, 1, topic_configs={"segment.jitter.ms": "5"})])
     described = admin.describe_configs([KPConfigResource(ConfigResourceType.TOPIC, "kafka-configs")],
                                        config_filter="all")["topic"]["kafka-configs"]
     admin.close()
     for name, value in configs.items():
         assert (described[name]["value"], described[name]["config_source"]) == (value, "DYNAMIC_TOPIC_CONFIG")
     assert described["remote.storage.enable"]["value"] == "false"
-    assert ottla_broker.read_stderr().count(
-        "topic config max.compaction.lag.ms is accepted and stored but not applied") == 1
+    log = ottla_broker.read_stderr()
+    assert log.count("topic config segment.jitter.ms is accepted and stored but not applied") == 1
+    assert "topic config max.compaction.lag.ms is accepted" not in log  # the cleaner applies it
 
 
 def test_delete_groups_right_after_a_session_times_out(ottla_broker_factory, raw_connection):
@@ -187,3 +189,55 @@ def test_describe_topic_partitions_pages_with_a_cursor_and_list_config_resources
     admin.close()
     assert {"paged-a", "paged-b"} <= set(resources["topic"])
     assert resources["broker"] == ["0"]
+
+
+def test_scram_credentials_are_stored_described_and_survive_a_restart(ottla_broker):
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+                                       UserScramCredentialUpsertion)
+
+    admin = _admin(ottla_broker.bootstrap)
+    upsert = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192),
+                                          b"secret", b"salt")
+    too_few = UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 100),
+                                           b"secret", b"salt")
+    results = admin.alter_user_scram_credentials([upsert, too_few])
+    results["alice"].result(15)
+    with pytest.raises(KafkaException) as failed:
+        results["bob"].result(15)
+    assert failed.value.args[0].code() == KafkaError.UNACCEPTABLE_CREDENTIAL
+
+    ottla_broker.restart()
+    admin = _admin(ottla_broker.bootstrap)
+    described = admin.describe_user_scram_credentials(["alice"])["alice"].result(15)
+    assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_256, 8192)]
+    with pytest.raises(KafkaException) as missing:
+        admin.describe_user_scram_credentials(["bob"])["bob"].result(15)
+    assert missing.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
+    deletion = UserScramCredentialDeletion("alice", ScramMechanism.SCRAM_SHA_256)
+    admin.alter_user_scram_credentials([deletion])["alice"].result(15)
+    with pytest.raises(KafkaException):
+        admin.describe_user_scram_credentials(["alice"])["alice"].result(15)
+
+
+def test_broker_describe_configs_lists_static_configs_and_synonyms(ottla_broker_factory):
+    from confluent_kafka.admin import ConfigSource
+
+    broker = ottla_broker_factory({"log.retention.ms": 3600000})
+    admin = _admin(broker.bootstrap)
+    resource = ConfigResource("BROKER", "0")
+    configs = admin.describe_configs([resource])[resource].result(15)
+    host, _, port = broker.bootstrap.rpartition(":")
+    assert configs["listeners"].value == f"PLAINTEXT://{host}:{port}"
+    assert configs["advertised.listeners"].value == f"PLAINTEXT://{host}:{port}"
+    assert configs["log.dirs"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert configs["log.retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert not configs["log.retention.ms"].is_sensitive
+    admin.create_topics([NewTopic("synonyms", 1, 1, config={"retention.ms": "60000"})])["synonyms"].result(15)
+    topic = ConfigResource("TOPIC", "synonyms")
+    entry = admin.describe_configs([topic])[topic].result(15)["retention.ms"]
+    synonyms = [(name, s.value, s.source) for name, s in entry.synonyms.items()]
+    assert synonyms[:2] == [("retention.ms", "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+                            ("log.retention.ms", "3600000", ConfigSource.STATIC_BROKER_CONFIG.value)]
+    assert synonyms[-1][2] == ConfigSource.DEFAULT_CONFIG.value

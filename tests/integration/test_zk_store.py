@@ -441,3 +441,17 @@ def test_watches_keep_firing_after_the_session_expires(stores, connect):
     wait_for(lambda: _answers(store), what="the store's new session")
     other.create_topic(TopicAssignment("after-expiry", uuid.uuid4(), {0: (1,)}), {})
     assert saw_new_topic.wait(30)
+
+
+def test_topics_larger_than_one_multi_are_created_and_deleted_whole(stores, monkeypatch):
+    """ZooKeeper refuses a request over 1 MB, so big topics take several fenced multis."""
+    import ottla.cluster.zk as zk_module
+    monkeypatch.setattr(zk_module, "MULTI_MAX_OPS", 10)
+    store = stores()
+    epoch = store.elect_controller(1)
+    store.create_topic(TopicAssignment("big", uuid.uuid4(), {p: (1,) for p in range(25)}), {})
+    store.create_partition_states({("big", p): LeaderAndIsr(1, 0, (1,), 1) for p in range(25)}, epoch)
+    assert sorted(store.partition_states("big")) == list(range(25))
+    store.request_topic_deletion("big")
+    store.complete_topic_deletion("big", epoch)  # 25 * 3 + 3 deletes in 8 multis
+    assert store.topics() == {} and store.topics_to_delete() == set() and store.partition_states("big") == {}

@@ -1,5 +1,6 @@
 """The sans-I/O codec: framing and request decoding without sockets."""
 
+import datetime
 import io
 import struct
 
@@ -14,10 +15,16 @@ from ottla.protocol.codec import (
     FrameTooLarge,
     MalformedRequest,
     UnknownApi,
+    ProtocolViolation,
     UnsupportedApiVersion,
     decode_request,
+    decode_response,
+    encode_request,
     encode_response,
+    response_correlation_id,
+    response_schema,
 )
+from ottla.protocol.build import make
 
 SUPPORTED = {18: (0, 4), 3: (0, 12)}
 
@@ -140,3 +147,22 @@ def test_encode_response_keeps_fetched_records_by_reference(version):
     entity_writer(response_type)(expected, response)
     assert frame[4:] == expected.getvalue()
     assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
+
+
+def test_client_side_round_trip():
+    """encode_request is what decode_request reads; decode_response reads what encode_response wrote."""
+    request = MetadataRequest(topics=(MetadataRequestTopic(name="a", topic_id=None),), allow_auto_topic_creation=False,
+                              include_topic_authorized_operations=False)
+    frame = encode_request(request, 77, "broker-3")
+    assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
+    decoded = decode_request(frame[4:], {3: (0, 12)})
+    assert (decoded.api_key, decoded.api_version, decoded.correlation_id) == (3, 12, 77)
+    assert decoded.header.client_id == "broker-3" and decoded.body == request
+    response_type = response_schema(3, 12)
+    response = make(response_type, throttle_time=datetime.timedelta(0), brokers=(), cluster_id="c", controller_id=1, topics=(),
+                    cluster_authorized_operations=-2147483648)
+    out = b"".join(bytes(c) for c in encode_response(3, 12, 77, response))[4:]
+    assert response_correlation_id(out) == 77
+    assert decode_response(out, 3, 12) == (77, response)
+    with pytest.raises(ProtocolViolation):
+        decode_response(out[:9], 3, 12)

@@ -38,7 +38,7 @@ from ottla.records.records import Record, build_batch, iter_batches
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 from ottla.server.context import RequestContext
-from ottla.server.coordinator_runtime import LocalMarkerChannel
+from ottla.server.coordinator_runtime import BrokerMarkerChannel
 from ottla.server.handlers import (
     add_offsets_to_txn,
     add_partitions_to_txn,
@@ -58,7 +58,7 @@ class Node:
 
     def __init__(self, data_dir, ids):
         self.broker = Broker(data_dir, BrokerConfig({}))
-        self.broker.transactions = TransactionService(self.broker.coordinator_runtime, LocalMarkerChannel(self.broker),
+        self.broker.transactions = TransactionService(self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
                                                       self.broker.config, lambda: next(ids), now_ms)
 
     async def call(self, module, version, request):

@@ -43,6 +43,9 @@ from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGES, CONTROLLER, CONTRO
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = 0.1
+# Operations per multi: ZooKeeper refuses a request over jute.maxbuffer (1 MB), and Kafka
+# itself fences each partition's write separately, so large topics take several multis.
+MULTI_MAX_OPS = 1000
 
 
 class ZkClusterStore:
@@ -335,13 +338,15 @@ class ZkClusterStore:
         self._many("create", [f"{TOPICS}/{t}/partitions" for t in topics])
         self._many("create", [f"{TOPICS}/{t}/partitions/{p}" for t, p in states])
 
-        def ops(txn):
-            for (topic, partition), state in states.items():
-                txn.create(state_path(topic, partition), encode_state(state))
-        try:
-            self._commit(ops, epoch)
-        except NodeExistsError:
-            raise StaleVersion("a partition state already exists") from None
+        items = list(states.items())
+        for start in range(0, len(items), MULTI_MAX_OPS):  # each multi fenced on its own
+            def ops(txn, chunk=items[start:start + MULTI_MAX_OPS]):
+                for (topic, partition), state in chunk:
+                    txn.create(state_path(topic, partition), encode_state(state))
+            try:
+                self._commit(ops, epoch)
+            except NodeExistsError:
+                raise StaleVersion("a partition state already exists") from None
         return {tp: _with_version(state, 0) for tp, state in states.items()}
 
     def update_partition_state(self, partition: TopicPartition, state: LeaderAndIsr,
@@ -378,13 +383,15 @@ class ZkClusterStore:
             if self._get(path) is not None:
                 doomed.append(path)
 
-        def ops(txn):
-            for path in doomed:
-                txn.delete(path)
-        try:
-            self._commit(ops, epoch)
-        except (NoNodeError, NotEmptyError):
-            raise StaleVersion(f"topic {name} changed while it was being deleted") from None
+        # In order, the deletion request last: a deletion cut short is still requested.
+        for start in range(0, len(doomed), MULTI_MAX_OPS):
+            def ops(txn, chunk=doomed[start:start + MULTI_MAX_OPS]):
+                for path in chunk:
+                    txn.delete(path)
+            try:
+                self._commit(ops, epoch)
+            except (NoNodeError, NotEmptyError):
+                raise StaleVersion(f"topic {name} changed while it was being deleted") from None
 
     # -- notifications and admin requests --------------------------------------------------
     def notify_isr_change(self, partitions: set[TopicPartition]) -> None:

@@ -3,11 +3,13 @@
 `FrameDecoder` turns a byte stream into size-prefixed frames; `decode_request` turns a
 frame into a kio request entity; `encode_response` does the reverse. Everything that can
 go wrong raises a `ProtocolViolation` subclass telling the network layer what Kafka does:
-answer (ApiVersions with UNSUPPORTED_VERSION) or close the connection.
+answer (ApiVersions with UNSUPPORTED_VERSION) or close the connection. The client side, for
+broker-to-broker requests, is `encode_request` and `decode_response`.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 from functools import cache
@@ -217,3 +219,50 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
     write_header(out, header_schema(correlation_id=correlation_id))
     write_body(out, response)
     return out.frame()
+
+
+# -- the client side (inter-broker requests) ---------------------------------------------
+
+
+@cache
+def _request_writers(request_type: type):
+    header_schema = request_type.__header_schema__
+    return header_schema, entity_writer(header_schema), entity_writer(request_type)
+
+
+def encode_request(request: Any, correlation_id: int, client_id: str | None) -> bytes:
+    """A size-prefixed request frame for a kio request entity (its type names API and version)."""
+    header_schema, write_header, write_body = _request_writers(type(request))
+    out = io.BytesIO()
+    out.write(bytes(_SIZE.size))
+    write_header(out, header_schema(request_api_key=request.__api_key__, request_api_version=request.__version__,
+                                    correlation_id=correlation_id, client_id=client_id))
+    write_body(out, request)
+    frame = out.getbuffer()
+    _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
+    del frame
+    return out.getvalue()
+
+
+def response_correlation_id(frame: bytes | memoryview) -> int:
+    """Every response header starts with the correlation id: enough to find its request."""
+    if len(frame) < 4:
+        raise ProtocolViolation(f"response of {len(frame)} bytes is shorter than a response header")
+    return _SIZE.unpack_from(frame, 0)[0]
+
+
+@cache
+def _response_readers(api_key: int, api_version: int):
+    schema = response_schema(api_key, api_version)
+    return entity_reader(schema.__header_schema__), entity_reader(schema)
+
+
+def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -> tuple[int, Any]:
+    """(correlation id, kio response entity) of one response frame (without its size prefix)."""
+    read_header, read_body = _response_readers(api_key, api_version)
+    try:
+        header, header_size = read_header(frame, 0)
+        body, _ = read_body(frame, header_size)
+    except Exception as exc:  # kio raises several types on garbage
+        raise ProtocolViolation(f"cannot parse response of API {api_key} v{api_version}: {exc}") from None
+    return header.correlation_id, body

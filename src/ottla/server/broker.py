@@ -30,9 +30,11 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
-from .coordinator_runtime import BrokerCoordinatorRuntime, LocalMarkerChannel
+from .cluster_node import ClusterNode
+from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
-from .metadata_cache import BrokerInfo, MetadataCache
+from .interbroker import InterBrokerClient
+from .metadata_cache import BrokerInfo, MetadataCache, PartitionState
 from .network import Connection
 from .replica_manager import ReplicaManager
 
@@ -130,13 +132,16 @@ class Broker:
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
         self.producer_ids = ProducerIdManager(id_blocks, self.node_id)
+        self.interbroker = InterBrokerClient(f"broker-{self.node_id}")
         self.coordinator_runtime = BrokerCoordinatorRuntime(self)
         self.groups = GroupService(self.coordinator_runtime, config, now_ms)
         # In a cluster: this broker's controller candidacy and its side of the controller
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
-        self.transactions = TransactionService(self.coordinator_runtime, LocalMarkerChannel(self), config,
+        self.cluster: ClusterNode | None = None
+        self._stopping = False
+        self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
         self._duties: list[asyncio.Task] = []
@@ -167,6 +172,8 @@ class Broker:
             except StoreError:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            self.cluster = ClusterNode(self)
+            await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
@@ -174,8 +181,12 @@ class Broker:
 
     async def stop(self) -> None:
         """Clean shutdown: stop accepting, drop connections, flush and checkpoint the logs."""
-        if self._stopped.is_set():
+        if self._stopping:
             return  # a second SIGTERM while stopping
+        self._stopping = True
+        if self.cluster is not None:
+            # Still serving: the controller moves leadership away (controlled shutdown).
+            await self.cluster.stop()
         if self._server is not None:
             self._server.close()
         for task in self._duties:
@@ -183,6 +194,7 @@ class Broker:
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
+        await self.interbroker.close()
         for connection in list(self.connections):
             connection.close()
         await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
@@ -223,8 +235,17 @@ class Broker:
     # the local controller ----------------------------------------------------------
     def _publish_local_metadata(self) -> None:
         """Single node: the local catalog is the cluster's metadata, and this broker leads every
-        partition at leader epoch 0 (ISR = itself)."""
+        partition at leader epoch 0 (ISR = itself). In a cluster only the controller's
+        UpdateMetadata and LeaderAndIsr give topics and roles; until the first one arrives
+        the cache knows this broker alone."""
         host, port = self.advertised
+        if self.membership is not None:
+            if self.metadata.controller_epoch < 0:
+                itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
+                # Not `full`: the coordinators' internal topics may be here already.
+                self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
+                                     partition_states=[], topic_ids={})
+            return
         deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
         self.replicas.remove_partitions([key for key in self.replicas.partitions if key[0] in deleted])
@@ -232,8 +253,25 @@ class Broker:
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        if self.membership is not None:
+            return self._local_internal_topic(name, partitions, configs)
         info = self.logs.create_topic(name, partitions, configs)
         self._publish_local_metadata()
+        return info
+
+    def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        """In a cluster only the coordinators' internal topics come here, and they stay on this
+        broker, led by it, until the coordinators move onto the cluster (issue 12): created
+        once, found again after a restart, and published to the metadata cache without
+        touching what the controller said about the cluster's topics."""
+        info = self.logs.topics.get(name) or self.logs.create_topic(name, partitions, configs)
+        states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
+                  for p in range(info.partitions)]
+        self.metadata.update(controller_id=self.metadata.controller_id,
+                             controller_epoch=self.metadata.controller_epoch,
+                             brokers=self.metadata.brokers, partition_states=states,
+                             topic_ids={name: info.topic_id})
+        self.replicas.apply_partition_states(states)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:

@@ -4,13 +4,14 @@
 partition's leader through the replica manager, acknowledged once durable -- fdatasynced
 (`DataSync`) and past the high watermark, which on one node is at once and with
 replication means the ISR has it -- and leadership changes from the replica manager.
-`LocalMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
+`BrokerMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
 served in-process through the same handler a remote coordinator's request reaches; other
-leaders get the request over the inter-broker client once there are any.
+leaders get the request over the inter-broker client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -28,6 +29,7 @@ from .clock import now_ms
 from .context import RequestContext
 from .data_sync import DataSync
 from .handlers import write_txn_markers
+from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -46,10 +48,14 @@ class BrokerCoordinatorRuntime:
 
     def ensure_topic(self, topic: str, partitions: int, configs: Mapping[str, Any]) -> int:
         existing = self._broker.metadata.topic(topic)
-        if existing is None:
-            self._broker.create_topic(topic, partitions, dict(configs))
-            existing = self._broker.metadata.topic(topic)
-        return existing.partition_count
+        if existing is not None:
+            return existing.partition_count
+        # Not in the metadata yet (a cluster broker before the controller's first update): the
+        # local catalog's copy, else a new topic through the broker's topic admin.
+        local = self._broker.logs.topics.get(topic)
+        if local is not None:
+            return local.partitions
+        return self._broker.create_topic(topic, partitions, dict(configs)).partitions
 
     def partition_count(self, topic: str) -> int | None:
         info = self._broker.metadata.topic(topic)
@@ -118,33 +124,53 @@ class BrokerCoordinatorRuntime:
             sync.close()
 
 
-class LocalMarkerChannel:
-    """WriteTxnMarkers to each partition's leader, per the metadata cache."""
+class BrokerMarkerChannel:
+    """WriteTxnMarkers to each partition's leader, per the metadata cache: one request per
+    leader, all in parallel; this broker's own partitions in-process."""
 
-    def __init__(self, broker: "Broker"):
+    def __init__(self, broker: "Broker", client: InterBrokerClient):
         self._broker = broker
+        self._client = client
 
     async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
                                 partitions: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        metadata = self._broker.metadata
         outcomes: dict[TopicPartition, ErrorCode] = {}
-        local: dict[str, list[int]] = {}
+        by_leader: dict[int, dict[str, list[int]]] = {}
         for topic, index in sorted(partitions):
-            leader = self._broker.metadata.leader(topic, index)
-            if leader is not None and leader.node_id == self._broker.node_id:
-                local.setdefault(topic, []).append(index)
-            elif self._broker.metadata.partition(topic, index) is None:
+            leader = metadata.leader(topic, index)
+            if leader is not None:
+                by_leader.setdefault(leader.node_id, {}).setdefault(topic, []).append(index)
+            elif metadata.partition(topic, index) is None:
                 outcomes[(topic, index)] = ErrorCode.unknown_topic_or_partition
             else:
-                # No leader, or another broker's (no inter-broker sends yet): retried by the sender.
-                outcomes[(topic, index)] = ErrorCode.not_leader_or_follower
-        if local:
+                outcomes[(topic, index)] = ErrorCode.not_leader_or_follower  # offline: retried
+        sends = []
+        for node_id, topics in by_leader.items():
             request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
                 producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
-                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in local.items()),
+                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in topics.items()),
                 coordinator_epoch=coordinator_epoch),))
-            ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
-            response = write_txn_markers.write_markers(ctx, request)
-            for topic_result in response.markers[0].topics:
-                for result in topic_result.partitions:
-                    outcomes[(topic_result.name, result.partition_index)] = result.error_code
+            if node_id == self._broker.node_id:
+                ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
+                _collect(outcomes, await write_txn_markers.write_markers(ctx, request))
+            else:
+                sends.append(self._send(metadata.broker(node_id), request, topics, outcomes))
+        if sends:
+            await asyncio.gather(*sends)
         return outcomes
+
+    async def _send(self, leader, request, topics: dict[str, list[int]],
+                    outcomes: dict[TopicPartition, ErrorCode]) -> None:
+        try:
+            _collect(outcomes, await self._client.send(leader.node_id, leader.host, leader.port, request))
+        except (BrokerNotAvailable, RequestTimedOut) as exc:
+            log.info("WriteTxnMarkers to broker %d failed: %s", leader.node_id, exc)
+            error = ErrorCode.request_timed_out if isinstance(exc, RequestTimedOut) else ErrorCode.network_exception
+            outcomes.update({(t, p): error for t, indexes in topics.items() for p in indexes})
+
+
+def _collect(outcomes: dict[TopicPartition, ErrorCode], response) -> None:
+    for topic_result in response.markers[0].topics:
+        for result in topic_result.partitions:
+            outcomes[(topic_result.name, result.partition_index)] = result.error_code

@@ -55,6 +55,8 @@ HANDLER_MODULES = [
     "describe_log_dirs",
     "list_config_resources",
     "describe_topic_partitions",
+    "describe_user_scram_credentials",
+    "alter_user_scram_credentials",
 ]
 
 

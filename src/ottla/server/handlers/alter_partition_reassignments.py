@@ -13,8 +13,7 @@ def _single_node(broker, targets):
     """One broker: its own id is the only valid target, and nothing is ever in progress."""
     results = {}
     for (topic, partition), target in targets.items():
-        info = broker.logs.topics.get(topic)
-        if info is None or not 0 <= partition < info.partitions:
+        if broker.metadata.partition(topic, partition) is None:
             results[(topic, partition)] = (ErrorCode.unknown_topic_or_partition, "The partition does not exist.")
         elif target is None:
             results[(topic, partition)] = (ErrorCode.no_reassignment_in_progress, None)

@@ -17,9 +17,9 @@ ELECTION_TYPES = {0: "preferred", 1: "unclean"}
 
 def _requested(broker, request):
     if request.topic_partitions is None:  # every partition of the cluster
-        names = broker.logs.topics if broker.controller_service is None else None
-        if names is not None:
-            return [(t, p) for t, info in sorted(names.items()) for p in range(info.partitions)]
+        if broker.controller_service is None:
+            metadata = broker.metadata
+            return [(t, p) for t in metadata.topic_names() for p in sorted(metadata.topic(t).partitions)]
         return None
     return [(t.topic, int(p)) for t in request.topic_partitions for p in t.partitions]
 
@@ -38,8 +38,7 @@ async def handle(ctx, request):
     elif service is None:
         results = {}
         for topic, partition in wanted:
-            info = broker.logs.topics.get(topic)
-            if info is None or not 0 <= partition < info.partitions:
+            if broker.metadata.partition(topic, partition) is None:
                 results[(topic, partition)] = (ErrorCode.unknown_topic_or_partition, None)
             else:
                 results[(topic, partition)] = (ErrorCode.election_not_needed, "Leader is already the preferred replica.")

@@ -5,11 +5,13 @@ producer state checks it (a stale producer epoch is INVALID_PRODUCER_EPOCH, a st
 coordinator epoch TRANSACTION_COORDINATOR_FENCED), then moves the LSO and indexes aborts.
 For `__consumer_offsets` the group coordinator is told too: the transaction's offsets become
 visible (commit) or are dropped (abort). Admin tools send it as well (KIP-664's abort of a
-hanging transaction), which is why the request needs ClusterAction.
+hanging transaction), which is why the request needs ClusterAction. As in Kafka, the markers
+are appended with acks=all: the answer waits until the high watermark has passed them (one
+node: at once), so a coordinator completes a transaction only once its markers are safe.
 """
 
 from ..replies import authorized
-from ...errors import ErrorCode, KafkaError
+from ...errors import ErrorCode
 from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...protocol.build import make, nested
 from ...records.control import build_control_batch
@@ -20,6 +22,8 @@ API_KEY = 27
 VERSIONS = (0, 1)  # v0 is v1 without tagged fields (removed in Kafka 4.0)
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
+# Kafka waits for the markers' replication up to its request.timeout.ms default.
+_ACK_TIMEOUT_MS = 30_000
 
 
 async def handle(ctx, request):
@@ -27,33 +31,26 @@ async def handle(ctx, request):
         return _response(ctx, [(marker.producer_id, [(topic.name, index, ErrorCode.cluster_authorization_failed)
                                                      for topic in marker.topics for index in topic.partition_indexes])
                                for marker in request.markers])
-    return write_markers(ctx, request)
+    return await write_markers(ctx, request)
 
 
-def write_markers(ctx, request):
+async def write_markers(ctx, request):
     """The request's work without the ACL check: the local coordinator calls it directly."""
     broker = ctx.broker
     results = []
     for marker in request.markers:
         commit = marker.transaction_result
-        offsets_partitions = []
-        outcomes = []
-        for topic in marker.topics:
-            for index in topic.partition_indexes:
-                error = ErrorCode.none
-                now = now_ms()
-                batch = build_control_batch(marker.producer_id, marker.producer_epoch,
-                                            marker.coordinator_epoch, commit, now)
-                try:
-                    broker.replicas.append(topic.name, index, batch, now_ms=now, origin="coordinator")
-                    if topic.name == GROUP_METADATA_TOPIC:
-                        offsets_partitions.append(index)
-                except KafkaError as exc:
-                    error = exc.code
-                outcomes.append((topic.name, index, error))
+        now = now_ms()
+        wanted = [(topic.name, index) for topic in marker.topics for index in topic.partition_indexes]
+        batches = {tp: build_control_batch(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                           commit, now) for tp in wanted}
+        appended = await broker.replicas.append_records(batches, acks=-1,
+                                                        timeout_ms=_ACK_TIMEOUT_MS, now_ms=now, origin="coordinator")
+        offsets_partitions = [index for (topic, index) in wanted
+                              if topic == GROUP_METADATA_TOPIC and appended[(topic, index)].error == ErrorCode.none]
         if offsets_partitions:
             broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)
-        results.append((marker.producer_id, outcomes))
+        results.append((marker.producer_id, [(topic, index, appended[(topic, index)].error) for topic, index in wanted]))
     return _response(ctx, results)
 
 

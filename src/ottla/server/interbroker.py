@@ -1,0 +1,195 @@
+"""An asyncio client for broker-to-broker requests, on the server's own codec (Kafka's
+`NetworkClient` as the controller channel, replica fetchers and marker sender use it).
+
+One connection per destination broker; requests are pipelined on it and matched to their
+responses by correlation id. A request that gets no answer within its timeout fails with
+`RequestTimedOut` and closes the connection (as Kafka's client does: the answer may still
+arrive and must not be taken for the next request's). A broker that cannot be reached fails
+the send with `BrokerNotAvailable`; the next send to it waits out a backoff that doubles
+from `reconnect_backoff_ms` to `reconnect_backoff_max_ms` (Kafka's names and defaults) and
+reconnects. Every request sent here expects a response (no acks=0 produce).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+import time
+from typing import Any
+
+from ..protocol.codec import ProtocolViolation, decode_response, encode_request, response_correlation_id
+
+__all__ = ["InterBrokerClient", "BrokerConnection", "BrokerNotAvailable", "RequestTimedOut"]
+
+log = logging.getLogger("ottla.interbroker")
+
+_SIZE = struct.Struct(">i")
+
+
+class BrokerNotAvailable(ConnectionError):
+    """The destination broker cannot be reached (or the connection broke under the request)."""
+
+
+class RequestTimedOut(TimeoutError):
+    pass
+
+
+class BrokerConnection:
+    """The connection to one broker, opened on demand and reopened after a failure."""
+
+    def __init__(self, node_id: int, host: str, port: int, *, client_id: str, request_timeout_ms: int,
+                 reconnect_backoff_ms: int, reconnect_backoff_max_ms: int, max_response_bytes: int):
+        self.node_id = node_id
+        self.host, self.port = host, port
+        self._client_id = client_id
+        self._timeout_s = request_timeout_ms / 1000
+        self._backoff_min_s = reconnect_backoff_ms / 1000
+        self._backoff_max_s = reconnect_backoff_max_ms / 1000
+        self._backoff_s = self._backoff_min_s
+        self._max_response = max_response_bytes
+        self._next_attempt = 0.0  # monotonic time before which no reconnect is tried
+        self._correlation = itertools.count(1)
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._connecting: asyncio.Future | None = None
+        self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
+        self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def _connect(self) -> None:
+        if self.connected:
+            return
+        if self._connecting is not None:
+            await asyncio.shield(self._connecting)
+            return
+        self._connecting = asyncio.get_running_loop().create_future()
+        try:
+            delay = self._next_attempt - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self._timeout_s)
+            except (OSError, asyncio.TimeoutError) as exc:
+                self._next_attempt = time.monotonic() + self._backoff_s
+                self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+                raise BrokerNotAvailable(f"cannot connect to broker {self.node_id} at {self.host}:{self.port}: "
+                                         f"{exc or type(exc).__name__}") from None
+            self._backoff_s = self._backoff_min_s
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(self._read_responses(reader, writer))
+            self._connecting.set_result(None)
+        except BaseException as exc:
+            self._connecting.set_exception(exc if isinstance(exc, Exception) else BrokerNotAvailable("cancelled"))
+            self._connecting.exception()  # retrieved: the waiters re-raise it themselves
+            raise
+        finally:
+            self._connecting = None
+
+    async def send(self, request: Any, timeout_ms: int | None = None) -> Any:
+        """Send a kio request entity and return its response entity."""
+        if self._closed:
+            raise BrokerNotAvailable(f"connection to broker {self.node_id} is closed")
+        await self._connect()
+        if not self.connected:
+            raise BrokerNotAvailable(f"connection to broker {self.node_id} broke")
+        correlation_id = next(self._correlation) & 0x7FFFFFFF
+        future = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = (future, request.__api_key__, request.__version__)
+        self._writer.write(encode_request(request, correlation_id, self._client_id))
+        timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            self._disconnect(RequestTimedOut(f"no response from broker {self.node_id} in {timeout_s:.3f}s"))
+            raise RequestTimedOut(f"{type(request).__name__} to broker {self.node_id} timed out after "
+                                  f"{timeout_s:.3f}s") from None
+        finally:
+            self._pending.pop(correlation_id, None)
+
+    async def _read_responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        error: Exception = BrokerNotAvailable(f"broker {self.node_id} closed the connection")
+        try:
+            while True:
+                (size,) = _SIZE.unpack(await reader.readexactly(4))
+                if size < 0 or size > self._max_response:
+                    raise ProtocolViolation(f"response frame of {size} bytes from broker {self.node_id}")
+                frame = await reader.readexactly(size)
+                correlation_id = response_correlation_id(frame)
+                pending = self._pending.get(correlation_id)
+                if pending is None:
+                    raise ProtocolViolation(f"response to unknown correlation id {correlation_id}")
+                future, api_key, api_version = pending
+                if not future.done():
+                    future.set_result(decode_response(frame, api_key, api_version)[1])
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except ProtocolViolation as exc:
+            log.warning("closing the connection to broker %d: %s", self.node_id, exc)
+            error = BrokerNotAvailable(str(exc))
+        except asyncio.CancelledError:
+            error = BrokerNotAvailable(f"connection to broker {self.node_id} closed")
+        if self._writer is writer:
+            self._disconnect(error)
+
+    def _disconnect(self, error: Exception) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        task, self._reader_task = self._reader_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        pending, self._pending = self._pending, {}
+        for future, _, _ in pending.values():
+            if not future.done():
+                future.set_exception(error if isinstance(error, BrokerNotAvailable) else BrokerNotAvailable(str(error)))
+                future.exception()  # the sender may have stopped waiting already
+
+    async def close(self) -> None:
+        self._closed = True
+        writer, task = self._writer, self._reader_task
+        self._disconnect(BrokerNotAvailable(f"connection to broker {self.node_id} closed"))
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        if writer is not None:
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+
+
+class InterBrokerClient:
+    """Connections to the other brokers, by node id; endpoints come from the metadata cache."""
+
+    def __init__(self, client_id: str, *, request_timeout_ms: int = 30_000, reconnect_backoff_ms: int = 50,
+                 reconnect_backoff_max_ms: int = 1_000, max_response_bytes: int = 100 * 1024 * 1024):
+        self._client_id = client_id
+        self._settings = dict(request_timeout_ms=request_timeout_ms, reconnect_backoff_ms=reconnect_backoff_ms,
+                              reconnect_backoff_max_ms=reconnect_backoff_max_ms, max_response_bytes=max_response_bytes)
+        self._connections: dict[int, BrokerConnection] = {}
+        self._closed = False
+
+    def connection(self, node_id: int, host: str, port: int) -> BrokerConnection:
+        """The connection to `node_id`; a new endpoint for it replaces the old connection."""
+        if self._closed:
+            raise BrokerNotAvailable("the inter-broker client is closed")
+        current = self._connections.get(node_id)
+        if current is not None and (current.host, current.port) == (host, port):
+            return current
+        if current is not None:
+            asyncio.get_running_loop().create_task(current.close())
+        current = self._connections[node_id] = BrokerConnection(node_id, host, port, client_id=self._client_id,
+                                                                **self._settings)
+        return current
+
+    async def send(self, node_id: int, host: str, port: int, request: Any, timeout_ms: int | None = None) -> Any:
+        return await self.connection(node_id, host, port).send(request, timeout_ms)
+
+    async def close(self) -> None:
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)

@@ -1,0 +1,95 @@
+"""Coordinators follow partition leadership through the runtime: a broker that stops leading
+a `__consumer_offsets` / `__transaction_state` partition unloads it (NOT_COORDINATOR), and
+loads it again from the log when it leads it once more (a new leader epoch)."""
+
+import asyncio
+from datetime import timedelta
+
+from ottla.config import BrokerConfig
+from ottla.coordinator.group.api import OffsetCommit
+from ottla.coordinator.group.records import OFFSETS_TOPIC
+from ottla.coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
+from ottla.errors import ErrorCode
+from ottla.server.broker import Broker
+from ottla.server.clock import now_ms
+from ottla.server.metadata_cache import PartitionState
+
+E = ErrorCode
+CONFIG = {"node.id": 1, "offsets.topic.num.partitions": 2, "transaction.state.log.num.partitions": 2}
+
+
+def test_leadership_moves_load_and_unload_the_coordinators(tmp_path):
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
+        await broker.start()
+        try:
+            groups, txns = broker.groups.coordinator, broker.transactions.coordinator
+            committed = asyncio.get_running_loop().create_future()
+            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                                  offsets={("t", 0): OffsetCommit(5, -1, "")}, now_ms=now_ms(),
+                                  on_complete=committed.set_result)
+            assert await committed == {("t", 0): E.none}
+            initialized = asyncio.get_running_loop().create_future()
+            txns.init_producer_id("tx", 60_000, None, now_ms(), initialized.set_result)
+            assert (await initialized).error == E.none
+
+            def move(topic, partition, leader, epoch):
+                return broker.replicas.apply_partition_states(
+                    [PartitionState(topic, partition, leader, epoch, (1, 2), (1, 2))])
+
+            g, t = groups.partition_for("g"), txns.partition_for("tx")
+            assert move(OFFSETS_TOPIC, g, 2, 1) == {(OFFSETS_TOPIC, g): E.none}
+            move(TRANSACTION_STATE_TOPIC, t, 2, 1)
+            assert groups.fetch_offsets(group_id="g", partitions=None).error == E.not_coordinator
+            assert txns.describe_transactions(["tx"])[0].error == E.not_coordinator
+            refused = asyncio.get_running_loop().create_future()
+            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                                  offsets={("t", 0): OffsetCommit(9, -1, "")}, now_ms=now_ms(),
+                                  on_complete=refused.set_result)
+            assert await asyncio.wait_for(refused, timedelta(seconds=30).total_seconds()) == {
+                ("t", 0): E.not_coordinator}
+
+            move(OFFSETS_TOPIC, g, 1, 2)
+            move(TRANSACTION_STATE_TOPIC, t, 1, 2)
+            fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            assert fetched.error == E.none and fetched.offsets[("t", 0)].offset == 5
+            described = txns.describe_transactions(["tx"])[0]
+            assert described.error == E.none and described.state == "Empty"
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_markers_are_answered_once_the_high_watermark_passes_them(tmp_path):
+    from kio.schema.write_txn_markers.v1.request import (
+        WritableTxnMarker,
+        WritableTxnMarkerTopic,
+        WriteTxnMarkersRequest,
+    )
+
+    from ottla.server.context import RequestContext
+    from ottla.server.handlers import write_txn_markers
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
+        await broker.start()
+        try:
+            broker.create_topic("t", 1, {})
+            broker.replicas.apply_partition_states([PartitionState("t", 0, 1, 1, (1, 2), (1, 2))])
+            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+                producer_id=9, producer_epoch=0, transaction_result=False, coordinator_epoch=0,
+                topics=(WritableTxnMarkerTopic(name="t", partition_indexes=(0,)),)),))
+            ctx = RequestContext(broker, write_txn_markers.API_KEY, 1, None, "test")
+            answer = asyncio.ensure_future(write_txn_markers.write_markers(ctx, request))
+            await asyncio.sleep(0.2)
+            assert not answer.done()  # follower 2 of the ISR does not have the marker yet
+            partition = broker.replicas.get_partition("t", 0)
+            partition.update_follower_fetch(2, partition.log_end_offset, now_ms())
+            broker.replicas.high_watermark_moved("t", 0)
+            response = await asyncio.wait_for(answer, 30)
+            assert response.markers[0].topics[0].partitions[0].error_code == E.none
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
