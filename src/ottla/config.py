@@ -86,12 +86,25 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("zookeeper.connect", _str, None),
         ConfigDef("zookeeper.session.timeout.ms", _int, 18000, 1),
         ConfigDef("zookeeper.connection.timeout.ms", _int, None),  # default: the session timeout
+        # The controller (controller/): Kafka's names and defaults.
+        ConfigDef("controlled.shutdown.enable", _bool, True),
+        ConfigDef("controlled.shutdown.max.retries", _int, 3, 1),
+        ConfigDef("controlled.shutdown.retry.backoff.ms", _int, 5000, 0),
+        ConfigDef("unclean.leader.election.enable", _bool, False),
+        ConfigDef("auto.leader.rebalance.enable", _bool, True),
+        ConfigDef("leader.imbalance.check.interval.seconds", _int, 300, 1),
+        ConfigDef("leader.imbalance.per.broker.percentage", _int, 10, 0),
         ConfigDef("num.partitions", _int, 1, 1),
         ConfigDef("default.replication.factor", _int, 1, 1),
         ConfigDef("auto.create.topics.enable", _bool, True),
         ConfigDef("delete.topic.enable", _bool, True),
         ConfigDef("message.max.bytes", _int, 1048588, 0),
         ConfigDef("socket.request.max.bytes", _int, 104857600, 1),
+        # server/connections.py: what all connections together may hold
+        ConfigDef("queued.max.request.bytes", _int, -1, -1),
+        ConfigDef("connections.max.idle.ms", _int, 600000, 1),
+        ConfigDef("max.connections", _int, 2**31 - 1, 0),
+        ConfigDef("max.connections.per.ip", _int, 2**31 - 1, 0),
         ConfigDef("log.segment.bytes", _int, 1073741824, 14),
         ConfigDef("log.roll.ms", _int, None),
         ConfigDef("log.roll.hours", _int, 168, 1),
@@ -173,6 +186,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("segment.bytes", _int, 1073741824, 14),
         ConfigDef("segment.index.bytes", _int, 10485760, 4),
         ConfigDef("segment.ms", _int, 7 * _DAY_MS, 1),
+        ConfigDef("unclean.leader.election.enable", _bool, False),
     ]
 }
 
@@ -253,6 +267,7 @@ TOPIC_TO_BROKER_SYNONYM = {
     "segment.bytes": "log.segment.bytes",
     "segment.index.bytes": "log.index.size.max.bytes",
     "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
 

@@ -219,3 +219,25 @@ def test_scram_credentials_are_stored_described_and_survive_a_restart(ottla_brok
     admin.alter_user_scram_credentials([deletion])["alice"].result(15)
     with pytest.raises(KafkaException):
         admin.describe_user_scram_credentials(["alice"])["alice"].result(15)
+
+
+def test_broker_describe_configs_lists_static_configs_and_synonyms(ottla_broker_factory):
+    from confluent_kafka.admin import ConfigSource
+
+    broker = ottla_broker_factory({"log.retention.ms": 3600000})
+    admin = _admin(broker.bootstrap)
+    resource = ConfigResource("BROKER", "0")
+    configs = admin.describe_configs([resource])[resource].result(15)
+    host, _, port = broker.bootstrap.rpartition(":")
+    assert configs["listeners"].value == f"PLAINTEXT://{host}:{port}"
+    assert configs["advertised.listeners"].value == f"PLAINTEXT://{host}:{port}"
+    assert configs["log.dirs"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert configs["log.retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert not configs["log.retention.ms"].is_sensitive
+    admin.create_topics([NewTopic("synonyms", 1, 1, config={"retention.ms": "60000"})])["synonyms"].result(15)
+    topic = ConfigResource("TOPIC", "synonyms")
+    entry = admin.describe_configs([topic])[topic].result(15)["retention.ms"]
+    synonyms = [(name, s.value, s.source) for name, s in entry.synonyms.items()]
+    assert synonyms[:2] == [("retention.ms", "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+                            ("log.retention.ms", "3600000", ConfigSource.STATIC_BROKER_CONFIG.value)]
+    assert synonyms[-1][2] == ConfigSource.DEFAULT_CONFIG.value

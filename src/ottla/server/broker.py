@@ -30,10 +30,12 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
+from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
+from .connections import Connections
 from .interbroker import InterBrokerClient
-from .metadata_cache import BrokerInfo, MetadataCache
+from .metadata_cache import BrokerInfo, MetadataCache, PartitionState
 from .network import Connection
 from .replica_manager import ReplicaManager
 
@@ -121,7 +123,7 @@ class Broker:
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
-        self.connections: set[Connection] = set()
+        self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
@@ -138,6 +140,8 @@ class Broker:
         # protocol; None on a single node, which is its own controller.
         self.controller_service = None
         self.controller_link = None
+        self.cluster: ClusterNode | None = None
+        self._stopping = False
         self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
         self._server: asyncio.base_events.Server | None = None
@@ -169,15 +173,22 @@ class Broker:
             except StoreError:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            self.cluster = ClusterNode(self)
+            await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)
 
     async def stop(self) -> None:
         """Clean shutdown: stop accepting, drop connections, flush and checkpoint the logs."""
-        if self._stopped.is_set():
+        if self._stopping:
             return  # a second SIGTERM while stopping
+        self._stopping = True
+        if self.cluster is not None:
+            # Still serving: the controller moves leadership away (controlled shutdown).
+            await self.cluster.stop()
         if self._server is not None:
             self._server.close()
         for task in self._duties:
@@ -233,8 +244,9 @@ class Broker:
         if self.membership is not None:
             if self.metadata.controller_epoch < 0:
                 itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
+                # Not `full`: the coordinators' internal topics may be here already.
                 self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
-                                     partition_states=[], topic_ids={}, full=True)
+                                     partition_states=[], topic_ids={})
             return
         deleted = self.metadata.local_update(BrokerInfo(self.node_id, host, port, self.config["broker.rack"]),
                                              [(t.name, t.topic_id, t.partitions) for t in self.logs.topics.values()])
@@ -243,8 +255,25 @@ class Broker:
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        if self.membership is not None:
+            return self._local_internal_topic(name, partitions, configs)
         info = self.logs.create_topic(name, partitions, configs)
         self._publish_local_metadata()
+        return info
+
+    def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        """In a cluster only the coordinators' internal topics come here, and they stay on this
+        broker, led by it, until the coordinators move onto the cluster (issue 12): created
+        once, found again after a restart, and published to the metadata cache without
+        touching what the controller said about the cluster's topics."""
+        info = self.logs.topics.get(name) or self.logs.create_topic(name, partitions, configs)
+        states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
+                  for p in range(info.partitions)]
+        self.metadata.update(controller_id=self.metadata.controller_id,
+                             controller_epoch=self.metadata.controller_epoch,
+                             brokers=self.metadata.brokers, partition_states=states,
+                             topic_ids={name: info.topic_id})
+        self.replicas.apply_partition_states(states)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:

@@ -9,10 +9,29 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from .. import cluster_admin
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 37
 VERSIONS = (0, 3)
+
+
+def _single_node(broker, topic, info, validate_only: bool) -> None:
+    if info is None:
+        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
+    if topic.count <= info.partition_count:
+        raise KafkaError(ErrorCode.invalid_partitions,
+                         f"Topic currently has {info.partition_count} partitions, which is higher than or "
+                         f"equal to the requested {topic.count}.")
+    if topic.assignments is not None:
+        if len(topic.assignments) != topic.count - info.partition_count:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             "the number of assignments must match the number of new partitions")
+        if any(list(a.broker_ids) != [broker.node_id] for a in topic.assignments):
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
+    if not validate_only:
+        broker.add_partitions(topic.name, topic.count)
 
 
 async def handle(ctx, request):
@@ -24,24 +43,15 @@ async def handle(ctx, request):
         error, message = ErrorCode.none, None
         info = broker.metadata.topic(topic.name)
         try:
-            if info is None:
-                raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
-            if topic.name in INTERNAL_TOPICS:
+            if topic.name in INTERNAL_TOPICS and info is not None:
                 raise KafkaError(ErrorCode.invalid_topic_exception,
                                  f"Cannot change the partition count of internal topic {topic.name}")
-            if topic.count <= info.partition_count:
-                raise KafkaError(ErrorCode.invalid_partitions,
-                                 f"Topic currently has {info.partition_count} partitions, which is higher than or "
-                                 f"equal to the requested {topic.count}.")
-            if topic.assignments is not None:
-                if len(topic.assignments) != topic.count - info.partition_count:
-                    raise KafkaError(ErrorCode.invalid_replica_assignment,
-                                     "the number of assignments must match the number of new partitions")
-                if any(list(a.broker_ids) != [broker.node_id] for a in topic.assignments):
-                    raise KafkaError(ErrorCode.invalid_replica_assignment,
-                                     f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
-            if not request.validate_only:
-                broker.add_partitions(topic.name, topic.count)
+            if broker.membership is not None:
+                await cluster_admin.create_partitions(broker, topic.name, topic.count, topic.assignments,
+                                                      validate_only=request.validate_only,
+                                                      timeout_ms=int(request.timeout.total_seconds() * 1000))
+            else:
+                _single_node(broker, topic, info, request.validate_only)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         results.append(make(result_type, name=topic.name, error_code=error, error_message=message))

@@ -1,4 +1,8 @@
-"""CreateTopics: partitions, replication factor (1 on a single node), per-topic configs, validate_only."""
+"""CreateTopics: partitions, replication factor (1 on a single node), per-topic configs, validate_only.
+
+In a cluster the topic is created through the store from whichever broker gets the request
+(`server/cluster_admin.py`); the answer waits until this broker knows its leaders.
+"""
 
 from datetime import timedelta
 
@@ -6,6 +10,7 @@ from ...config import ConfigError, TopicConfig, validate_topic_configs
 from ...log.manager import validate_topic_name
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from .. import cluster_admin
 from .describe_configs import SOURCE_CODES, topic_config_entries
 
 API_KEY = 19
@@ -54,18 +59,27 @@ async def handle(ctx, request):
     config_type = nested(response_type, "CreatableTopicConfigs")
     results = []
     seen = set()
+    validate_only = getattr(request, "validate_only", False)  # v0 has no validate_only
     for topic in request.topics:
         error, message, topic_id, count, configs_out = ErrorCode.none, None, None, -1, None
         try:
             if topic.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"Topic '{topic.name}' appears more than once in the request")
             seen.add(topic.name)
-            count, configs = _plan(broker, topic)
-            if not getattr(request, "validate_only", False):
+            factor = 1
+            if broker.membership is not None:
+                timeout_ms = int(request.timeout.total_seconds() * 1000)
+                topic_id, count, factor, configs = await cluster_admin.create_topic(
+                    broker, topic, validate_only=validate_only, timeout_ms=timeout_ms)
+                topic_id = None if validate_only else topic_id
+                entries = topic_config_entries(TopicConfig(broker.config, configs))
+            elif not validate_only:
+                count, configs = _plan(broker, topic)
                 info = broker.create_topic(topic.name, count, configs)
                 topic_id = info.topic_id
                 entries = topic_config_entries(info.config)
             else:
+                count, configs = _plan(broker, topic)
                 entries = topic_config_entries(TopicConfig(broker.config, configs))
             configs_out = None if config_type is None else tuple(make(config_type, name=name, value=value, read_only=False,
                                      config_source=SOURCE_CODES[source], is_sensitive=False)
@@ -74,5 +88,5 @@ async def handle(ctx, request):
             error, message, count = exc.code, exc.message, -1
         results.append(make(result_type, name=topic.name, topic_id=topic_id, error_code=error, error_message=message,
                             topic_config_error_code=0, num_partitions=count,
-                            replication_factor=1 if error == ErrorCode.none else -1, configs=configs_out))
+                            replication_factor=factor if error == ErrorCode.none else -1, configs=configs_out))
     return make(response_type, throttle_time=timedelta(0), topics=tuple(results))

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from .. import cluster_admin
 from ..clock import now_ms
 from .metadata import INTERNAL_TOPICS
 
@@ -48,8 +49,11 @@ async def handle(ctx, request):
             else:
                 topic_id = info.topic_id
                 try:
-                    broker.delete_topic(name)
-                    broker.groups.coordinator.on_topics_deleted([name], now_ms())
+                    if broker.membership is not None:
+                        await cluster_admin.delete_topic(broker, name, timeout_ms=int(request.timeout.total_seconds() * 1000))
+                    else:
+                        broker.delete_topic(name)
+                        broker.groups.coordinator.on_topics_deleted([name], now_ms())
                 except KafkaError as exc:
                     error, message = exc.code, exc.message
         results.append(make(result_type, name=name, topic_id=topic_id, error_code=error, error_message=message))

@@ -1,0 +1,87 @@
+"""What a broker of a cluster does besides its membership: stand for controller, follow the
+controller's requests, and hand its leadership away before a clean stop.
+
+Every broker runs a `ControllerService` (it acts while this broker holds `/controller`) and
+a `ControllerLink` (this broker's side of LeaderAndIsr, UpdateMetadata and StopReplica).
+The controller's requests go out on the broker's inter-broker client, to the endpoints the
+controller read from `/brokers/ids` (the service keeps them in order per broker). On
+SIGTERM with `controlled.shutdown.enable` the broker first asks the controller to move its
+leadership away (ControlledShutdown), up to `controlled.shutdown.max.retries` times,
+`controlled.shutdown.retry.backoff.ms` apart, as Kafka's `KafkaServer.controlledShutdown`
+does; then it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..controller import ControllerConfig, wire
+from ..controller.requests import ControllerRequest
+from ..controller.service import ControllerService
+from ..errors import ErrorCode
+from .controller_link import ControllerLink
+from .interbroker import BrokerNotAvailable
+
+__all__ = ["ClusterNode"]
+
+log = logging.getLogger("ottla.cluster")
+
+
+class ClusterNode:
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.membership.store
+        self.link = ControllerLink(broker, self.store)
+        self.service = ControllerService(broker.node_id, self.store,
+                                         ControllerConfig.from_broker_config(broker.config), self._send)
+        self.client = broker.interbroker
+
+    async def start(self) -> None:
+        self.broker.controller_link = self.link
+        self.broker.controller_service = self.service
+        await self.service.start()
+
+    async def _send(self, request: ControllerRequest):
+        ctx = self.service.controller.ctx
+        registration = None if ctx is None else ctx.brokers.get(request.destination)
+        if registration is None:
+            raise BrokerNotAvailable(f"broker {request.destination} is not live")
+        _, _, message = wire.to_message(request)
+        response = await self.client.send(request.destination, registration.host, registration.port, message)
+        if request.kind == "StopReplica":
+            return wire.stop_replica_errors(request, response)
+        return None
+
+    async def controlled_shutdown(self) -> bool:
+        """Ask the controller to move leadership off this broker; True once it has."""
+        config = self.broker.config
+        retries = config["controlled.shutdown.max.retries"]
+        backoff_s = config["controlled.shutdown.retry.backoff.ms"] / 1000
+        for attempt in range(retries):
+            try:
+                controller_id = await asyncio.to_thread(self.store.controller_id)
+                brokers = await asyncio.to_thread(self.store.live_brokers)
+                target = brokers.get(controller_id) if controller_id is not None else None
+                if target is None:
+                    raise BrokerNotAvailable("no controller")
+                _, _, message = wire.controlled_shutdown_request(self.broker.node_id, self.link.broker_epoch())
+                response = await self.client.send(controller_id, target.host, target.port, message)
+                remaining = [(p.topic_name, int(p.partition_index)) for p in response.remaining_partitions]
+                if response.error_code == ErrorCode.none and not remaining:
+                    log.info("controlled shutdown of broker %d succeeded", self.broker.node_id)
+                    return True
+                log.info("controlled shutdown of broker %d: %s, %d partitions still led",
+                         self.broker.node_id, ErrorCode(response.error_code).name, len(remaining))
+            except (OSError, asyncio.TimeoutError) as exc:
+                log.info("controlled shutdown of broker %d: attempt %d failed (%s)",
+                         self.broker.node_id, attempt + 1, exc)
+            if attempt + 1 < retries:
+                await asyncio.sleep(backoff_s)
+        log.warning("Proceeding to do an unclean shutdown as all the controlled shutdown attempts failed")
+        return False
+
+    async def stop(self) -> None:
+        if self.broker.config["controlled.shutdown.enable"]:
+            await self.controlled_shutdown()
+        await self.service.stop()

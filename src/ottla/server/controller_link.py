@@ -1,0 +1,129 @@
+"""A cluster broker's side of the controller protocol (Kafka's `ReplicaManager.becomeLeaderOrFollower`,
+`stopReplicas` and `MetadataCache.updateMetadata`).
+
+The LeaderAndIsr, UpdateMetadata and StopReplica handlers hand their requests here. One
+controller epoch guards all three: a request from an older controller is refused with
+STALE_CONTROLLER_EPOCH and changes nothing; one meant for an earlier incarnation of this
+broker (an older broker epoch, KIP-380) gets STALE_BROKER_EPOCH. LeaderAndIsr creates the
+local log of a partition this broker is now a replica of (with the topic's configs from
+the store) before the replica manager takes the role; StopReplica with delete removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from ..cluster.store import TopicPartition
+from ..controller import wire
+from ..controller.requests import LEADER_EPOCH_DURING_DELETE, PartitionState
+from ..errors import ErrorCode, KafkaError
+from .clock import now_ms
+from .metadata_cache import BrokerInfo
+from .metadata_cache import PartitionState as CachedState
+
+__all__ = ["ControllerLink"]
+
+log = logging.getLogger("ottla.cluster")
+
+
+class ControllerLink:
+    def __init__(self, broker, store):
+        self.broker = broker
+        self.store = store
+        self.controller_epoch = -1
+        self._lock = asyncio.Lock()  # one controller request at a time, in arrival order
+
+    def broker_epoch(self) -> int:
+        registration = self.broker.membership.registration
+        return -1 if registration is None else registration.epoch
+
+    def _check(self, request) -> None:
+        if request.controller_epoch < self.controller_epoch:
+            raise KafkaError(ErrorCode.stale_controller_epoch,
+                             f"controller epoch {request.controller_epoch} is older than {self.controller_epoch}")
+        epoch = getattr(request, "broker_epoch", -1)
+        if epoch != -1 and epoch < self.broker_epoch():
+            raise KafkaError(ErrorCode.stale_broker_epoch,
+                             f"broker epoch {epoch} is older than this broker's {self.broker_epoch()}")
+        self.controller_epoch = request.controller_epoch
+
+    # -- LeaderAndIsr -------------------------------------------------------------------------
+    async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
+        async with self._lock:
+            self._check(request)
+            states = wire.partition_states(request)
+            ids = wire.topic_ids(request)
+            mine = [s for s in states if self.broker.node_id in s.replicas]
+            for topic in sorted({s.topic for s in mine}):
+                needed = max(s.partition for s in mine if s.topic == topic) + 1
+                await self._ensure_logs(topic, ids.get(topic), needed)
+            return self.broker.replicas.apply_partition_states(_cached(s) for s in mine)
+
+    async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, count: int) -> None:
+        """The local catalog holds the topic under the cluster's topic id with at least
+        `count` partitions (a same-named topic of another id was deleted while we were away)."""
+        logs = self.broker.logs
+        info = logs.topics.get(topic)
+        if info is not None and topic_id is not None and info.topic_id != topic_id:
+            log.info("replacing local topic %s (id %s): the cluster's is %s", topic, info.topic_id, topic_id)
+            self._delete_local(topic)
+            info = None
+        if info is None:
+            configs = await asyncio.to_thread(self.store.topic_configs, topic)
+            logs.create_topic(topic, count, configs, topic_id=topic_id)
+        elif info.partitions < count:
+            logs.add_partitions(topic, count)
+
+    def _delete_local(self, topic: str) -> None:
+        info = self.broker.logs.topics.get(topic)
+        if info is None:
+            return
+        self.broker.replicas.remove_partitions([(topic, p) for p in range(info.partitions)])
+        self.broker.logs.delete_topic(topic)
+        self.broker.groups.coordinator.on_topics_deleted([topic], now_ms())
+
+    # -- UpdateMetadata -----------------------------------------------------------------------
+    async def update_metadata(self, request) -> None:
+        async with self._lock:
+            self._check(request)
+            brokers = [BrokerInfo(b.broker_id, b.host, b.port, b.rack) for b in wire.live_brokers(request)]
+            deleted = self.broker.metadata.update(
+                controller_id=request.controller_id, controller_epoch=request.controller_epoch,
+                brokers=brokers, partition_states=[_cached(s) for s in wire.partition_states(request, "zk_version")],
+                topic_ids=wire.topic_ids(request))
+            if deleted:
+                self.broker.groups.coordinator.on_topics_deleted(deleted, now_ms())
+
+    # -- StopReplica --------------------------------------------------------------------------
+    async def stop_replica(self, request) -> dict[TopicPartition, ErrorCode]:
+        async with self._lock:
+            self._check(request)
+            results: dict[TopicPartition, ErrorCode] = {}
+            deleted_topics = set()
+            for topic in request.topic_states:
+                for p in topic.partition_states:
+                    key = (topic.topic_name, int(p.partition_index))
+                    partition = self.broker.replicas.get_partition(*key)
+                    epoch = int(p.leader_epoch)
+                    if (partition is not None and epoch not in (-1, LEADER_EPOCH_DURING_DELETE)
+                            and epoch < partition.leader_epoch):
+                        results[key] = ErrorCode.fenced_leader_epoch
+                        continue
+                    self.broker.replicas.remove_partitions([key])
+                    if p.delete_partition:
+                        deleted_topics.add(key[0])
+                    results[key] = ErrorCode.none
+            # The local catalog keeps whole topics: a deleted topic goes at once; a partition
+            # moved away by a reassignment stays on disk, unserved, until its topic goes.
+            for name in sorted(deleted_topics):
+                info = self.broker.logs.topics.get(name)
+                if info is not None and not self.broker.metadata.has_topic(name):
+                    self._delete_local(name)
+            return results
+
+
+def _cached(state: PartitionState) -> CachedState:
+    return CachedState(state.topic, state.partition, state.leader, state.leader_epoch, state.replicas,
+                       state.isr, state.offline_replicas, state.controller_epoch)

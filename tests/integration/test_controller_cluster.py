@@ -1,0 +1,181 @@
+"""The controller on a real ZooKeeper and three real `ottla serve` processes, with real clients.
+
+Topics created on any broker land on all three with leaders spread; clients produce and
+consume across partitions led by different brokers; kill -9 of the controller moves
+`/controller_epoch` and another broker takes over, after which topic creation works.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
+from kazoo.client import KazooClient
+
+from ottla.testing import cluster
+
+
+def wait_for(predicate, timeout=90.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def broker_logs(three) -> str:
+    """The brokers' warnings, for a failure message (a session expiry under load moves leaders)."""
+    out = []
+    for broker_id, handle in sorted(three.brokers.items()):
+        lines = [l for l in handle.stderr_path.read_text(errors="replace").splitlines() if not l.startswith("%")]
+        out.append(f"broker {broker_id}: " + "\n".join(lines[-15:]))
+    return "\n".join(out)
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """Partition -> leader, as this broker's Metadata answers."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(topic, timeout=20)
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None:
+        return {}
+    return {p: m.leader for p, m in info.partitions.items()}
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    with cluster(brokers=3, root=tmp_path_factory.mktemp("controller")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def zk(three):
+    client = KazooClient(hosts=three.connect)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_topic_created_on_any_broker_lands_on_all_with_leaders_spread(three):
+    admin = AdminClient({"bootstrap.servers": three.brokers[2].bootstrap})
+    admin.create_topics([NewTopic("spread", 6, 1), NewTopic("wide", 3, 3)])["spread"].result(60)
+    for broker in three.brokers.values():
+        found = wait_for(lambda: (lambda m: m if len(m) == 6 and -1 not in m.values() else None)(
+            leaders(broker.bootstrap, "spread")), what=f"spread on broker {broker.bootstrap}")
+        assert sorted(found.values()) == [1, 1, 2, 2, 3, 3], broker_logs(three)
+        wide = wait_for(lambda: leaders(broker.bootstrap, "wide"), what="wide")
+        assert sorted(wide.values()) == [1, 2, 3], broker_logs(three)
+
+
+def test_produce_and_consume_across_brokers(three):
+    admin = AdminClient({"bootstrap.servers": three.brokers[3].bootstrap})
+    admin.create_topics([NewTopic("flow", 6, 1)])["flow"].result(60)
+    wait_for(lambda: len(leaders(three.bootstrap, "flow")) == 6, what="flow leaders")
+    producer = Producer({"bootstrap.servers": three.bootstrap, "enable.idempotence": True})
+    for i in range(300):
+        producer.produce("flow", key=str(i).encode(), value=f"cf-{i}".encode(), partition=i % 6)
+    assert producer.flush(60) == 0
+    kp = KafkaProducer(bootstrap_servers=three.bootstrap, acks="all")
+    for i in range(300):
+        kp.send("flow", key=str(i).encode(), value=f"kp-{i}".encode(), partition=(i + 1) % 6)
+    kp.flush(60)
+    kp.close()
+    consumer = Consumer({"bootstrap.servers": three.bootstrap, "group.id": "flow-readers",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(["flow"])
+    seen = set()
+    deadline = time.monotonic() + 90
+    while len(seen) < 600 and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is not None and message.error() is None:
+            seen.add((message.partition(), message.value()))
+    consumer.close()
+    assert len(seen) == 600
+    assert {p for p, _ in seen} == set(range(6))
+    reader = KafkaConsumer("flow", bootstrap_servers=three.bootstrap, auto_offset_reset="earliest",
+                           consumer_timeout_ms=15000, enable_auto_commit=False)
+    assert len({(m.partition, m.value) for m in reader}) == 600
+    reader.close()
+
+
+def test_kill_the_controller_another_takes_over(three, zk):
+    before = json.loads(zk.get("/controller")[0])["brokerid"]
+    epoch_before = int(zk.get("/controller_epoch")[0])
+    three.brokers[before].kill()
+
+    def new_controller():
+        if not zk.exists("/controller"):
+            return None
+        current = json.loads(zk.get("/controller")[0])["brokerid"]
+        return current if current != before else None
+    # The dead broker's session (and its /controller) lasts until the session timeout.
+    after = wait_for(new_controller, what="a new controller\n" + broker_logs(three))
+    assert after in three.brokers and after != before
+    assert int(zk.get("/controller_epoch")[0]) > epoch_before
+    survivors = [b for i, b in three.brokers.items() if i != before]
+    admin = AdminClient({"bootstrap.servers": survivors[0].bootstrap})
+    admin.create_topics([NewTopic("after-failover", 4, 1)])["after-failover"].result(60)
+    found = wait_for(lambda: (lambda m: m if len(m) == 4 and -1 not in m.values() else None)(
+        leaders(survivors[1].bootstrap, "after-failover")), what="after-failover leaders\n" + broker_logs(three))
+    assert before not in found.values()
+    # The old controller comes back as an ordinary broker and learns the new state.
+    three.brokers[before].start()
+    wait_for(lambda: len(leaders(three.brokers[before].bootstrap, "after-failover")) == 4,
+             what="the restarted broker's metadata")
+
+
+def partition_state(zk, topic: str, partition: int) -> dict:
+    return json.loads(zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
+
+
+def test_sigterm_moves_leadership_before_the_broker_stops(three, zk):
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("handover", 3, 3)])["handover"].result(60)
+    wait_for(lambda: len(leaders(three.bootstrap, "handover")) == 3, what="handover leaders")
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    leaving = next(b for b in sorted(three.brokers) if b != controller)
+    led = [p for p in range(3) if partition_state(zk, "handover", p)["leader"] == leaving]
+    assert led, "every broker leads one partition of a 3-partition, 3-replica topic"
+    three.brokers[leaving].stop()  # SIGTERM: ControlledShutdown first, then the session ends
+    # ZooKeeper orders every write: the registration's deletion is /brokers/ids's last child
+    # change (pzxid). With a controlled shutdown every leader moved before it; without one
+    # the controller only starts moving leaders after it.
+    deregistered = zk.get("/brokers/ids")[1].pzxid
+    for p in range(3):
+        data, stat = zk.get(f"/brokers/topics/handover/partitions/{p}/state")
+        state = json.loads(data)
+        assert state["leader"] not in (leaving, -1) and leaving not in state["isr"], state
+        if p in led:
+            assert stat.mzxid < deregistered, (p, state)
+    three.brokers[leaving].start()
+    wait_for(lambda: zk.exists(f"/brokers/ids/{leaving}"), what="the broker to rejoin")
+
+
+def test_delete_while_a_broker_is_down_completes_when_it_returns(three, zk):
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("doomed", 3, 1)])["doomed"].result(60)
+    found = wait_for(lambda: (lambda m: m if len(m) == 3 and -1 not in m.values() else None)(
+        leaders(three.bootstrap, "doomed")), what="doomed leaders")
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    down = next(leader for leader in found.values() if leader != controller)  # failover is tested above
+    up = [b for b in three.brokers if b != down]
+    three.brokers[down].kill()
+    wait_for(lambda: not zk.exists(f"/brokers/ids/{down}"), what="the dead broker's session to end")
+    survivor = AdminClient({"bootstrap.servers": three.brokers[up[0]].bootstrap})
+    survivor.delete_topics(["doomed"], operation_timeout=30)["doomed"].result(60)
+    for b in up:  # the live brokers dropped their copies at once
+        wait_for(lambda: not list(three.brokers[b].data_dir.glob("doomed-*")), what=f"doomed gone on {b}")
+    assert zk.exists("/admin/delete_topics/doomed") and zk.exists("/brokers/topics/doomed")
+    assert list(three.brokers[down].data_dir.glob("doomed-*"))
+    three.brokers[down].start()
+    wait_for(lambda: not zk.exists("/brokers/topics/doomed"), what="the deletion to complete")
+    assert not zk.exists("/admin/delete_topics/doomed")
+    assert not list(three.brokers[down].data_dir.glob("doomed-*"))
