@@ -109,6 +109,25 @@ def test_reassign_then_preferred_election_moves_the_leader(three):
     wait_for(lambda: partitions(cli, "wide")[0]["REPLICAS"] == ",".join(reordered[:2]), what="shrink")
 
 
+def test_reassignment_to_a_new_broker_is_listed_and_can_be_cancelled(three):
+    """Moving an RF=1 partition to another broker waits for the new replica to join the ISR;
+    meanwhile it is listed with its adding and removing replicas, and --cancel goes back."""
+    _, cli = three
+    ok(cli("topics", "create", "moving", "-p", "1", "-r", "1"))
+    row = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(cli("topics", "describe", "moving")),
+                   what="moving")
+    [row] = table(row.out, "PARTITION")
+    origin, target = row["REPLICAS"], "1" if row["REPLICAS"] != "1" else "2"
+    ok(cli("topics", "reassign", "moving", "-p", "0", "--replicas", target))
+    ongoing = wait_for(lambda: table(ok(cli("topics", "reassignments")).out, "TOPIC"), what="listed")
+    assert ongoing == [{"TOPIC": "moving", "PARTITION": "0", "REPLICAS": f"{target},{origin}",
+                        "ADDING": target, "REMOVING": origin}]
+    ok(cli("topics", "reassign", "moving", "-p", "0", "--cancel"))
+    wait_for(lambda: table(ok(cli("topics", "reassignments")).out, "TOPIC") == [], what="cancelled")
+    [row] = partitions(cli, "moving")
+    assert (row["REPLICAS"], row["LEADER"]) == (origin, origin)
+
+
 def test_killed_broker_shows_offline_and_under_replicated_partitions(three):
     handle, _ = three
     victim = 3
