@@ -100,6 +100,11 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("delete.topic.enable", _bool, True),
         ConfigDef("message.max.bytes", _int, 1048588, 0),
         ConfigDef("socket.request.max.bytes", _int, 104857600, 1),
+        # server/connections.py: what all connections together may hold
+        ConfigDef("queued.max.request.bytes", _int, -1, -1),
+        ConfigDef("connections.max.idle.ms", _int, 600000, 1),
+        ConfigDef("max.connections", _int, 2**31 - 1, 0),
+        ConfigDef("max.connections.per.ip", _int, 2**31 - 1, 0),
         ConfigDef("log.segment.bytes", _int, 1073741824, 14),
         ConfigDef("log.roll.ms", _int, None),
         ConfigDef("log.roll.hours", _int, 168, 1),

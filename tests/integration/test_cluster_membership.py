@@ -52,7 +52,7 @@ def registration(zk, broker_id):
     return json.loads(data), stat
 
 
-def serve(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+def serve(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ottla.cli", "serve", "--listen", "127.0.0.1:0", *args],
                           capture_output=True, text=True, timeout=timeout)
 
@@ -93,7 +93,8 @@ def test_producer_ids_are_unique_across_brokers_and_restarts(zk_cluster, zk, raw
 
 def test_duplicate_broker_id_is_refused_and_leaves_the_registration_alone(zk_cluster, zk, tmp_path):
     before = registration(zk, 2)
-    intruder = BrokerProcess(tmp_path / "intruder", {"zookeeper.connect": zk_cluster.connect, "broker.id": 2})
+    intruder = BrokerProcess(tmp_path / "intruder", {"zookeeper.connect": zk_cluster.connect, "broker.id": 2},
+                             start_timeout=120)
     with pytest.raises(RuntimeError, match="exited with 1") as failure:
         intruder.start()
     assert "broker.id 2 is registered at /brokers/ids/2 by another live broker" in str(failure.value)
@@ -144,7 +145,7 @@ def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
             assert client.exists("/ottla") is None
             client.create("/ottla")
             handle = BrokerProcess(tmp_path / "data", {"zookeeper.connect": f"{server.connect}/ottla", "broker.id": 4,
-                                                       "broker.rack": "rack-a"})
+                                                       "broker.rack": "rack-a"}, start_timeout=120)
             handle.start()
             try:
                 assert client.get_children("/ottla/brokers/ids") == ["4"]
@@ -186,7 +187,7 @@ def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ott
 def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):
     """Kafka's InconsistentClusterIdException: meta.properties names the cluster a data dir
     belongs to; a broker pointed at another cluster's ZooKeeper must not mix them."""
-    alone = BrokerProcess(tmp_path / "data").start()  # no zookeeper.connect: a cluster id of its own
+    alone = BrokerProcess(tmp_path / "data", start_timeout=120).start()  # no zookeeper.connect: a cluster id of its own
     alone.stop()
     result = serve(["--data-dir", str(tmp_path / "data"), "--config", f"zookeeper.connect={zk_cluster.connect}",
                     "--config", "broker.id=9"])

@@ -258,7 +258,7 @@ def test_consumer_offsets_stay_proportional_to_live_offsets(ottla_broker_factory
         consumer.close()
     directory = broker.data_dir / "__consumer_offsets-0"
     written = commits * partitions
-    wait_for(lambda: cleaner_checkpoint(broker.data_dir, "__consumer_offsets") > written // 2,
+    wait_for(lambda: sum(p.stat().st_size for p in directory.glob("*.log")) <= 3 * 64 * 1024,
              what="__consumer_offsets to be cleaned")
     broker.stop()
     checkpoint = cleaner_checkpoint(broker.data_dir, "__consumer_offsets")
@@ -357,3 +357,35 @@ def test_describe_configs_shows_the_cleaner_settings(ottla_broker_factory):
     assert (configs["cleanup.policy"].value, configs["min.compaction.lag.ms"].value,
             configs["max.compaction.lag.ms"].value, configs["delete.retention.ms"].value,
             configs["min.cleanable.dirty.ratio"].value) == ("compact", "100", "9223372036854775807", "4000", "0.01")
+
+
+def test_transaction_state_stays_proportional_to_live_transactional_ids(ottla_broker_factory):
+    broker = ottla_broker_factory({**BROKER, "transaction.state.log.num.partitions": "1",
+                                   "transaction.state.log.segment.bytes": "16384"})
+    topic = "txn-out"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = _txn_producer(broker.bootstrap, "repeat")
+    transactions = 300
+    for i in range(transactions):
+        producer.begin_transaction()
+        producer.produce(topic, key=b"k", value=b"%d" % i, partition=0)
+        producer.commit_transaction(30)
+    directory = broker.data_dir / "__transaction_state-0"
+    written = 3 * transactions  # at least Ongoing, PrepareCommit and CompleteCommit each
+    wait_for(lambda: _records_in_log(directory) < written // 3, what="__transaction_state to be cleaned")
+    broker.stop()
+    checkpoint = cleaner_checkpoint(broker.data_dir, "__transaction_state")
+    logs = sorted(directory.glob("*.log"), key=lambda p: int(p.name[:-4]))
+    cleaned = [p for p, following in zip(logs, logs[1:]) if int(following.name[:-4]) <= checkpoint]
+    assert cleaned and sum(len(r) for p in cleaned for _, r in iter_batches(p.read_bytes())) <= 1
+    assert _records_in_log(directory) < written // 3
+
+    # The coordinator loads the one live transactional id: the producer is fenced by a new
+    # instance, which bumps the epoch the log kept, and commits.
+    broker.start()
+    successor = _txn_producer(broker.bootstrap, "repeat")
+    successor.begin_transaction()
+    successor.produce(topic, key=b"k", value=b"after restart", partition=0)
+    successor.commit_transaction(30)
+    assert read_all(broker.bootstrap, topic, "read_committed")[-1][2] == b"after restart"

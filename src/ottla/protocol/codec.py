@@ -16,9 +16,17 @@ from functools import cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity
+from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
+from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
+from .legacy import index as legacy_index
 from .schemas import request_schema, response_schema
+from .shape import check_request
+
+__all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "api_name", "peek_header",
+           "response_schema"]
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -26,64 +34,61 @@ _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
 API_VERSIONS_KEY = 18
 
 
-class ProtocolViolation(Exception):
-    """The peer broke the protocol; Kafka closes the connection."""
-
-
-class FrameTooLarge(ProtocolViolation):
-    pass
-
-
-class MalformedRequest(ProtocolViolation):
-    pass
-
-
-class UnknownApi(ProtocolViolation):
-    pass
-
-
-class UnsupportedApiVersion(ProtocolViolation):
-    """A known API at a version we do not serve. Only ApiVersions gets an answer."""
-
-    def __init__(self, api_key: int, api_version: int, correlation_id: int):
-        super().__init__(f"unsupported version {api_version} of API {api_key}")
-        self.api_key = api_key
-        self.api_version = api_version
-        self.correlation_id = correlation_id
-
-
 class FrameDecoder:
     """Splits a TCP byte stream into Kafka frames (4-byte big-endian size, then payload).
 
     Made for asyncio's BufferedProtocol: the socket reads straight into `get_buffer()`.
-    Small frames are cut out of a staging buffer; a frame too big for it gets a buffer of
-    its own, so a 1 MB produce request is received with no intermediate copies.
+    Small frames are cut out of a staging buffer (allocated on first use, so an idle
+    connection holds none); a frame too big for it gets a buffer of its own, so a 1 MB
+    produce request is received with no intermediate copies. That buffer starts at most
+    `_FIRST_FRAME_BUFFER` and doubles as bytes arrive: a peer declaring 100 MB and sending
+    12 bytes holds 2 MiB, not 100 MB.
+
+    `reserve(size)`, when given, is asked before each frame is read (Kafka's memory pool for
+    `queued.max.request.bytes`); when it says no, the decoder stops at that frame and sets
+    `blocked` until `buffer_updated(0)` is called again. Every frame handed out carries a
+    reservation of its size, which the caller releases once the request is done.
     """
 
-    __slots__ = ("_staging", "_view", "_start", "_end", "_frame", "_filled", "_max_frame")
+    __slots__ = ("_staging", "_view", "_start", "_end", "_frame", "_frame_size", "_filled", "_max_frame",
+                 "_staging_bytes", "_reserve", "_head_reserved", "blocked")
 
-    def __init__(self, max_frame_bytes: int, staging_bytes: int = 256 * 1024):
-        self._staging = bytearray(staging_bytes)
-        self._view = memoryview(self._staging)
+    def __init__(self, max_frame_bytes: int, staging_bytes: int = 256 * 1024, reserve=None):
+        self._staging_bytes = staging_bytes
+        self._staging: bytearray | None = None
+        self._view: memoryview | None = None
         self._start = 0
         self._end = 0
         self._frame: bytearray | None = None
+        self._frame_size = 0
         self._filled = 0
         self._max_frame = max_frame_bytes
+        self._reserve = reserve
+        self._head_reserved = False  # the frame whose size was read holds its reservation
+        self.blocked = False
 
     def get_buffer(self) -> memoryview:
         if self._frame is not None:
+            if self._filled == len(self._frame):  # grow as bytes arrive, never past the declared size
+                grown = bytearray(min(self._frame_size, 2 * len(self._frame)))
+                grown[: self._filled] = self._frame
+                self._frame = grown
             return memoryview(self._frame)[self._filled :]
+        if self._view is None:
+            self._staging = bytearray(self._staging_bytes)
+            self._view = memoryview(self._staging)
         return self._view[self._end :]
 
     def buffer_updated(self, count: int) -> list[bytes | memoryview]:
         if self._frame is not None:
             self._filled += count
-            if self._filled < len(self._frame):
+            if self._filled < self._frame_size:
                 return []
             frame, self._frame = self._frame, None
+            self._head_reserved = False
             return [memoryview(frame).toreadonly()]  # kio parses read-only buffers only
         self._end += count
+        self.blocked = False
         frames: list[bytes | memoryview] = []
         view, start, end = self._view, self._start, self._end
         while end - start >= 4:
@@ -92,14 +97,21 @@ class FrameDecoder:
                 raise MalformedRequest(f"negative frame size {size}")
             if size > self._max_frame:
                 raise FrameTooLarge(f"frame of {size} bytes exceeds socket.request.max.bytes ({self._max_frame})")
+            if not self._head_reserved:
+                if self._reserve is not None and not self._reserve(size):
+                    self.blocked = True
+                    break
+                self._head_reserved = True
             if end - start - 4 >= size:
                 frames.append(bytes(view[start + 4 : start + 4 + size]))
+                self._head_reserved = False
                 start += 4 + size
                 continue
             if 4 + size > len(self._staging) // 2:
-                # Too big to stage: move what arrived into a buffer of the frame's size.
-                self._frame = bytearray(size)
+                # Too big to stage: move what arrived into a buffer of its own.
                 self._filled = end - start - 4
+                self._frame_size = size
+                self._frame = bytearray(min(size, max(_FIRST_FRAME_BUFFER, self._filled)))
                 self._frame[: self._filled] = view[start + 4 : end]
                 start = end
             break
@@ -128,6 +140,20 @@ class FrameDecoder:
     def buffered(self) -> int:
         return (self._end - self._start) + (self._filled if self._frame is not None else 0)
 
+    @property
+    def reserved(self) -> int:
+        """The reservation held by the frame being received (to release if the peer goes away)."""
+        if not self._head_reserved:
+            return 0
+        if self._frame is not None:
+            return self._frame_size
+        return _SIZE.unpack_from(self._view, self._start)[0]
+
+
+# A large frame's own buffer starts here and doubles as bytes arrive (a 1 MB produce request
+# still arrives in one buffer with no copy).
+_FIRST_FRAME_BUFFER = 2 * 1024 * 1024
+
 
 @dataclass(slots=True)
 class DecodedRequest:
@@ -150,6 +176,18 @@ def _response_writers(api_key: int, api_version: int):
     return schema.__header_schema__, entity_writer(schema.__header_schema__), entity_writer(schema)
 
 
+@cache
+def api_name(api_key: int) -> str:
+    """Kafka's name for an API ("Metadata" for 3), for log lines."""
+    name = api_key_map.get(api_key)
+    if name is not None:
+        return "".join(part.title() for part in name.split("_"))
+    for (key, _), path in legacy_index.REQUESTS.items():  # APIs only Ottla's generated classes have
+        if key == api_key:
+            return path.rpartition(":")[2].removesuffix("Request")
+    return f"API {api_key}"
+
+
 def peek_header(frame: bytes) -> tuple[int, int, int]:
     if len(frame) < _HEADER_PREFIX.size:
         raise MalformedRequest(f"request of {len(frame)} bytes is shorter than a request header")
@@ -169,10 +207,11 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Decod
     except (UnknownAPIKey, UnknownEntity):
         raise UnsupportedApiVersion(api_key, api_version, correlation_id) from None
     try:
+        check_request(frame, api_key, api_version)  # kio trusts counts: see protocol/shape.py
         header, header_size = read_header(frame, 0)
         body, _ = read_body(frame, header_size)
     except Exception as exc:  # kio raises several types on garbage; all mean the same here
-        raise MalformedRequest(f"cannot parse API {api_key} v{api_version}: {exc}") from None
+        raise MalformedRequest(f"cannot parse {api_name(api_key)} v{api_version}: {exc}") from None
     # Bytes after the body are ignored, as Kafka's broker does: librdkafka's all-topics
     # Metadata v12 request carries a few.
     return DecodedRequest(api_key, api_version, correlation_id, header, body)

@@ -33,6 +33,7 @@ from .clock import now_ms
 from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
+from .connections import Connections
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
@@ -122,7 +123,7 @@ class Broker:
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
-        self.connections: set[Connection] = set()
+        self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config)
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
@@ -175,6 +176,7 @@ class Broker:
             self.cluster = ClusterNode(self)
             await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
+        self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)

@@ -12,6 +12,7 @@ from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
 from ..config import BrokerConfig, ConfigError
 from .broker import Broker
+from .loop_lag import LoopLag
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -85,9 +86,14 @@ def run(args) -> int:
         await broker.start()
         print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
               file=sys.stderr, flush=True)
+        lag = LoopLag()
+        probe = asyncio.get_running_loop().create_task(lag.run())
         if args.ready_file:
             _write_ready_file(args.ready_file, broker.host, broker.port)
         await broker.serve_forever()
+        probe.cancel()
+        logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms, worst CPU between two wake-ups %.0f ms",
+                                             lag.worst_ms, lag.worst_cpu_ms)
 
     try:
         asyncio.run(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from ..protocol.codec import (
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
+    api_name,
     decode_request,
     encode_response,
 )
@@ -36,12 +38,16 @@ _MAX_QUEUED_REQUESTS = 64
 # Responses go to the transport in slices of this size (see Connection._send).
 _WRITE_SLICE_BYTES = 256 * 1024
 _connection_ids = itertools.count(1)
+# Frames from this size on are decoded in a worker thread (see Connection._handle).
+_DECODE_ON_LOOP_BYTES = 128 * 1024
+_PRODUCE_KEY = b"\x00\x00"
 
 
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: "Broker"):
         self.broker = broker
-        self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"])
+        self.memory = broker.connections.memory
+        self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"], reserve=self.memory.try_reserve)
         self.pending: deque[bytes | memoryview] = deque()
         self.wakeup = asyncio.Event()
         self.writable = asyncio.Event()
@@ -53,6 +59,8 @@ class Connection(asyncio.BufferedProtocol):
         self.id = f"c{next(_connection_ids)}"
         self.peer = "?"
         self.peer_host = ""
+        self.handling = False  # a handler is working on a request (it may wait, e.g. a long poll)
+        self.last_active = time.monotonic()
 
     # asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport):
@@ -60,13 +68,28 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer_host = peer[0] if peer else ""
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.broker.connections.add(self)
+        refused = self.broker.connections.add(self)
+        if refused is not None:
+            log.info("rejected connection %s from %s: %s", self.id, self.peer, refused)
+            self.closed = True
+            transport.abort()
+            return
         self.worker = asyncio.get_running_loop().create_task(self._serve())
+        self.worker.add_done_callback(self._worker_done)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int):
+        self.last_active = time.monotonic()
+        self._take_frames(nbytes)
+
+    def memory_available(self):
+        """queued.max.request.bytes has room again: admit the frame we stopped at."""
+        if not self.closed:
+            self._take_frames(0)
+
+    def _take_frames(self, nbytes: int):
         try:
             frames = self.decoder.buffer_updated(nbytes)
         except ProtocolViolation as exc:
@@ -75,13 +98,32 @@ class Connection(asyncio.BufferedProtocol):
         if frames:
             self.pending.extend(frames)
             self.wakeup.set()
-            if len(self.pending) >= _MAX_QUEUED_REQUESTS and not self.reading_paused:
-                self.reading_paused = True
+        if self.decoder.blocked:
+            self.memory.wait(self)
+        self._update_reading()
+
+    def _update_reading(self):
+        """Read while fewer than _MAX_QUEUED_REQUESTS wait and the memory pool admits our next frame."""
+        limit = _MAX_QUEUED_REQUESTS // 2 if self.reading_paused else _MAX_QUEUED_REQUESTS
+        pause = self.decoder.blocked or len(self.pending) >= limit
+        if pause != self.reading_paused and not self.closed:
+            self.reading_paused = pause
+            if pause:
                 self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def idle_since(self, deadline: float) -> bool:
+        """No handler at work and no bytes moved since `deadline`: a response the peer does not
+        read counts as idle, as in Kafka, so a stuck consumer does not pin it forever."""
+        return not self.handling and self.last_active < deadline
 
     def connection_lost(self, exc):
         self.closed = True
         self.broker.connections.discard(self)
+        # Give back the memory reserved for what will now never be handled.
+        self.memory.release(sum(len(frame) for frame in self.pending) + self.decoder.reserved)
+        self.pending.clear()
         self.writable.set()
         self.wakeup.set()
         if self.worker is not None:
@@ -91,7 +133,19 @@ class Connection(asyncio.BufferedProtocol):
         self.writable.clear()
 
     def resume_writing(self):
+        self.last_active = time.monotonic()
         self.writable.set()
+
+    def _worker_done(self, worker: asyncio.Task):
+        """Whatever ends the request loop, the connection must not stay open unanswered."""
+        if worker.cancelled():
+            return
+        exc = worker.exception()
+        if exc is not None:
+            log.error("request loop of connection %s from %s failed, closing it: %s: %s", self.id, self.peer,
+                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        if not self.closed:
+            self.close()
 
     # request processing ------------------------------------------------------------
     def close(self, reason: str | None = None):
@@ -102,45 +156,70 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     async def _serve(self):
-        handlers = self.broker.handlers
-        supported = self.broker.supported_versions
         while not self.closed:
             if not self.pending:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
             frame = self.pending.popleft()
-            if self.reading_paused and len(self.pending) < _MAX_QUEUED_REQUESTS // 2:
-                self.reading_paused = False
-                self.transport.resume_reading()
+            self._update_reading()
             try:
-                request = decode_request(frame, supported)
-            except UnsupportedApiVersion as exc:
-                if exc.api_key == API_VERSIONS_KEY:
-                    await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
-                                                     self._unsupported_api_versions()))
-                    continue
-                self.close(str(exc))
+                await self._handle(frame)
+            finally:
+                self.handling = False
+                self.last_active = time.monotonic()
+                self.memory.release(len(frame))
+
+    async def _handle(self, frame: bytes | memoryview):
+        """Decode, handle and answer one request; on any failure close the connection with one log line."""
+        self.handling = True
+        try:
+            if len(frame) < _DECODE_ON_LOOP_BYTES or frame[:2] == _PRODUCE_KEY:
+                request = decode_request(frame, self.broker.supported_versions)
+            else:
+                # 128 KiB of requests can be tens of thousands of elements: walking and parsing
+                # them takes 100 ms or more, which in a worker thread the event loop shares
+                # (the GIL switches every 5 ms). Produce frames are large because of their
+                # record bytes, which cost nothing to walk, so they stay on the loop.
+                request = await asyncio.to_thread(decode_request, frame, self.broker.supported_versions)
+        except UnsupportedApiVersion as exc:
+            if exc.api_key == API_VERSIONS_KEY:
+                await self._send(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id,
+                                                 self._unsupported_api_versions()))
                 return
-            except ProtocolViolation as exc:
-                self.close(f"protocol violation: {exc}")
-                return
-            context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
-                                     self.peer_host)
-            try:
-                response = await handlers[request.api_key].handle(context, request.body)
-            except asyncio.CancelledError:
-                raise
-            except CloseConnection as exc:
-                self.close(str(exc))
-                return
-            except Exception:
-                log.exception("handler for API %d v%d failed; closing %s", request.api_key, request.api_version, self.id)
-                self.close()
-                return
-            if response is None:  # Produce with acks=0 has no response
-                continue
-            await self._send(encode_response(request.api_key, request.api_version, request.correlation_id, response))
+            self.close(str(exc))
+            return
+        except ProtocolViolation as exc:
+            self.close(f"protocol violation: {exc}")
+            return
+        context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
+                                 self.peer_host)
+        what = f"{api_name(request.api_key)} v{request.api_version}"
+        try:
+            response = await self.broker.handlers[request.api_key].handle(context, request.body)
+        except asyncio.CancelledError:
+            raise
+        except CloseConnection as exc:
+            self.close(str(exc))
+            return
+        except Exception as exc:
+            # One line; the traceback only when debugging (a hostile client must not flood the log).
+            log.error("%s handler failed on connection %s from %s, closing it: %s: %s", what, self.id,
+                      self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.close()
+            return
+        self.handling = False
+        if response is None:  # Produce with acks=0 has no response
+            return
+        try:
+            chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
+        except Exception as exc:
+            # The client would wait forever for an answer that never comes: tell it by closing.
+            log.error("cannot encode the %s response on connection %s from %s, closing it: %s: %s", what,
+                      self.id, self.peer, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.close()
+            return
+        await self._send(chunks)
 
     async def _send(self, chunks: list[bytes | bytearray | memoryview]):
         """Write a response a slice at a time, waiting for the transport to drain between slices.
@@ -155,6 +234,7 @@ class Connection(asyncio.BufferedProtocol):
                 if self.closed or self.transport.is_closing():
                     return  # the peer is gone: connection_lost has only been scheduled yet
                 self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
+                self.last_active = time.monotonic()
                 if not self.writable.is_set():
                     await self.writable.wait()
 

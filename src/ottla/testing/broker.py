@@ -22,7 +22,8 @@ from typing import Iterator, Mapping
 class BrokerProcess:
     def __init__(self, data_dir: str | Path, config: Mapping[str, object] | None = None,
                  *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 extra_args: list[str] | None = None, env: Mapping[str, str] | None = None):
+                 extra_args: list[str] | None = None, env: Mapping[str, str] | None = None,
+                 start_timeout: float = 30.0):
         self.data_dir = Path(data_dir)
         self.config = dict(config or {})
         self.host = host
@@ -31,6 +32,7 @@ class BrokerProcess:
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})  # added to os.environ at each start (e.g. OTTLA_FAILPOINTS)
         self.process: subprocess.Popen | None = None
+        self.start_timeout = start_timeout  # for start() and restart()
         self.stderr_path = self.data_dir.parent / f"{self.data_dir.name}.stderr.log"
 
     @property
@@ -41,7 +43,8 @@ class BrokerProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def start(self, timeout: float = 30.0) -> "BrokerProcess":
+    def start(self, timeout: float | None = None) -> "BrokerProcess":
+        timeout = self.start_timeout if timeout is None else timeout
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         ready = self.data_dir.parent / f"{self.data_dir.name}.ready"
         ready.unlink(missing_ok=True)

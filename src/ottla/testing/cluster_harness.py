@@ -22,6 +22,7 @@ from .broker import BrokerProcess
 from .zookeeper import ZooKeeperEnsemble, ZooKeeperServer, zookeeper, zookeeper_ensemble
 
 TEST_SESSION_TIMEOUT_MS = 6000
+START_TIMEOUT_S = 120.0  # generous: the machine running the tests may be busy
 
 
 class Cluster:
@@ -48,7 +49,9 @@ class Cluster:
         broker_id = broker_id if broker_id is not None else max(self.brokers, default=0) + 1
         settings = {"zookeeper.connect": self.connect, "broker.id": broker_id,
                     "zookeeper.session.timeout.ms": self.session_timeout_ms, **self.config, **(config or {})}
-        handle = BrokerProcess(self.root / f"broker-{broker_id}", settings, log_level=self.log_level)
+        # A broker restarted after kill -9 waits up to a session timeout for its old registration.
+        handle = BrokerProcess(self.root / f"broker-{broker_id}", settings, log_level=self.log_level,
+                               start_timeout=START_TIMEOUT_S)
         self.brokers[broker_id] = handle
         return handle.start() if start else handle
 

@@ -33,7 +33,7 @@ from ..txn_index import AbortedTxn, TransactionIndex
 from .filter import BatchFilter, OffsetMap, TxnTracker, map_batch
 
 __all__ = ["SegmentInfo", "CleanTask", "CleanedGroup", "CleanResult", "Throttler", "CleaningAborted",
-           "clean", "clean_in_worker", "cleaned_suffix_paths", "discard", "init_worker"]
+           "clean", "cleaned_suffix_paths", "discard", "init_worker", "run_in_worker"]
 
 _MAX_RELATIVE_OFFSET = 2**31 - 1
 CLEANED = ".cleaned"
@@ -50,8 +50,6 @@ class SegmentInfo:
     next_base: int  # base offset of the following segment
     log_path: Path
     size: int
-    largest_timestamp: int
-    first_timestamp: int | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,6 @@ class CleanedGroup:
     base: int
     end: int  # the next segment's base: old segments with bases in [base, end) are replaced
     replaced: list[int]  # base offsets of the old segments
-    size: int
 
 
 @dataclass
@@ -276,7 +273,7 @@ class _GroupWriter:
             txn_index.close()
         _write_fsynced(range_path, str(end).encode())
         result.bytes_written += position
-        return CleanedGroup(base, end, [s.base for s in group], position)
+        return CleanedGroup(base, end, [s.base for s in group])
 
 
 def _write_fsynced(path: Path, data: bytes) -> None:
@@ -315,19 +312,25 @@ _WORKER_NICENESS = 10
 
 
 def init_worker() -> None:
-    """Cleaner process initializer. The worker dies with a broker killed with -9, or it could
+    """Set up a cleaner worker process. The worker dies with a broker killed with -9, or it could
     go on writing `.cleaned` files next to the restarted broker's (Linux prctl); and it runs
     at a lower CPU priority, so on a busy machine produce and fetch get the CPU first."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.nice(_WORKER_NICENESS)
 
 
-def clean_in_worker(task: CleanTask, map_memory: int, load_factor: float, io_bytes_per_second: float) -> CleanResult:
-    """`clean` in a cleaner worker process, which has its own offset map and throttler."""
+def run_in_worker(sender, task: CleanTask, map_memory: int, load_factor: float, io_bytes_per_second: float) -> None:
+    """Body of a cleaner worker process: one pass, its own offset map and throttler; the
+    result (or the exception) goes back through `sender`."""
+    init_worker()
     try:
-        return clean(task, OffsetMap(map_memory, load_factor), Throttler(io_bytes_per_second), lambda: None)
+        outcome = (True, clean(task, OffsetMap(map_memory, load_factor), Throttler(io_bytes_per_second), lambda: None))
     except FileNotFoundError as exc:  # retention or a deletion got to a segment first
-        raise CleaningAborted(str(exc)) from None
+        outcome = (False, CleaningAborted(str(exc)))
+    except Exception as exc:
+        outcome = (False, exc)
+    sender.send(outcome)
+    sender.close()
 
 
 def discard(directory: Path, bases: list[int]) -> None:

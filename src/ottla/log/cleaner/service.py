@@ -12,11 +12,11 @@ Who touches what:
   (retention or truncation may unlink them: the read keeps its descriptor, or fails and the
   pass is dropped), and writes only its own `.cleaned` files. The commit checks that every
   segment it read is still the same object in the log, else it changes nothing.
-- The pass itself runs in a worker process (a pool of `log.cleaner.threads` processes, at
-  nice 10), so decoding records in Python never holds the event loop's interpreter lock and
-  yields the CPU to the broker on a busy machine; the thread waits for it. Each process throttles its reads and writes to its share of
-  `log.cleaner.io.max.bytes.per.second`. Stopping the broker terminates the pool; a pass cut
-  short leaves only `.cleaned` files.
+- The pass itself runs in a worker process the thread spawns for it (at nice 10), so decoding
+  records in Python never holds the event loop's interpreter lock and the broker gets the CPU
+  first on a busy machine; the thread waits for its result. Each worker throttles its reads
+  and writes to its share of `log.cleaner.io.max.bytes.per.second`. `stop` kills a worker
+  mid-pass; that leaves only `.cleaned` files, removed by the thread or at the next load.
 
 A log is cleaned when its dirty ratio (bytes in [first dirty, first uncleanable) over bytes
 from the log start to the first uncleanable offset) exceeds `min.cleanable.dirty.ratio`,
@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
-import multiprocessing.pool
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
@@ -46,9 +45,8 @@ from .clean import (
     SegmentInfo,
     Throttler,
     clean,
-    clean_in_worker,
     discard,
-    init_worker,
+    run_in_worker,
 )
 from .filter import OffsetMap
 from .swap import commit_swap, crash_at, remove_files
@@ -64,6 +62,8 @@ __all__ = ["LogCleaner", "CLEANER_CHECKPOINT_FILE", "DirtyStats"]
 log = logging.getLogger(__name__)
 
 CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
+# Worker processes start fresh: forking a broker that runs threads and an event loop is unsafe.
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 class DirtyStats(NamedTuple):
@@ -99,7 +99,6 @@ class LogCleaner:
         self._backoff_s = config["log.cleaner.backoff.ms"] / 1000
         self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
         self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
-        self._pool: multiprocessing.pool.Pool | None = None
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
@@ -177,8 +176,7 @@ class LogCleaner:
     def _task(log_: "Log", stats: DirtyStats, now_ms: int) -> CleanTask:
         segments = log_.segments
         config = log_.config
-        infos = [SegmentInfo(s.base_offset, following.base_offset, s.log_path, s.size,
-                             s.max_timestamp_and_offset()[0], s.first_batch_timestamp())
+        infos = [SegmentInfo(s.base_offset, following.base_offset, s.log_path, s.size)
                  for s, following in zip(segments, segments[1:])]
         aborted: list[AbortedTxn] = [txn for s in segments for txn in s.txn_index.entries]
         return CleanTask(
@@ -243,18 +241,32 @@ class LogCleaner:
         return result
 
     def _clean(self, task: CleanTask) -> CleanResult:
-        """The pass itself: in a worker process once `start` made the pool, so record decoding
-        never holds the event loop's interpreter lock; in the calling thread before (tests)."""
-        if self._pool is None:
+        """The pass itself: in a worker process of its own once `start` ran, so record decoding
+        never holds the event loop's interpreter lock; in the calling thread otherwise (tests).
+        `stop` kills a worker mid-pass: it leaves only `.cleaned` files."""
+        if not self._workers:
             return clean(task, OffsetMap(self._map_memory, self._load_factor), self._throttler, self._check)
-        pending = self._pool.apply_async(clean_in_worker, (task, self._map_memory, self._load_factor,
-                                                           self._io_rate / self.threads))
-        while True:
-            self._check()
+        receiver, sender = _SPAWN.Pipe(duplex=False)
+        worker = _SPAWN.Process(target=run_in_worker, name="kafka-log-cleaner-worker", daemon=True,
+                                args=(sender, task, self._map_memory, self._load_factor,
+                                      self._io_rate / self.threads))
+        worker.start()
+        sender.close()
+        try:
+            while not receiver.poll(0.2):
+                self._check()
             try:
-                return pending.get(timeout=0.2)
-            except multiprocessing.TimeoutError:
-                continue
+                succeeded, outcome = receiver.recv()
+            except EOFError:
+                raise CleaningAborted(f"the cleaner process exited with {worker.exitcode}") from None
+        finally:
+            if worker.is_alive():
+                worker.kill()
+            worker.join()
+            receiver.close()
+        if not succeeded:
+            raise outcome
+        return outcome
 
     def _write_checkpoint(self, checkpoints: dict[tuple[str, int], int], version: int) -> None:
         with self._checkpoint_lock:
@@ -265,7 +277,6 @@ class LogCleaner:
     def start(self, run_on_owner: Callable[[Callable], object]) -> None:
         if not self.enabled:
             return
-        self._pool = multiprocessing.get_context("spawn").Pool(self.threads, initializer=init_worker)
         for i in range(self.threads):
             worker = threading.Thread(target=self._run, args=(run_on_owner,), name=f"kafka-log-cleaner-thread-{i}",
                                       daemon=True)
@@ -294,9 +305,6 @@ class LogCleaner:
         """Ask the threads to stop and wait for them; call off the owner thread, which must
         keep running meanwhile so a thread waiting on it can finish."""
         self._stop.set()
-        if self._pool is not None:
-            self._pool.terminate()  # a pass cut short leaves only .cleaned files, removed below or at load
-            self._pool.join()
         for worker in self._workers:
             worker.join()
         self._workers.clear()

@@ -2,6 +2,11 @@
 
 Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
 cache is full: session id 0, so clients keep sending full fetch requests.
+
+As in Kafka, the partitions asked for become a map (a partition named twice is read once,
+with the last entry's offset and size, in the place of its first mention), and the
+response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
+batch that must always be returned.
 """
 
 import time
@@ -32,22 +37,38 @@ def _diverging(wanted, partition, epoch_type):
     return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
 
 
-def _read_partitions(ctx, request, response_type):
+def _distinct_partitions(request) -> list[tuple[str, list]]:
+    """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
+    FetchResponse.toMessage does: consecutive partitions of one topic share an entry."""
+    wanted = {}
+    for topic in request.topics:
+        for partition in topic.partitions:
+            wanted[(topic.topic, partition.partition)] = partition
+    grouped: list[tuple[str, list]] = []
+    for (name, _), partition in wanted.items():
+        if grouped and grouped[-1][0] == name:
+            grouped[-1][1].append(partition)
+        else:
+            grouped.append((name, [partition]))
+    return grouped
+
+
+def _read_partitions(ctx, request, wanted_topics, response_type):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    remaining = getattr(request, "max_bytes", _NO_LIMIT)
+    remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
     topics = []
-    for topic in request.topics:
+    for topic_name, wanted_partitions in wanted_topics:
         partitions = []
-        for wanted in topic.partitions:
+        for wanted in wanted_partitions:
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
-                partition = leader_partition_at(broker, topic.topic, wanted.partition,
+                partition = leader_partition_at(broker, topic_name, wanted.partition,
                                                 getattr(wanted, "current_leader_epoch", -1))
                 log = partition.log
             except KafkaError as exc:
@@ -61,6 +82,9 @@ def _read_partitions(ctx, request, response_type):
             stable = log.last_stable_offset
             error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
+                if wanted.partition_max_bytes < 0:
+                    # Kafka's log read refuses a negative size (IllegalArgumentException).
+                    raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
                 diverging = _diverging(wanted, partition, epoch_type)
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
@@ -88,7 +112,7 @@ def _read_partitions(ctx, request, response_type):
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
                                    preferred_read_replica=-1, records=records,
                                    **({} if diverging is None else {"diverging_epoch": diverging})))
-        topics.append(make(topic_type, topic=topic.topic, partitions=tuple(partitions)))
+        topics.append(make(topic_type, topic=topic_name, partitions=tuple(partitions)))
     return topics, total, failed
 
 
@@ -101,13 +125,14 @@ async def handle(ctx, request):
         return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    topics, total, failed = _read_partitions(ctx, request, response_type)
-    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    wanted = _distinct_partitions(request)
+    topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
+    keys = [(name, p.partition) for name, partitions in wanted for p in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         await ctx.broker.replicas.wait_for_data(keys, remaining)
-        topics, total, failed = _read_partitions(ctx, request, response_type)
+        topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics))

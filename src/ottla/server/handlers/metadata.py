@@ -28,10 +28,28 @@ def _requested_names(ctx, request) -> list[str] | None:
     return names
 
 
+def _invalid_topics(ctx, request) -> bool:
+    """v10 and v11 carry topic ids but may not use them (Kafka: "Topic name can not be null")."""
+    return 10 <= ctx.api_version < 12 and request.topics is not None and any(
+        topic.name is None or topic.topic_id is not None for topic in request.topics)
+
+
+def _error_response(ctx, request, error):
+    """Kafka's MetadataRequest.getErrorResponse: every requested topic with the error, "" for no name."""
+    topic_type = nested(ctx.response_type, "MetadataResponseTopic")
+    topics = tuple(make(topic_type, error_code=error, name=topic.name or "", topic_id=topic.topic_id,
+                        is_internal=False, partitions=(), topic_authorized_operations=-2147483648)
+                   for topic in request.topics or ())
+    return make(ctx.response_type, throttle_time=timedelta(0), brokers=(), cluster_id=None, controller_id=-1,
+                topics=topics, cluster_authorized_operations=-2147483648)
+
+
 async def handle(ctx, request):
     broker = ctx.broker
     metadata = broker.metadata
     response_type = ctx.response_type
+    if _invalid_topics(ctx, request):
+        return _error_response(ctx, request, ErrorCode.invalid_request)
     broker_type = nested(response_type, "MetadataResponseBroker")
     topic_type = nested(response_type, "MetadataResponseTopic")
     partition_type = nested(response_type, "MetadataResponsePartition")

@@ -1,0 +1,105 @@
+"""What all connections together may hold: Kafka's connection quotas, idle expiry and request memory pool.
+
+- `max.connections` / `max.connections.per.ip`: a connection over either limit is closed as
+  soon as it is accepted (Kafka rejects per-IP overflow the same way; for the broker-wide
+  limit Kafka stops accepting until a slot frees, which asyncio's server cannot do, so the
+  newcomer is closed instead and the client retries).
+- `connections.max.idle.ms`: a connection with no handler at work and no bytes moved in
+  either direction for that long is closed, as Kafka's selector does (a response the peer
+  does not read counts as idle).
+- `queued.max.request.bytes`: Kafka's memory pool. Before a frame is read, its declared
+  size is reserved; while the reserved total is at or above the bound, no connection
+  starts reading a new frame (reading pauses) until handled requests give their
+  reservation back. Frames already admitted complete, so this cannot deadlock. -1, Kafka's
+  default, leaves it unbounded; the buffers themselves grow only as bytes arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
+    from .network import Connection
+
+log = logging.getLogger("ottla.network")
+
+
+class RequestMemory:
+    """Kafka's SimpleMemoryPool in non-strict mode: a reservation succeeds while anything is left."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.reserved = 0
+        self._waiting: dict["Connection", None] = {}
+
+    def try_reserve(self, size: int) -> bool:
+        if 0 <= self.bound <= self.reserved:
+            return False
+        self.reserved += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+        if self._waiting and not 0 <= self.bound <= self.reserved:
+            waiting, self._waiting = self._waiting, {}
+            for connection in waiting:
+                connection.memory_available()
+
+    def wait(self, connection: "Connection") -> None:
+        self._waiting[connection] = None
+
+    def forget(self, connection: "Connection") -> None:
+        self._waiting.pop(connection, None)
+
+
+class Connections:
+    """The broker's open connections and the limits that apply to them together."""
+
+    def __init__(self, config: "BrokerConfig"):
+        self.max_connections = config["max.connections"]
+        self.max_per_ip = config["max.connections.per.ip"]
+        self.idle_ms = config["connections.max.idle.ms"]
+        self.memory = RequestMemory(config["queued.max.request.bytes"])
+        self._open: set["Connection"] = set()
+        self._per_ip: Counter[str] = Counter()
+
+    def add(self, connection: "Connection") -> str | None:
+        """Register a new connection, or say why it must be closed."""
+        host = connection.peer_host
+        if self._per_ip[host] >= self.max_per_ip:
+            return f"address already has the configured maximum of {self.max_per_ip} connections (max.connections.per.ip)"
+        if len(self._open) >= self.max_connections:
+            return f"broker already has the configured maximum of {self.max_connections} connections (max.connections)"
+        self._open.add(connection)
+        self._per_ip[host] += 1
+        return None
+
+    def discard(self, connection: "Connection") -> None:
+        if connection in self._open:
+            self._open.remove(connection)
+            self._per_ip[connection.peer_host] -= 1
+            if not self._per_ip[connection.peer_host]:
+                del self._per_ip[connection.peer_host]
+        self.memory.forget(connection)
+
+    def __iter__(self) -> Iterator["Connection"]:
+        return iter(self._open)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def expire_idle(self) -> None:
+        """Close connections idle for connections.max.idle.ms (checked a few times per period)."""
+        period_s = self.idle_ms / 1000
+        while True:
+            await asyncio.sleep(min(max(period_s / 4, 0.05), 30.0))
+            deadline = time.monotonic() - period_s
+            for connection in [c for c in self._open if c.idle_since(deadline)]:
+                log.info("closing connection %s from %s: idle for more than %d ms (connections.max.idle.ms)",
+                         connection.id, connection.peer, self.idle_ms)
+                connection.close()
