@@ -187,3 +187,20 @@ def test_transactions_on_one_broker_with_data_on_others_survive_its_kill(three):
     batch(producer, "d", True)
     expected = sorted(f"{t}{i}".encode() for t in "acd" for i in range(10))
     assert sorted(read_committed(three, "txdata", targets, len(expected))) == expected
+
+
+def test_no_coordinator_until_enough_brokers_for_the_replication_factor(tmp_path):
+    """Default factor 3 on two live brokers: Kafka refuses to create the internal topic and
+    FindCoordinator answers COORDINATOR_NOT_AVAILABLE; a third broker lets it through."""
+    sizes = {"offsets.topic.num.partitions": 3, "transaction.state.log.num.partitions": 3}
+    with cluster(brokers=2, config=sizes, root=tmp_path) as two:
+        for broker in two.brokers.values():
+            assert find_coordinators(broker, GROUP, ["g"])["g"] == (15, -1)  # COORDINATOR_NOT_AVAILABLE
+            assert find_coordinators(broker, TRANSACTION, ["t"])["t"] == (15, -1)
+        two.add_broker()
+        for key_type, key in ((GROUP, "g"), (TRANSACTION, "t")):
+            node = coordinator_of(two, key_type, key)
+            assert node in (1, 2, 3)
+        replicas = AdminClient({"bootstrap.servers": two.bootstrap}).list_topics(timeout=20).topics
+        assert all(len(p.replicas) == 3 for t in ("__consumer_offsets", "__transaction_state")
+                   for p in replicas[t].partitions.values())
