@@ -21,10 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="write HOST:PORT here once listening (for embedding)")
     serve.set_defaults(run="ottla.server.main:run")
 
-    from . import client_cli, client_records
+    from .cli_commands import add_commands
 
-    topic_commands, command = client_cli.add_commands(commands)
-    client_records.add_topic_commands(topic_commands, command)
+    add_commands(commands)
     return parser
 
 

@@ -26,5 +26,11 @@ class InvalidRecords(KafkaError):
         self.record_errors = record_errors
 
 
+class DataDirError(OSError):
+    """The data directory cannot be served as it is (a corrupt topic file, an internal topic
+    whose partition count the configuration contradicts): `ottla serve` prints the message as
+    one line and exits 1, as Kafka stops when its last log directory fails to load."""
+
+
 class ConfigError(ValueError):
     """A bad broker or topic configuration value, reported to the user verbatim."""

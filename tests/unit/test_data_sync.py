@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from ottla import durability
 from ottla.config import BrokerConfig
 from ottla.errors import ErrorCode
 from ottla.log import LogManager
@@ -145,6 +146,8 @@ def test_a_failing_sync_is_a_storage_error(logs, monkeypatch):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(data_sync.os, "fdatasync", failing)
+    failures = []  # in place of the broker's halt (ottla.durability), so the answer can be seen
+    monkeypatch.setattr(durability, "_on_failure", lambda path, exc: failures.append((path, exc.errno)))
     answers = []
 
     async def scenario():
@@ -155,6 +158,7 @@ def test_a_failing_sync_is_a_storage_error(logs, monkeypatch):
 
     asyncio.run(scenario())
     assert answers == [ErrorCode.kafka_storage_error]
+    assert failures == [(f"{TOPIC}-0", 5)]
 
 
 def test_close_answers_what_waits_and_drops_the_round_in_flight(logs, monkeypatch):

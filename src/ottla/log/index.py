@@ -15,6 +15,8 @@ import os
 import struct
 from pathlib import Path
 
+from ..durability import fsync
+
 __all__ = ["OffsetIndex", "TimeIndex"]
 
 
@@ -64,7 +66,7 @@ class _Index:
         if self._mm is not None:
             self._mm.flush()
         if self._fd >= 0:
-            os.fsync(self._fd)
+            fsync(self._fd, self.path)
 
     def close(self) -> None:
         """Trim an active index to its real entries and fsync it; release the file either way.
@@ -74,7 +76,7 @@ class _Index:
         self._unmap()
         if self._active:
             os.ftruncate(self._fd, self.entries * self.entry.size)
-            os.fsync(self._fd)
+            fsync(self._fd, self.path)
         os.close(self._fd)
         self._fd = -1
         self._active = False

@@ -34,6 +34,7 @@ from ..records.batch import (
     validate_client_batch,
 )
 from ..records.records import decode_batch, keys_present, rebuild_batch
+from ..records.validator import check_records, inflate_limit
 from .append_settings import AppendSettings, check_create_times
 from .cleaner.swap import recover_swaps
 from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
@@ -101,6 +102,8 @@ class Log:
         self._last_flush_ms = now_ms
         self._segment_created_ms = now_ms
         self._load(recovery_point, clean_shutdown)
+        for segment in self._segments[:-1]:
+            segment.mark_sealed()
         # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
         self.high_watermark = self.log_end_offset
 
@@ -236,7 +239,9 @@ class Log:
         released) for one cleaned segment at `new_base`: point the log at it."""
         for new_base, old_bases in groups:
             i = self._bases.index(old_bases[0])
-            self._segments[i:i + len(old_bases)] = [self._new_segment(new_base)]
+            cleaned = self._new_segment(new_base)
+            cleaned.mark_sealed()
+            self._segments[i:i + len(old_bases)] = [cleaned]
             self._bases[i:i + len(old_bases)] = [new_base]
 
     def _add_segment(self, base_offset: int) -> LogSegment:
@@ -322,6 +327,7 @@ class Log:
             if len(headers) != 1:
                 raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
             validate_client_batch(headers[0])
+            check_records(buf, headers[0], inflate_limit(settings.max_message_bytes))
             if not settings.log_append_time:
                 check_create_times(buf, headers[0], now_ms, settings)
             if settings.compacted and not keys_present(buf, headers):

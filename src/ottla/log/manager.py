@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..config import BrokerConfig, TopicConfig
-from ..errors import ConfigError, ErrorCode, KafkaError
+from ..errors import ConfigError, DataDirError, ErrorCode, KafkaError
 from .log import Log
 from .page_cache import RecentAppends
+from ..durability import fsync
 
 __all__ = ["LogManager", "TopicInfo", "validate_topic_name"]
 
@@ -78,7 +79,7 @@ def validate_topic_name(name: str) -> None:
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync(fd, path)
     finally:
         os.close(fd)
 
@@ -88,7 +89,7 @@ def _write_atomically(path: Path, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        fsync(f.fileno(), tmp)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 
@@ -132,6 +133,7 @@ class LogManager:
         recent_appends = RecentAppends(broker_config["log.page.cache.max.bytes"])
         self.recent_appends = recent_appends if recent_appends.enabled else None
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
+        self._duty_errors: dict[tuple[str, tuple[str, int]], str] = {}  # logged once until they change
         self._last_hw_checkpoint_ms = self._last_checkpoint_ms
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
@@ -146,13 +148,7 @@ class LogManager:
         high_watermarks = read_offset_checkpoint(self.data_dir / HIGH_WATERMARK_FILE)
         for entry in os.scandir(self.data_dir / TOPICS_DIR):
             if entry.name.endswith(".json"):
-                meta = json.loads(Path(entry.path).read_text(encoding="utf-8"))
-                info = TopicInfo(
-                    meta["name"],
-                    uuid.UUID(meta["topic_id"]),
-                    meta["partitions"],
-                    TopicConfig(self.broker_config, meta["configs"]),
-                )
+                info = self._read_topic_file(Path(entry.path))
                 self.topics[info.name] = info
             elif entry.name.endswith(".tmp"):
                 os.unlink(entry.path)
@@ -183,6 +179,19 @@ class LogManager:
             marker.unlink()
             _fsync_dir(self.data_dir)
 
+    def _read_topic_file(self, path: Path) -> TopicInfo:
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            info = TopicInfo(meta["name"], uuid.UUID(meta["topic_id"]), int(meta["partitions"]),
+                             TopicConfig(self.broker_config, meta["configs"]))
+            validate_topic_name(info.name)
+            if info.partitions < 1:
+                raise ValueError(f"partition count {info.partitions}")
+        except (ValueError, KeyError, TypeError, AttributeError, ConfigError, KafkaError) as exc:
+            raise DataDirError(f"topic file {path} is corrupt ({type(exc).__name__}: {exc}); restore it from a "
+                               f"backup, or remove it and the topic's partition directories") from None
+        return info
+
     def _partition_dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
 
@@ -204,6 +213,23 @@ class LogManager:
         return Log(
             self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends
         )
+
+    def _new_logs(self, topic: str, partitions: range, config: TopicConfig) -> dict[tuple[str, int], Log]:
+        """All of them or none: a failure part-way (no space, no descriptors left) removes the
+        partitions made so far and is KAFKA_STORAGE_ERROR, so no half-created topic is left."""
+        made: dict[tuple[str, int], Log] = {}
+        try:
+            for partition in partitions:
+                made[(topic, partition)] = self._new_log(topic, partition, config)
+        except OSError as exc:
+            for partition_log in made.values():
+                partition_log.delete()
+            shutil.rmtree(self._partition_dir(topic, partition), ignore_errors=True)
+            log.warning("creating %d partitions of %s failed at partition %d: %s; nothing was kept",
+                        len(partitions), topic, partition, exc)
+            raise KafkaError(ErrorCode.kafka_storage_error,
+                             f"cannot create partition {topic}-{partition}: {exc.strerror or exc}") from None
+        return made
 
     def _topic_config(self, configs: Mapping[str, Any] | None) -> TopicConfig:
         try:
@@ -248,12 +274,14 @@ class LogManager:
         info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, config)
         if validate_only:
             return info
-        new_logs = {
-            (name, p): self._new_log(name, p, config)
-            for p in range(partitions)
-        }
-        _fsync_dir(self.data_dir)
-        self._write_topic(info)
+        new_logs = self._new_logs(name, range(partitions), config)
+        try:
+            _fsync_dir(self.data_dir)
+            self._write_topic(info)  # the commit point
+        except OSError as exc:
+            for partition_log in new_logs.values():
+                partition_log.delete()
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name}: {exc}") from None
         self.topics[name] = info
         self.logs.update(new_logs)
         return info
@@ -278,8 +306,7 @@ class LogManager:
         updated = info._replace(partitions=total)
         if validate_only:
             return updated
-        for p in range(info.partitions, total):
-            self.logs[(name, p)] = self._new_log(name, p, info.config)
+        self.logs.update(self._new_logs(name, range(info.partitions, total), info.config))
         _fsync_dir(self.data_dir)
         self._write_topic(updated)
         self.topics[name] = updated
@@ -334,9 +361,11 @@ class LogManager:
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point
         checkpoint (log.flush.offset.checkpoint.interval.ms), the HW checkpoint
-        (replica.high.watermark.checkpoint.interval.ms), retention and producer id expiry."""
-        for log_ in self.logs.values():
-            log_.flush_if_due(now_ms)
+        (replica.high.watermark.checkpoint.interval.ms), retention and producer id expiry.
+
+        Each partition's duty runs on its own: one that fails is logged (once per distinct
+        error) and every other partition, and the checkpoints, still get theirs."""
+        self._each("flush", lambda log_: log_.flush_if_due(now_ms))
         if now_ms - self._last_checkpoint_ms >= self.broker_config["log.flush.offset.checkpoint.interval.ms"]:
             self.checkpoint()
             self._last_checkpoint_ms = self._last_hw_checkpoint_ms = now_ms
@@ -344,13 +373,22 @@ class LogManager:
             self.checkpoint_high_watermarks()
             self._last_hw_checkpoint_ms = now_ms
         if now_ms - self._last_expiry_check_ms >= self.broker_config["producer.id.expiration.check.interval.ms"]:
-            for log_ in self.logs.values():
-                log_.remove_expired_producers(now_ms)
+            self._each("producer id expiry", lambda log_: log_.remove_expired_producers(now_ms))
             self._last_expiry_check_ms = now_ms
         if now_ms - self._last_retention_check_ms >= self.broker_config["log.retention.check.interval.ms"]:
-            for log_ in self.logs.values():
-                log_.apply_retention(now_ms)
+            self._each("retention", lambda log_: log_.apply_retention(now_ms))
             self._last_retention_check_ms = now_ms
+
+    def _each(self, duty: str, run: Callable[[Log], None]) -> None:
+        for key, log_ in list(self.logs.items()):
+            try:
+                run(log_)
+            except Exception as exc:
+                if self._duty_errors.get((duty, key)) != str(exc):
+                    self._duty_errors[(duty, key)] = str(exc)
+                    log.error("%s of %s-%d failed: %s", duty, *key, exc)
+            else:
+                self._duty_errors.pop((duty, key), None)
 
     def flush_all(self) -> None:
         for log_ in self.logs.values():

@@ -2,13 +2,17 @@
 
 The `.log` holds already-validated, offset-assigned batches back to back. Appends are one
 `os.write` of the bytes the log patched; reads are `os.pread` of whole batches, never a decode.
-Files open lazily so a cleanly shut down broker can load thousands of segments without I/O.
+Files open lazily so a cleanly shut down broker can load thousands of segments without I/O,
+and descriptors follow need, not size, as Kafka's lazy segments do: a new segment's .log is
+closed again until its first append, a sealed segment gives its descriptors back, and only
+the most recently read `MAX_OPEN_SEALED` sealed segments keep theirs between reads.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -17,6 +21,7 @@ from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc,
 from . import page_cache
 from .index import OffsetIndex, TimeIndex
 from .txn_index import TransactionIndex, index_path
+from ..durability import fsync
 
 __all__ = ["LogSegment", "segment_name"]
 
@@ -39,6 +44,29 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+MAX_OPEN_SEALED = 128
+
+
+class _RecentlyReadSealed:
+    """The sealed segments that keep their files open between reads, least recently read first."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._segments: OrderedDict[LogSegment, None] = OrderedDict()
+
+    def touch(self, segment: "LogSegment") -> None:
+        self._segments[segment] = None
+        self._segments.move_to_end(segment)
+        while len(self._segments) > self.capacity:
+            self._segments.popitem(last=False)[0].release()
+
+    def forget(self, segment: "LogSegment") -> None:
+        self._segments.pop(segment, None)
+
+
+_open_sealed = _RecentlyReadSealed(MAX_OPEN_SEALED)
+
+
 class LogSegment:
     """A segment's files and its in-memory bookkeeping (size, max timestamp, index cadence)."""
 
@@ -49,8 +77,10 @@ class LogSegment:
         self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_bytes)
         self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_bytes)
         self.index_interval_bytes = index_interval_bytes
+        # Sealed: no more appends; its .log opens read-only, and only while recently read.
+        self.sealed = False
         self._fd = -1
-        self._size = 0
+        self._size = -1  # unknown until the file is opened or stat'ed
         self._bytes_since_index = 0
         # (max timestamp, base offset of the batch carrying it); loaded lazily from the time index.
         self._max_timestamp: tuple[int, int] | None = None
@@ -69,26 +99,59 @@ class LogSegment:
     # -- files -------------------------------------------------------------------------------
 
     def _open(self) -> int:
-        if self._fd < 0:
+        if self.sealed:
+            if self._fd < 0:  # never O_CREAT: a segment deleted meanwhile must not come back empty
+                self._fd = os.open(self.log_path, os.O_RDONLY)
+                self._size = self.writeback_started_to = os.fstat(self._fd).st_size
+            _open_sealed.touch(self)
+        elif self._fd < 0:
             self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             self._size = self.writeback_started_to = os.fstat(self._fd).st_size
         return self._fd
 
     def create(self) -> None:
-        """Create the .log and empty index files; indexes are mapped only once they get entries."""
-        self._open()
-        for path in (self.offset_index.path, self.time_index.path):
+        """Create the .log and empty index files, holding no descriptor: the first append opens
+        the .log, and indexes are mapped only once they get entries."""
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        self._size = 0
+
+    def release(self) -> None:
+        """Let go of the files without writing to them: a sealed segment not read lately, or
+        one the cleaner is swapping out (see log/cleaner/swap.py). The next use reopens them."""
+        _open_sealed.forget(self)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.close()
+        self.time_index.close()
+        if self._txn_index is not None:
+            self._txn_index.close()
+
+    def mark_sealed(self) -> None:
+        """A segment below the active one, loaded from disk: read-only from now on."""
+        self.sealed = True
+        self.release()
+
+    def reactivate(self) -> None:
+        """A truncation made this sealed segment the active one again."""
+        if self.sealed:
+            self.release()
+            self.sealed = False
 
     @property
     def size(self) -> int:
-        self._open()
+        if self._size < 0:  # retention sums sizes: that needs no descriptor
+            if self.sealed:
+                self._size = os.stat(self.log_path).st_size
+            else:
+                self._open()
         return self._size
 
     def flush(self) -> None:
         """fsync the .log and its indexes."""
         if self._fd >= 0:
-            os.fsync(self._fd)
+            fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
         if self.offset_index.is_open:
@@ -106,41 +169,45 @@ class LogSegment:
         self.writeback_started_to = end
 
     def drop_cached_before(self, end: int) -> None:
-        """A no-op once the segment is closed or deleted."""
+        """A sealed segment that gave its descriptor back gets a short-lived one for this; a
+        no-op once the segment is deleted."""
         if self._fd >= 0:
             page_cache.drop_clean_pages(self._fd, end)
+        elif self.sealed:
+            try:
+                fd = os.open(self.log_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return
+            try:
+                page_cache.drop_clean_pages(fd, end)
+            finally:
+                os.close(fd)
 
     def seal(self) -> None:
-        """The segment stops being active: record its final max timestamp, trim and fsync everything."""
+        """The segment stops being active: record its final max timestamp, trim and fsync
+        everything, and give the descriptors back."""
         if self._fd >= 0:
-            os.fsync(self._fd)
+            fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
         self.offset_index.close()
         self.time_index.close()
+        self.sealed = True
+        self.release()
 
     def close(self) -> None:
         self.seal()
+        _open_sealed.forget(self)
         if self._txn_index is not None:
             self._txn_index.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def release(self) -> None:
-        """Let go of the files without writing to them: the cleaner is swapping them out, and
-        their names are about to belong to the cleaned segment (see log/cleaner/swap.py)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self.offset_index.close()
-        self.time_index.close()
-        if self._txn_index is not None:
-            self._txn_index.close()
 
     def delete(self) -> None:
+        _open_sealed.forget(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -195,7 +262,7 @@ class LogSegment:
     def first_batch_timestamp(self) -> int | None:
         """Max timestamp of the first batch, which segment.ms measures the segment's age from."""
         if self._first_timestamp is None and self.size >= HEADER_SIZE:
-            self._first_timestamp = read_header(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+            self._first_timestamp = read_header(os.pread(self._open(), HEADER_SIZE, 0)).max_timestamp
         return self._first_timestamp
 
     # -- read --------------------------------------------------------------------------------
@@ -269,6 +336,7 @@ class LogSegment:
     def truncate_to(self, offset: int) -> int | None:
         """Drop every batch whose last offset is >= `offset`; returns the base offset of the
         first batch dropped, or None if nothing was."""
+        self.reactivate()
         header = self.find(offset)
         if header is None:
             return None
@@ -301,6 +369,7 @@ class LogSegment:
         `on_batch(header, chunk, position_in_chunk)` sees each intact batch in order (the
         header carries its file position), so the log can rebuild producer state alongside.
         """
+        self.reactivate()
         fd = self._open()
         file_size = self._size
         self.offset_index.open(active=True)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from ..durability import fsync
+
 _ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = _ENTRY.size
 ENTRY_VERSION = 0
@@ -125,7 +127,7 @@ class TransactionIndex:
     def flush(self) -> None:
         """fsync, together with the segment's own flush."""
         if self._file is not None:
-            os.fsync(self._file.fileno())
+            fsync(self._file.fileno(), self.path)
 
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Aborted transactions overlapping [fetch_offset, upper_bound_offset).

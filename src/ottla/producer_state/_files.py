@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..durability import fsync
+
 TEMP_SUFFIX = ".tmp"
 
 
@@ -12,7 +14,7 @@ def fsync_dir(directory: Path) -> None:
     """Persist a directory's entries, so a rename survives power loss, not just a crash."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync(fd, directory)
     finally:
         os.close(fd)
 
@@ -29,7 +31,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        fsync(fd, tmp)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -12,7 +12,7 @@ import cramjam
 
 from ..errors import ErrorCode, KafkaError
 
-__all__ = ["NONE", "GZIP", "SNAPPY", "LZ4", "ZSTD", "CODEC_IDS", "compress", "decompress"]
+__all__ = ["NONE", "GZIP", "SNAPPY", "LZ4", "ZSTD", "CODEC_IDS", "compress", "decompress", "decompress_bounded"]
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 
@@ -59,17 +59,67 @@ def decompress(codec: int, data) -> bytes:
     raise KafkaError(ErrorCode.unsupported_compression_type, f"unknown compression codec {codec}")
 
 
-def _snappy_decompress(data) -> bytes:
+_INTO = {GZIP: cramjam.gzip.decompress_into, LZ4: cramjam.lz4.decompress_into, ZSTD: cramjam.zstd.decompress_into}
+_FIRST_GUESS = 64 * 1024
+# How cramjam's decompress_into says the output buffer is full (tests/unit/test_record_validator.py pins it).
+_OUTPUT_FULL = "failed to write whole buffer"
+
+
+def decompress_bounded(codec: int, data, limit: int) -> bytearray | bytes:
+    """`decompress`, but never inflating more than `limit` bytes: over it is MESSAGE_TOO_LARGE.
+
+    cramjam's stream decompressors want the whole input at once, so instead the output goes
+    into a buffer of a fixed size (`decompress_into` stops when it is full), starting from a
+    guess and doubling up to `limit`: a bomb costs at most about twice `limit` of work and
+    `limit` of memory. Snappy states its inflated size up front, so it is checked first.
+    """
+    into = _INTO.get(codec)
+    if into is None:
+        if codec != SNAPPY:
+            return decompress(codec, data)
+        try:
+            return _snappy_decompress(data, limit)
+        except (cramjam.DecompressionError, ValueError, struct.error) as exc:
+            raise KafkaError(ErrorCode.corrupt_message, f"cannot decompress batch: {exc}") from None
+    size = min(limit, max(_FIRST_GUESS, 4 * len(data)))
+    while True:
+        out = None  # the smaller buffer goes before the bigger one comes
+        out = bytearray(size)
+        try:
+            written = into(data, out)
+        except cramjam.DecompressionError as exc:
+            if _OUTPUT_FULL not in str(exc):
+                raise KafkaError(ErrorCode.corrupt_message, f"cannot decompress batch: {exc}") from None
+            if size >= limit:
+                raise KafkaError(ErrorCode.message_too_large, f"batch inflates to more than {limit} bytes") from None
+            size = min(limit, size * 2)
+            continue
+        del out[written:]
+        return out
+
+
+def _snappy_decompress(data, limit: int | None = None) -> bytes:
     view = memoryview(data)
     if bytes(view[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
+        _check_snappy_size(view, limit)
         return bytes(cramjam.snappy.decompress_raw(view))
     chunks = []
+    total = 0
     position = _XERIAL_HEADER_SIZE
     while position < len(view):
         (length,) = _I32.unpack_from(view, position)
         position += 4
         if length < 0 or position + length > len(view):
             raise ValueError("truncated xerial snappy block")
-        chunks.append(bytes(cramjam.snappy.decompress_raw(view[position : position + length])))
+        block = view[position : position + length]
+        total += _check_snappy_size(block, None if limit is None else limit - total)
+        chunks.append(bytes(cramjam.snappy.decompress_raw(block)))
         position += length
     return b"".join(chunks)
+
+
+def _check_snappy_size(block, limit: int | None) -> int:
+    size = cramjam.snappy.decompress_raw_len(block)
+    if limit is not None and size > limit:
+        raise KafkaError(ErrorCode.message_too_large, "batch inflates to more than the limit")
+    return size

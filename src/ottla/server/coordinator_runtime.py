@@ -131,7 +131,7 @@ class BrokerCoordinatorRuntime:
         except KafkaError as exc:
             on_durable(exc.code, -1)
             return
-        except OSError:
+        except Exception:  # the coordinator answers its client whatever the append did
             log.exception("append to %s-%d failed", topic, partition)
             on_durable(ErrorCode.kafka_storage_error, -1)
             return

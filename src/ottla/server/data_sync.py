@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Callable
 
+from ..durability import fdatasync
 from ..errors import ErrorCode, KafkaError
 from ..log.manager import LogManager
 
@@ -23,17 +24,47 @@ log = logging.getLogger("ottla.sync")
 OnSynced = Callable[[ErrorCode], None]
 
 
-def _fdatasync_all(fds: dict[int, int]) -> dict[int, ErrorCode]:
-    """fdatasync and close each duplicated descriptor; runs in a worker thread."""
+def _fdatasync_all(fds: dict, name: Callable[[object], str]) -> dict:
+    """fdatasync and close each duplicated descriptor; runs in a worker thread. A failure
+    takes the log directory offline (ottla.durability: by default the broker halts)."""
     errors = {}
     for partition, fd in fds.items():
         try:
-            os.fdatasync(fd)
+            fdatasync(fd, name(partition))
         except OSError as exc:
-            log.error("fdatasync of partition %d failed: %s", partition, exc)
+            log.error("fdatasync of partition %s failed: %s", partition, exc)
             errors[partition] = ErrorCode.kafka_storage_error
         finally:
             os.close(fd)
+    return errors
+
+
+def _pair_name(key: tuple[str, int]) -> str:
+    return f"{key[0]}-{key[1]}"
+
+
+async def sync_partitions(logs: LogManager, partitions) -> dict[tuple[str, int], ErrorCode]:
+    """Make what `partitions` ((topic, partition) pairs) hold now durable, off the event loop;
+    returns the errors of those that could not be synced.
+
+    For writes whose durability something else depends on: a transaction marker must be on
+    disk before the coordinator records the transaction complete, or a power loss leaves it
+    complete at the coordinator and open on the partition, its LSO stuck.
+    """
+    fds, errors = {}, {}
+    for key in partitions:
+        try:
+            fd = logs.get_log(*key).duplicate_data_fd()
+        except KafkaError as exc:
+            errors[key] = exc.code
+        except OSError:
+            log.exception("cannot sync %s-%d", *key)
+            errors[key] = ErrorCode.kafka_storage_error
+        else:
+            if fd is not None:
+                fds[key] = fd
+    if fds:
+        errors |= await asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, _pair_name)
     return errors
 
 
@@ -51,6 +82,9 @@ class DataSync:
         self._waiting: dict[int, list[OnSynced]] = {}
         self._round_running = False
         self._closed = False
+
+    def _name(self, partition: int) -> str:
+        return f"{self._topic}-{partition}"
 
     def after_sync(self, partition: int, on_synced: OnSynced) -> None:
         """Call `on_synced` (on the event loop) once what `partition` holds now is durable."""
@@ -80,7 +114,7 @@ class DataSync:
             return
         waiting, self._waiting = self._waiting, {}
         fds, errors = self._duplicate_fds(waiting)
-        future = asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds)
+        future = asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, self._name)
         future.add_done_callback(lambda done: self._finish_round(waiting, errors, done))
 
     def _finish_round(self, waiting: dict[int, list[OnSynced]], errors: dict[int, ErrorCode],
@@ -104,7 +138,7 @@ class DataSync:
         waiting, self._waiting = self._waiting, {}
         self._closed = True
         fds, errors = self._duplicate_fds(waiting)
-        _answer(waiting, errors | _fdatasync_all(fds))
+        _answer(waiting, errors | _fdatasync_all(fds, self._name))
 
 
 def _answer(waiting: dict[int, list[OnSynced]], errors: dict[int, ErrorCode]) -> None:

@@ -6,11 +6,12 @@ import asyncio
 import ctypes
 import logging
 import os
+import resource
 import sys
 
 from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
-from ..config import BrokerConfig, ConfigError
+from ..config import BrokerConfig, ConfigError, report_not_applied_broker_configs
 from .broker import Broker
 from .loop_lag import LoopLag
 
@@ -46,6 +47,21 @@ def keep_freed_request_buffers() -> None:
     mallopt(m_trim_threshold, 128 << 20)
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit, as Kafka's start scripts ask operators to:
+    every partition being written holds a descriptor, and a 1,024 soft limit is common. Returns
+    (soft, hard) as they are now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel caps lower
+            logging.getLogger("ottla.broker").warning("cannot raise the open files limit from %d to %s: %s",
+                                                      soft, hard, exc)
+    return soft, hard
+
+
 def configure_logging(level: str) -> None:
     """One line per event, key=value friendly, on stderr; quiet (WARNING) by default."""
     logging.basicConfig(
@@ -58,11 +74,13 @@ def configure_logging(level: str) -> None:
 def run(args) -> int:
     configure_logging(args.log_level)
     keep_freed_request_buffers()
+    raise_open_files_limit()
     try:
         overrides = BrokerConfig.parse_cli(args.config or [])
         if args.node_id is not None:
             overrides["node.id"] = str(args.node_id)
         config = BrokerConfig(overrides)
+        report_not_applied_broker_configs(config)
         host, port = parse_address(args.listen, "--listen")
         advertised = parse_address(args.advertised, "--advertised") if args.advertised else None
     except ConfigError as exc:

@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Any, Callable, Mapping
 
-from ...errors import ErrorCode
+from ...errors import DataDirError, ErrorCode
 from ...records.records import Record, build_batch
 from ..runtime import CoordinatorRuntime, MarkerChannel
 from .coordinator import Records, TransactionCoordinator
@@ -134,8 +134,9 @@ class TransactionService:
         })
         if partitions != self.coordinator.num_partitions:
             # Kafka refuses too: ids would be looked up in the wrong partitions.
-            raise RuntimeError(f"{TRANSACTION_STATE_TOPIC} has {partitions} partitions but "
-                               f"transaction.state.log.num.partitions is {self.coordinator.num_partitions}")
+            raise DataDirError(f"{TRANSACTION_STATE_TOPIC} has {partitions} partitions but "
+                               f"transaction.state.log.num.partitions is {self.coordinator.num_partitions}: "
+                               f"start with transaction.state.log.num.partitions={partitions}")
         self._runtime.watch_leadership(TRANSACTION_STATE_TOPIC, self._on_elected, self._on_resigned)
         self._timer = asyncio.get_running_loop().create_task(self._run_timer())
 

@@ -1,10 +1,16 @@
-"""CreatePartitions: grow a topic (never shrink), validate_only."""
+"""CreatePartitions: grow a topic (never shrink), validate_only.
+
+The internal topics keep their partition count: a group or transactional id is placed by a
+hash modulo that count, so growing them would send every coordinator lookup to the wrong
+partition (INVALID_TOPIC_EXCEPTION, as for other writes that would break an internal topic).
+"""
 
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from .. import cluster_admin
+from .metadata import INTERNAL_TOPICS
 
 API_KEY = 37
 VERSIONS = (0, 3)
@@ -37,6 +43,9 @@ async def handle(ctx, request):
         error, message = ErrorCode.none, None
         info = broker.metadata.topic(topic.name)
         try:
+            if topic.name in INTERNAL_TOPICS and info is not None:
+                raise KafkaError(ErrorCode.invalid_topic_exception,
+                                 f"Cannot change the partition count of internal topic {topic.name}")
             if broker.membership is not None:
                 await cluster_admin.create_partitions(broker, topic.name, topic.count, topic.assignments,
                                                       validate_only=request.validate_only,

@@ -1,4 +1,10 @@
-"""DeleteTopics by name (all versions) or topic id (v6+)."""
+"""DeleteTopics by name (all versions) or topic id (v6+).
+
+The internal topics are refused with INVALID_TOPIC_EXCEPTION, the code Kafka gives for any
+write that would destroy an internal topic's data (DeleteRecords, Produce); kafka-topics.sh
+refuses to delete them too. Without `__consumer_offsets` every committed offset is gone, and
+without `__transaction_state` no transactional producer can start.
+"""
 
 from datetime import timedelta
 
@@ -6,6 +12,7 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from .. import cluster_admin
 from ..clock import now_ms
+from .metadata import INTERNAL_TOPICS
 
 API_KEY = 20
 VERSIONS = (0, 6)  # v0 removed in Kafka 4.0 (KIP-896)
@@ -36,6 +43,9 @@ async def handle(ctx, request):
                 error = ErrorCode.topic_deletion_disabled
             elif info is None:
                 error = ErrorCode.unknown_topic_or_partition
+            elif name in INTERNAL_TOPICS:
+                topic_id = info.topic_id
+                error, message = ErrorCode.invalid_topic_exception, f"Cannot delete internal topic {name}"
             else:
                 topic_id = info.topic_id
                 try:

@@ -16,6 +16,7 @@ from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...protocol.build import make, nested
 from ...records.control import build_control_batch
 from ..clock import now_ms
+from ..data_sync import sync_partitions
 
 API_KEY = 27
 # v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
@@ -35,9 +36,16 @@ async def handle(ctx, request):
 
 
 async def write_markers(ctx, request):
-    """The request's work without the ACL check: the local coordinator calls it directly."""
+    """The request's work without the ACL check: the local coordinator calls it directly.
+
+    A partition is answered once its marker is durable (fdatasynced; on one node that is
+    the only copy): the coordinator writes CompleteCommit/CompleteAbort after this answer,
+    and a complete transaction whose marker a power loss took would stay open on the
+    partition for good.
+    """
     broker = ctx.broker
     results = []
+    durable = set()
     for marker in request.markers:
         commit = marker.transaction_result
         now = now_ms()
@@ -50,7 +58,12 @@ async def write_markers(ctx, request):
                               if topic == GROUP_METADATA_TOPIC and appended[(topic, index)].error == ErrorCode.none]
         if offsets_partitions:
             broker.groups.complete_txn(marker.producer_id, commit, offsets_partitions)
+        durable.update(tp for tp in wanted if appended[tp].error == ErrorCode.none)
         results.append((marker.producer_id, [(topic, index, appended[(topic, index)].error) for topic, index in wanted]))
+    sync_errors = await sync_partitions(broker.logs, durable)
+    if sync_errors:
+        results = [(producer_id, [(topic, index, sync_errors.get((topic, index), error))
+                                  for topic, index, error in outcomes]) for producer_id, outcomes in results]
     return _response(ctx, results)
 
 

@@ -1,14 +1,10 @@
-"""`ottla topics delete-records`: DeleteRecords through confluent-kafka's admin client.
-
-A module of its own so that `client_cli` (the other client commands) stays readable; it
-shares that module's session, error reporting and table printing.
-"""
+"""`ottla topics delete-records`: DeleteRecords through confluent-kafka's admin client."""
 
 from __future__ import annotations
 
 import argparse
 
-from .client_cli import OFFSET_END, CommandFailed, Session, _command, _non_negative_int, _print_table
+from .common import OFFSET_END, CommandFailed, Session, _command, _non_negative_int, _print_table
 
 
 def _before_offset(text: str) -> int:
@@ -18,11 +14,10 @@ def _before_offset(text: str) -> int:
     return _non_negative_int(text)
 
 
-def add_topic_commands(topic_commands, command) -> None:
-    delete_records = command(topic_commands, "delete-records", "topics_delete_records",
+def register(topic_commands, command) -> None:
+    delete_records = command(topic_commands, "delete-records", f"{__name__}:topics_delete_records",
                              "delete the records before an offset (DeleteRecords): the log start "
                              "offset moves there")
-    delete_records.set_defaults(run="ottla.client_records:topics_delete_records")
     delete_records.add_argument("name")
     delete_records.add_argument("-p", "--partition", type=_non_negative_int, action="append",
                                 help="partition (repeatable; default all)")

@@ -1,0 +1,150 @@
+"""`ottla topics create|list|describe|alter-config|delete`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import CommandFailed, Session, UsageError, _command, _key_value, _positive_int, _print_fields, _print_table
+
+
+def register(commands, command):
+    """Add the `topics` group; returns its subcommands for commands kept in other modules."""
+    topics = commands.add_parser("topics", help="create, list, describe, reconfigure and delete topics")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = command(topic_commands, "create", f"{__name__}:topics_create", "create a topic")
+    create.add_argument("name")
+    create.add_argument("-p", "--partitions", type=_positive_int, default=-1,
+                        help="number of partitions (default: the broker's num.partitions)")
+    create.add_argument("-r", "--replication-factor", type=_positive_int, default=-1,
+                        help="replicas per partition (default: the broker's default)")
+    create.add_argument("-c", "--config", type=_key_value, action="append", default=[],
+                        metavar="KEY=VALUE", help="a topic config, e.g. cleanup.policy=compact (repeatable)")
+    command(topic_commands, "list", f"{__name__}:topics_list", "list topics")
+    describe = command(topic_commands, "describe", f"{__name__}:topics_describe",
+                       "show a topic's partitions, offsets and configs")
+    describe.add_argument("name")
+    alter = command(topic_commands, "alter-config", f"{__name__}:topics_alter_config",
+                    "set or delete topic configs (IncrementalAlterConfigs)")
+    alter.add_argument("name")
+    alter.add_argument("--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="set a config (repeatable)")
+    alter.add_argument("--delete", action="append", default=[], metavar="KEY",
+                       help="revert a config to its default (repeatable)")
+    delete = command(topic_commands, "delete", f"{__name__}:topics_delete", "delete topics")
+    delete.add_argument("names", nargs="+", metavar="NAME")
+    return topic_commands
+
+
+@_command
+def topics_create(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import NewTopic
+
+    session = Session(args)
+    admin = session.admin()
+    session.metadata(admin)
+    topic = NewTopic(args.name, num_partitions=args.partitions, replication_factor=args.replication_factor,
+                     config=dict(args.config))
+    future = admin.create_topics([topic], request_timeout=session.timeout,
+                                 operation_timeout=session.timeout)[args.name]
+    session.wait(future, f"cannot create topic {args.name!r}",
+                 {KafkaError.TOPIC_ALREADY_EXISTS: f"topic {args.name!r} already exists"})
+    print(f"created topic {args.name}")
+    return 0
+
+
+@_command
+def topics_list(args: argparse.Namespace) -> int:
+    session = Session(args)
+    metadata = session.metadata(session.admin())
+    rows = []
+    for name in sorted(metadata.topics):
+        partitions = metadata.topics[name].partitions
+        replicas = max((len(p.replicas) for p in partitions.values()), default=0)
+        rows.append((name, len(partitions), replicas))
+    _print_table(["NAME", "PARTITIONS", "REPLICAS"], rows)
+    return 0
+
+
+@_command
+def topics_describe(args: argparse.Namespace) -> int:
+    from confluent_kafka import IsolationLevel, TopicCollection
+    from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec, ResourceType
+
+    session = Session(args)
+    admin = session.admin()
+    name = args.name
+    session.require_topic(admin, name)
+    description = session.wait(
+        admin.describe_topics(TopicCollection([name]), request_timeout=session.timeout)[name],
+        f"cannot describe topic {name!r}")
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    configs = session.wait(admin.describe_configs([resource], request_timeout=session.timeout)[resource],
+                           f"cannot describe configs of topic {name!r}")
+    partitions = sorted(description.partitions, key=lambda p: p.id)
+    keys = [(name, p.id) for p in partitions]
+    log_start = session.offsets(keys, OffsetSpec.earliest())
+    high_watermark = session.offsets(keys, OffsetSpec.latest())
+    last_stable = session.offsets(keys, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
+
+    _print_fields([
+        ("NAME", description.name),
+        ("TOPIC-ID", description.topic_id),
+        ("INTERNAL", str(description.is_internal).lower()),
+        ("PARTITIONS", len(partitions)),
+        ("REPLICAS", max((len(p.replicas) for p in partitions), default=0)),
+    ])
+    print()
+    _print_table(
+        ["PARTITION", "LEADER", "REPLICAS", "ISR", "LOG-START", "HIGH-WATERMARK", "LAST-STABLE"],
+        [(p.id, p.leader.id if p.leader is not None else None,
+          ",".join(str(node.id) for node in p.replicas), ",".join(str(node.id) for node in p.isr),
+          log_start[name, p.id], high_watermark[name, p.id], last_stable[name, p.id]) for p in partitions])
+    print()
+    _print_table(["CONFIG", "VALUE", "SOURCE"],
+                 [(entry.name, "<sensitive>" if entry.is_sensitive else entry.value,
+                   ConfigSource(entry.source).name.lower()) for _, entry in sorted(configs.items())])
+    return 0
+
+
+@_command
+def topics_alter_config(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    if not args.set and not args.delete:
+        raise UsageError("give at least one --set KEY=VALUE or --delete KEY")
+    session = Session(args)
+    admin = session.admin()
+    session.require_topic(admin, args.name)
+    entries = [ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET) for key, value in args.set]
+    entries += [ConfigEntry(key, None, incremental_operation=AlterConfigOpType.DELETE) for key in args.delete]
+    resource = ConfigResource(ResourceType.TOPIC, args.name, incremental_configs=entries)
+    future = admin.incremental_alter_configs([resource], request_timeout=session.timeout)[resource]
+    session.wait(future, f"cannot alter configs of topic {args.name!r}",
+                 {KafkaError.UNKNOWN_TOPIC_OR_PART: f"topic {args.name!r} does not exist"})
+    print(f"updated {len(entries)} config(s) of topic {args.name}")
+    return 0
+
+
+@_command
+def topics_delete(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaError
+
+    session = Session(args)
+    admin = session.admin()
+    session.metadata(admin)
+    futures = admin.delete_topics(list(args.names), request_timeout=session.timeout,
+                                  operation_timeout=session.timeout)
+    failed = 0
+    for name in args.names:
+        try:
+            session.wait(futures[name], f"cannot delete topic {name!r}",
+                         {KafkaError.UNKNOWN_TOPIC_OR_PART: f"topic {name!r} does not exist"})
+        except CommandFailed as exc:
+            print(f"ottla: {exc}", file=sys.stderr)
+            failed += 1
+        else:
+            print(f"deleted topic {name}")
+    return 1 if failed else 0

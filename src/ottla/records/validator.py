@@ -1,0 +1,159 @@
+"""The records inside a produced batch, checked the way Kafka's LogValidator reads them.
+
+A batch whose header and CRC are fine can still carry records no consumer can read: a
+length that runs past the batch, fewer records than the header counts (a batch claiming
+2^31-1 records moves the log end by that much), or a compressed payload that does not
+inflate. Kafka's broker iterates every record of a produced batch and refuses such a batch;
+so do we, but without building records: each record's varint lengths are walked with kio's
+readers and checked against the record and the batch. Errors are Kafka's: a record that does
+not parse is INVALID_RECORD (InvalidRecordException), a payload that does not decompress is
+CORRUPT_MESSAGE.
+
+Decompression is bounded: the inflated records may take at most `INFLATE_FACTOR` times the
+topic's `max.message.bytes`, inflated straight into a buffer of that size at most, so a small
+gzip bomb costs neither the memory nor the time of its full size (MESSAGE_TOO_LARGE).
+"""
+
+from __future__ import annotations
+
+from kio.serial.errors import DecodeError
+from kio.serial.readers import read_signed_varint, read_signed_varlong
+
+from ..errors import ErrorCode, KafkaError
+from .batch import HEADER_SIZE, BatchHeader
+from .compression import NONE, decompress_bounded
+
+__all__ = ["check_records", "inflate_limit", "INFLATE_FACTOR"]
+
+# A produced batch may inflate to this many times max.message.bytes (1 MiB by default: 32 MiB).
+INFLATE_FACTOR = 32
+
+
+def inflate_limit(max_message_bytes: int) -> int:
+    return max(max_message_bytes, 1 << 20) * INFLATE_FACTOR
+
+
+def _invalid(header: BatchHeader, why: str) -> KafkaError:
+    return KafkaError(ErrorCode.invalid_record, f"batch at base offset {header.base_offset}: {why}")
+
+
+def check_records(buf, header: BatchHeader, limit: int) -> None:
+    """Raise KafkaError unless the batch's records parse and match its header's count."""
+    start = header.position + HEADER_SIZE
+    end = header.position + header.size
+    with memoryview(buf) as view:
+        if header.compression == NONE:
+            data = view[start:end].toreadonly()
+        else:
+            data = memoryview(decompress_bounded(header.compression, view[start:end], limit)).toreadonly()
+    try:
+        count = _walk(data, header.records_count)
+    except (DecodeError, ValueError, IndexError) as exc:
+        raise _invalid(header, f"found invalid record structure: {exc}") from None
+    if count != header.records_count:
+        raise _invalid(header, f"incorrect declared batch size: {header.records_count} records declared, "
+                               f"{count} present")
+
+
+def _walk(data, expected: int) -> int:
+    """Walk records; returns how many there were, or raises ValueError naming the first bad one.
+
+    The one- and two-byte varints small records are made of are decoded inline (a call to
+    kio's reader costs several times more); anything longer goes through kio's readers.
+    """
+    end = len(data)
+    position = 0
+    index = 0
+    while position < end:
+        if index == expected:
+            raise ValueError("records still remaining after the declared count")
+        # record length
+        b = data[position]
+        if b < 0x80:
+            p = position + 1
+        else:
+            c = data[position + 1]
+            if c < 0x80:
+                b = (b & 0x7F) | (c << 7)
+                p = position + 2
+            else:
+                b, n = read_signed_varint(data, position)
+                b = (b << 1) ^ (b >> 63)  # back to zigzag, decoded below with the rest
+                p = position + n
+        length = (b >> 1) ^ -(b & 1)
+        record_end = p + length
+        if length <= 0 or record_end > end:
+            raise ValueError(f"record {index} has length {length} and runs past the batch")
+        # attributes, then the timestamp delta (varlong): skipped
+        b = data[p + 1]
+        if b < 0x80:
+            p += 2
+        else:
+            p += 1 + read_signed_varlong(data, p + 1)[1]
+        # offset delta: must count up from 0
+        b = data[p]
+        if b < 0x80:
+            p += 1
+        else:
+            c = data[p + 1]
+            if c < 0x80:
+                b = (b & 0x7F) | (c << 7)
+                p += 2
+            else:
+                b, n = read_signed_varint(data, p)
+                b = (b << 1) ^ (b >> 63)
+                p += n
+        if (b >> 1) ^ -(b & 1) != index:
+            raise ValueError(f"record {index} has offset delta {(b >> 1) ^ -(b & 1)}")
+        # key and value: -1 is null
+        for _ in (0, 1):
+            b = data[p]
+            if b < 0x80:
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    p += 2
+                else:
+                    b, n = read_signed_varint(data, p)
+                    b = (b << 1) ^ (b >> 63)
+                    p += n
+            size = (b >> 1) ^ -(b & 1)
+            if size > 0:
+                p += size
+            elif size < -1:
+                raise ValueError(f"record {index} has a field of length {size}")
+        if p >= record_end:
+            raise ValueError(f"record {index} is shorter than its fields")
+        b = data[p]  # header count
+        if b == 0:
+            p += 1
+        else:
+            headers, n = read_signed_varint(data, p)
+            p = _skip_headers(data, p + n, record_end, headers, index)
+        if p != record_end:
+            raise ValueError(f"record {index} declares {length} bytes but its fields take {p - record_end + length}")
+        position = record_end
+        index += 1
+    return index
+
+
+def _skip_headers(data, p: int, record_end: int, count: int, index: int) -> int:
+    if count < 0 or count > (record_end - p) // 2:  # a header takes two bytes at least
+        raise ValueError(f"record {index} has {count} headers")
+    for _ in range(count):
+        key_size, n = read_signed_varint(data, p)
+        p += n
+        if key_size < 0:
+            raise ValueError(f"record {index} has a header key of length {key_size}")
+        p += key_size
+        value_size, n = read_signed_varint(data, p)
+        p += n
+        if value_size < -1:
+            raise ValueError(f"record {index} has a header value of length {value_size}")
+        if value_size > 0:
+            p += value_size
+        if p > record_end:
+            raise ValueError(f"record {index}'s headers run past it")
+    return p
