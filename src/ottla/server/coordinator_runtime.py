@@ -1,9 +1,10 @@
 """The server's side of the coordinator seams (`coordinator/runtime.py`).
 
 `BrokerCoordinatorRuntime` gives the coordinators their internal topics: appends as the
-partition's leader through the replica manager, acknowledged once durable -- fdatasynced
-(`DataSync`) and past the high watermark, which on one node is at once and with
-replication means the ISR has it -- and leadership changes from the replica manager.
+partition's leader through the replica manager, acknowledged once durable, and leadership
+changes from the replica manager. Durable means: with one replica, fdatasynced (`DataSync`);
+with several, past the high watermark, i.e. on every ISR member (as Kafka, which does not
+fsync either: a record on the ISR survives any single crash).
 `BrokerMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
 served in-process through the same handler a remote coordinator's request reaches; other
 leaders get the request over the inter-broker client.
@@ -139,6 +140,11 @@ class BrokerCoordinatorRuntime:
 
         def replicated(error: ErrorCode) -> None:
             on_durable(error, base_offset if error == ErrorCode.none else -1)
+
+        target = replicas.get_partition(topic, partition)
+        if target is not None and len(target.replicas) > 1:
+            replicas.after_high_watermark(topic, partition, end, replicated)
+            return
 
         def synced(error: ErrorCode) -> None:
             if error != ErrorCode.none:
