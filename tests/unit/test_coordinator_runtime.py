@@ -96,3 +96,33 @@ def test_markers_are_answered_once_the_high_watermark_passes_them(tmp_path):
             await broker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_long_partition_loads_in_steps_that_let_the_loop_run(tmp_path):
+    """3,000 offset records: after one turn of the event loop the partition is still loading
+    (the broker keeps serving meanwhile), and it ends with every offset back."""
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
+        await broker.start()
+        try:
+            groups = broker.groups.coordinator
+            g = groups.partition_for("g")
+            offsets = {("t", p): OffsetCommit(p + 1, -1, "") for p in range(3000)}
+            committed = asyncio.get_running_loop().create_future()
+            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                                  offsets=offsets, now_ms=now_ms(), on_complete=committed.set_result)
+            assert set((await committed).values()) == {E.none}
+            for leader, epoch in ((2, 1), (1, 2)):
+                broker.replicas.apply_partition_states([PartitionState(OFFSETS_TOPIC, g, leader, epoch, (1, 2), (1, 2))])
+            await asyncio.sleep(0)
+            assert groups.fetch_offsets(group_id="g", partitions=None).error == E.coordinator_load_in_progress
+            fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            while fetched.error == E.coordinator_load_in_progress:
+                await asyncio.sleep(0.01)
+                fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            assert fetched.error == E.none and {tp: o.offset for tp, o in fetched.offsets.items()} == {
+                tp: o.offset for tp, o in offsets.items()}
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
