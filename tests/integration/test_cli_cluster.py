@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ottla.testing import cluster
+from tests.waiting import wait_for
 
 
 def run_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
@@ -37,17 +37,6 @@ def table(text: str, header: str) -> list[dict[str, str]]:
 def fields(text: str) -> dict[str, str]:
     return {line.split(None, 1)[0]: line.split(None, 1)[1].strip()
             for line in text.splitlines() if len(line.split(None, 1)) == 2}
-
-
-def wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ Real ZooKeeper, real `ottla serve` processes (`ottla.testing.cluster`), real cli
 
 from __future__ import annotations
 
+from functools import partial
 import datetime
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -22,6 +22,7 @@ from kio.static.primitive import i16, i64
 from ottla.testing import BrokerProcess, cluster
 from ottla.testing.zookeeper import free_port, zookeeper
 from tests.wire import roundtrip
+from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +40,7 @@ def zk(zk_cluster):
     client.close()
 
 
-def wait_for(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+wait_for = partial(_wait_for, timeout=60.0, interval=0.1)
 
 
 def registration(zk, broker_id):

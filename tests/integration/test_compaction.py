@@ -5,6 +5,7 @@ step of the cleaner's swap leaves a consistent log."""
 
 from __future__ import annotations
 
+from functools import partial
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.log.cleaner.swap import FAILPOINTS
 from ottla.records.records import iter_batches
+from tests.waiting import wait_for as _wait_for
 
 BROKER = {"log.cleaner.backoff.ms": "100"}
 KEYS = 1000
@@ -101,14 +103,7 @@ def active_base(data_dir: Path, topic: str) -> int:
     return max(int(p.name[:-4]) for p in (data_dir / f"{topic}-0").glob("*.log"))
 
 
-def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = partial(_wait_for, timeout=120.0)
 
 
 def as_state(records) -> dict[bytes, tuple[int, bytes | None]]:

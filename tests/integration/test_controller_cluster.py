@@ -17,17 +17,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kazoo.client import KazooClient
 
 from ottla.testing import cluster
-
-
-def wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+from tests.waiting import wait_for
 
 
 def broker_logs(three) -> str:

@@ -26,6 +26,7 @@ from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from ottla.coordinator.partitioning import partition_for
 from ottla.testing import cluster
 from tests.wire import roundtrip
+from tests.waiting import wait_for
 
 PARTITIONS = 6
 GROUP, TRANSACTION = 0, 1
@@ -33,17 +34,6 @@ CONFIG = {
     "offsets.topic.num.partitions": PARTITIONS, "offsets.topic.replication.factor": 1,
     "transaction.state.log.num.partitions": PARTITIONS, "transaction.state.log.replication.factor": 1,
 }
-
-
-def wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def find_coordinators(broker, key_type: int, keys: list[str]) -> dict[str, tuple[int, int]]:

@@ -2,7 +2,7 @@
 current_leader_epoch in Fetch and ListOffsets; real consumers, which send their metadata's
 leader epoch, read as before."""
 
-import time
+from functools import partial
 from datetime import timedelta
 
 import pytest
@@ -17,6 +17,7 @@ from kio.schema.list_offsets.v8.request import ListOffsetsPartition, ListOffsets
 from kio.schema.offset_for_leader_epoch import v2, v3, v4
 
 from tests.wire import roundtrip
+from tests.waiting import wait_for as _wait_for
 
 TOPIC = "epochs"
 COUNT = 7
@@ -139,11 +140,7 @@ def test_real_consumers_read_with_their_leader_epochs(epoch_topic):
         python_consumer.close()
 
 
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+wait_for = partial(_wait_for, timeout=30.0, interval=0.05)
 
 
 def test_checkpoints_survive_kill_9_and_a_lost_epoch_file_is_rebuilt(ottla_broker_factory, raw_connection):

@@ -23,20 +23,10 @@ from kafka import KafkaConsumer, TopicPartition
 from ottla.records.batch import read_header
 from ottla.testing import cluster
 from tests.faultproxy import FaultProxy
+from tests.waiting import wait_for
 
 LAG_MS = 3000
 CONFIG = {"replica.lag.time.max.ms": LAG_MS, "replica.fetch.backoff.ms": 200}
-
-
-def wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def partition_info(bootstrap: str, topic: str, partition: int = 0):

@@ -6,6 +6,7 @@ break ZooKeeper itself start their own.
 
 from __future__ import annotations
 
+from functools import partial
 import json
 import os
 import queue
@@ -26,6 +27,7 @@ from ottla.cluster.zk import ZkClusterStore, ZkProducerIdBlockStore
 from ottla.cluster.zk_data import topic_id_to_str
 from ottla.producer_state.allocator import ProducerIdManager
 from ottla.testing.zookeeper import free_port, zookeeper, zookeeper_ensemble
+from tests.waiting import wait_for as _wait_for
 
 SESSION_MS = 4000
 
@@ -67,12 +69,7 @@ def stores(connect):
         store.close()
 
 
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+wait_for = partial(_wait_for, timeout=30.0, interval=0.05)
 
 
 def read_json(raw, path):
