@@ -61,6 +61,7 @@ class _DropRule:
     rate: float
     api_key: int | None
     close: bool
+    client_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +81,8 @@ class _Connection:
         self.rng = rng
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
-        # (correlation_id, api_key, api_version) of requests still waiting for a response.
-        self.pending: collections.deque[tuple[int, int, int]] = collections.deque()
+        # (correlation_id, api_key, api_version, client_id) of requests still waiting for a response.
+        self.pending: collections.deque[tuple[int, int, int, str | None]] = collections.deque()
         self.tasks: list[asyncio.Task] = []
 
     def close(self) -> None:
@@ -93,13 +94,13 @@ class _Connection:
             if task is not current:
                 task.cancel()
 
-    def take_request(self, correlation_id: int) -> tuple[int, int] | None:
+    def take_request(self, correlation_id: int) -> tuple[int, int, str | None] | None:
         """Pop the request this response answers. Responses come back in request order;
         skipped entries were requests without a response (Produce with acks=0)."""
         while self.pending:
-            cid, api_key, api_version = self.pending.popleft()
+            cid, api_key, api_version, client_id = self.pending.popleft()
             if cid == correlation_id:
-                return api_key, api_version
+                return api_key, api_version, client_id
         return None
 
 
@@ -207,12 +208,13 @@ class FaultProxy:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def drop_responses(self, rate: float, *, api_key: int | None = None, close: bool = True) -> None:
-        """Drop this share of responses (of ``api_key`` only, if given) after the broker has
-        handled the request. ``close=True`` then cuts the connection so the client notices and
-        retries at once; ``close=False`` keeps it open and the client waits for its request
-        timeout."""
-        self._drop = _DropRule(rate, api_key, close) if rate > 0 else None
+    def drop_responses(self, rate: float, *, api_key: int | None = None, close: bool = True,
+                       client_id: str | None = None) -> None:
+        """Drop this share of responses (of ``api_key`` only, and to requests with that
+        ``client_id`` only, if given) after the broker has handled the request. ``close=True``
+        then cuts the connection so the client notices and retries at once; ``close=False``
+        keeps it open and the client waits for its request timeout."""
+        self._drop = _DropRule(rate, api_key, close, client_id) if rate > 0 else None
 
     def delay_responses(self, seconds: float, *, jitter: float = 0.0, api_key: int | None = None) -> None:
         """Hold responses for ``seconds`` plus up to ``jitter`` more. Order is kept, so a
@@ -305,7 +307,7 @@ class FaultProxy:
                     raise _CutConnection
                 api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame)
                 self._maybe_cut(connection)
-                connection.pending.append((correlation_id, api_key, api_version))
+                connection.pending.append((correlation_id, api_key, api_version, _client_id(frame)))
                 self.stats["requests"] += 1
                 writer.write(struct.pack(">i", len(frame)) + frame)
                 await writer.drain()
@@ -326,11 +328,12 @@ class FaultProxy:
                     raise _CutConnection
                 (correlation_id,) = struct.unpack_from(">i", frame)
                 request = connection.take_request(correlation_id)
-                api_key, api_version = request if request is not None else (None, None)
+                api_key, api_version, client_id = request if request is not None else (None, None, None)
                 self._maybe_cut(connection)
 
                 drop = self._drop
-                if drop is not None and drop.api_key in (None, api_key) and connection.rng.random() < drop.rate:
+                if (drop is not None and drop.api_key in (None, api_key) and drop.client_id in (None, client_id)
+                        and connection.rng.random() < drop.rate):
                     self.stats["dropped_responses"] += 1
                     if drop.close:
                         self.stats["cuts_after_drop"] += 1
@@ -365,6 +368,14 @@ class FaultProxy:
             return frame
         self.stats["rewritten_responses"] += 1
         return frame[:offset] + _serialize(schema, rewritten) + frame[offset + size :]
+
+
+def _client_id(frame: bytes) -> str | None:
+    """The request header's client id (a nullable INT16-length string in every header version)."""
+    if len(frame) < 10:
+        return None
+    (size,) = struct.unpack_from(">h", frame, 8)
+    return None if size < 0 else frame[10:10 + size].decode("utf-8", "replace")
 
 
 def _serialize(schema: type, entity: object) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
+from datetime import timedelta
 from dataclasses import dataclass, field, make_dataclass
 from functools import cache
 from types import ModuleType
@@ -43,6 +44,8 @@ API_VERSIONS = 18
 METADATA = 3
 FIND_COORDINATOR = 10
 WRITE_TXN_MARKERS = 27
+ALTER_PARTITION_REASSIGNMENTS = 45
+LIST_PARTITION_REASSIGNMENTS = 46
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
@@ -52,6 +55,8 @@ CLIENT_VERSIONS = {
     METADATA: (1, 12),
     FIND_COORDINATOR: (1, 6),
     WRITE_TXN_MARKERS: (1, 2),
+    ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_PRODUCERS: (0, 0),
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 2),
@@ -300,6 +305,21 @@ class AdminProtocolClient:
 
     def metadata(self, topics: Iterable[str] | None) -> dict[str, list[PartitionInfo]]:
         """Partition leaders of `topics` (all topics if None); also learns the brokers."""
+        response = self.metadata_response(topics)
+        result = {}
+        for topic in response.topics:
+            if topic.error_code == ErrorCode.unknown_topic_or_partition:
+                raise ProtocolClientError(f"topic {topic.name!r} does not exist")
+            if topic.error_code != ErrorCode.none:
+                raise BrokerError(topic.error_code, f"topic {topic.name!r}")
+            result[topic.name] = sorted(
+                (PartitionInfo(p.partition_index, p.leader_id) for p in topic.partitions),
+                key=lambda info: info.partition)
+        return result
+
+    def metadata_response(self, topics: Iterable[str] | None) -> Any:
+        """The whole Metadata response (cluster id, controller, racks, leader epochs, ISR and
+        offline replicas, which librdkafka does not expose); also learns the brokers."""
         names = None if topics is None else list(topics)
 
         def build(module):
@@ -311,16 +331,7 @@ class AdminProtocolClient:
 
         response = self._any_connection().request(METADATA, build)
         self._nodes = {b.node_id: Node(b.node_id, b.host, b.port) for b in response.brokers}
-        result = {}
-        for topic in response.topics:
-            if topic.error_code == ErrorCode.unknown_topic_or_partition:
-                raise ProtocolClientError(f"topic {topic.name!r} does not exist")
-            if topic.error_code != ErrorCode.none:
-                raise BrokerError(topic.error_code, f"topic {topic.name!r}")
-            result[topic.name] = sorted(
-                (PartitionInfo(p.partition_index, p.leader_id) for p in topic.partitions),
-                key=lambda info: info.partition)
-        return result
+        return response
 
     def brokers(self) -> list[Node]:
         self.metadata([])
@@ -430,3 +441,40 @@ class AdminProtocolClient:
                     if result.error_code != ErrorCode.none:
                         raise BrokerError(result.error_code,
                                           f"abort on {topic_result.name}-{result.partition_index}")
+
+    def _controller_connection(self) -> BrokerConnection:
+        controller = self.metadata_response([]).controller_id
+        if controller < 0:
+            raise BrokerError(ErrorCode.not_controller, "no controller is known")
+        return self._node_connection(controller)
+
+    def alter_partition_reassignment(self, topic: str, partition: int, replicas: list[int] | None,
+                                     timeout_ms: int) -> None:
+        """Start a reassignment to `replicas`, or cancel the ongoing one (None), on the controller.
+
+        confluent-kafka has no AlterPartitionReassignments, hence this client."""
+        def build(module):
+            return module.AlterPartitionReassignmentsRequest(timeout=timedelta(milliseconds=timeout_ms), topics=(
+                module.ReassignableTopic(name=topic, partitions=(module.ReassignablePartition(
+                    partition_index=partition, replicas=None if replicas is None else tuple(replicas)),)),))
+
+        response = self._controller_connection().request(ALTER_PARTITION_REASSIGNMENTS, build)
+        if response.error_code != ErrorCode.none:
+            raise BrokerError(response.error_code, "AlterPartitionReassignments", response.error_message)
+        for topic_response in response.responses:
+            for result in topic_response.partitions:
+                if result.error_code != ErrorCode.none:
+                    raise BrokerError(result.error_code, f"{topic_response.name}-{result.partition_index}",
+                                      result.error_message)
+
+    def list_partition_reassignments(self, timeout_ms: int) -> list[tuple[str, Any]]:
+        """The ongoing reassignments, as (topic, OngoingPartitionReassignment), from the controller."""
+        def build(module):
+            return module.ListPartitionReassignmentsRequest(timeout=timedelta(milliseconds=timeout_ms),
+                                                            topics=None)
+
+        response = self._controller_connection().request(LIST_PARTITION_REASSIGNMENTS, build)
+        if response.error_code != ErrorCode.none:
+            raise BrokerError(response.error_code, "ListPartitionReassignments", response.error_message)
+        return sorted(((topic.name, p) for topic in response.topics for p in topic.partitions),
+                      key=lambda item: (item[0], item[1].partition_index))

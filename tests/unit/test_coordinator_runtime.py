@@ -52,6 +52,9 @@ def test_leadership_moves_load_and_unload_the_coordinators(tmp_path):
             move(OFFSETS_TOPIC, g, 1, 2)
             move(TRANSACTION_STATE_TOPIC, t, 1, 2)
             fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            while fetched.error == E.coordinator_load_in_progress:  # loads in steps, on the loop
+                await asyncio.sleep(0.01)
+                fetched = groups.fetch_offsets(group_id="g", partitions=None)
             assert fetched.error == E.none and fetched.offsets[("t", 0)].offset == 5
             described = txns.describe_transactions(["tx"])[0]
             assert described.error == E.none and described.state == "Empty"

@@ -30,7 +30,7 @@ def manager(tmp_path):
 
 
 def lead(manager, partition=0, epoch=0, isr=(1,), replicas=(1,)):
-    return manager.apply_partition_states([PartitionState("t", partition, 1, epoch, replicas, isr)])
+    return manager.apply_partition_states([PartitionState("t", partition, 1, epoch, replicas, isr)], now_ms=NOW)
 
 
 def test_leader_appends_and_moves_the_high_watermark_to_the_isr_minimum(manager):
@@ -108,3 +108,52 @@ def test_removed_partitions_are_forgotten(manager):
     manager.add_leadership_listener(lambda *args: seen.append(args))
     manager.remove_partitions([("t", 0)])
     assert manager.get_partition("t", 0) is None and seen == [("t", 0, False, 0)]
+
+
+def test_min_insync_replicas_refuses_acks_all_below_it_and_after_a_shrink(tmp_path):
+    logs = LogManager(tmp_path, BrokerConfig({}))
+    logs.create_topic("m", 1, {"min.insync.replicas": 2})
+    manager = ReplicaManager(1, logs)
+
+    async def scenario():
+        manager.apply_partition_states([PartitionState("m", 0, 1, 0, (1, 2), (1,))], now_ms=NOW)
+        refused = await manager.append_records({("m", 0): batch()}, acks=-1, timeout_ms=1000, now_ms=NOW)
+        assert refused[("m", 0)].error == E.not_enough_replicas
+        assert manager.get_partition("m", 0).log_end_offset == 0  # refused before the append
+        one = await manager.append_records({("m", 0): batch()}, acks=1, timeout_ms=1000, now_ms=NOW)
+        assert one[("m", 0)].error == E.none  # acks=1 does not ask for the ISR
+        # ISR [1, 2]: the produce waits for 2; the ISR shrinks to [1] meanwhile and the HW passes
+        # the batch: written, but the guarantee is not met
+        manager.apply_partition_states([PartitionState("m", 0, 1, 0, (1, 2), (1, 2))], now_ms=NOW)
+        partition = manager.get_partition("m", 0)
+        produce = asyncio.ensure_future(manager.append_records({("m", 0): batch()}, acks=-1, timeout_ms=60_000,
+                                                               now_ms=NOW))
+        await asyncio.sleep(0.05)
+        assert not produce.done()
+        assert partition.propose_isr_shrink(NOW + 31_000) == frozenset({1})
+        assert partition.isr_committed({1}, zk_version=1)
+        manager.high_watermark_moved("m", 0)
+        assert (await produce)[("m", 0)].error == E.not_enough_replicas_after_append
+    try:
+        asyncio.run(scenario())
+    finally:
+        logs.close()
+
+
+def test_a_follower_fetch_moves_the_high_watermark_and_asks_to_rejoin_the_isr(manager):
+    proposals = []
+
+    class Recorder:
+        def propose(self, partition, isr):
+            proposals.append((partition.index, isr))
+    manager.isr_updates = Recorder()
+    lead(manager, isr=(1,), replicas=(1, 2))
+    manager.append("t", 0, batch(2), now_ms=NOW)
+    assert manager.get_partition("t", 0).high_watermark == 2  # the ISR is the leader alone
+    manager.follower_fetched("t", 0, 2, 1, NOW + 1)
+    assert proposals == []  # below the HW: not in sync yet
+    manager.follower_fetched("t", 0, 2, 2, NOW + 2)
+    assert proposals == [(0, frozenset({1, 2}))]
+    with pytest.raises(KafkaError) as e:
+        manager.follower_fetched("t", 0, 3, 0, NOW)
+    assert e.value.code == E.not_leader_or_follower  # not a replica

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from . import groups, produce_consume, records, topics, transactions
+from . import cluster, groups, produce_consume, reassign, records, topics, transactions
 from .common import DEFAULT_BOOTSTRAP, _positive_float
 
 
@@ -26,6 +26,8 @@ def add_commands(commands) -> None:
 
     topic_commands = topics.register(commands, command)
     records.register(topic_commands, command)
+    reassign.register(topic_commands, command)
     produce_consume.register(commands, command)
     groups.register(commands, command)
     transactions.register(commands, command)
+    cluster.register(commands, command)

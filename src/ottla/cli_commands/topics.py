@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .common import CommandFailed, Session, UsageError, _command, _key_value, _positive_int, _print_fields, _print_table
+from .partitions import OFFLINE, UNDER_REPLICATED, _ids, partition_states
 
 
 def register(commands, command):
@@ -24,6 +25,10 @@ def register(commands, command):
     describe = command(topic_commands, "describe", f"{__name__}:topics_describe",
                        "show a topic's partitions, offsets and configs")
     describe.add_argument("name")
+    describe.add_argument("--under-replicated-partitions", action="store_true",
+                          help="only partitions whose ISR is smaller than their replicas")
+    describe.add_argument("--unavailable-partitions", action="store_true",
+                          help="only partitions without a live leader")
     alter = command(topic_commands, "alter-config", f"{__name__}:topics_alter_config",
                     "set or delete topic configs (IncrementalAlterConfigs)")
     alter.add_argument("name")
@@ -82,8 +87,11 @@ def topics_describe(args: argparse.Namespace) -> int:
     resource = ConfigResource(ResourceType.TOPIC, name)
     configs = session.wait(admin.describe_configs([resource], request_timeout=session.timeout)[resource],
                            f"cannot describe configs of topic {name!r}")
-    partitions = sorted(description.partitions, key=lambda p: p.id)
-    keys = [(name, p.id) for p in partitions]
+    with session.protocol_client() as client:
+        partitions = [p for p in partition_states(client, name)
+                      if (not args.under_replicated_partitions or p.status == UNDER_REPLICATED)
+                      and (not args.unavailable_partitions or p.status == OFFLINE)]
+    keys = [(name, p.partition) for p in partitions if p.leader >= 0]
     log_start = session.offsets(keys, OffsetSpec.earliest())
     high_watermark = session.offsets(keys, OffsetSpec.latest())
     last_stable = session.offsets(keys, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
@@ -92,15 +100,16 @@ def topics_describe(args: argparse.Namespace) -> int:
         ("NAME", description.name),
         ("TOPIC-ID", description.topic_id),
         ("INTERNAL", str(description.is_internal).lower()),
-        ("PARTITIONS", len(partitions)),
-        ("REPLICAS", max((len(p.replicas) for p in partitions), default=0)),
+        ("PARTITIONS", len(description.partitions)),
+        ("REPLICAS", max((len(p.replicas) for p in description.partitions), default=0)),
     ])
     print()
     _print_table(
-        ["PARTITION", "LEADER", "REPLICAS", "ISR", "LOG-START", "HIGH-WATERMARK", "LAST-STABLE"],
-        [(p.id, p.leader.id if p.leader is not None else None,
-          ",".join(str(node.id) for node in p.replicas), ",".join(str(node.id) for node in p.isr),
-          log_start[name, p.id], high_watermark[name, p.id], last_stable[name, p.id]) for p in partitions])
+        ["PARTITION", "LEADER", "LEADER-EPOCH", "REPLICAS", "ISR", "OFFLINE", "LOG-START", "HIGH-WATERMARK",
+         "LAST-STABLE", "STATUS"],
+        [(p.partition, p.leader if p.leader >= 0 else None, p.leader_epoch, _ids(p.replicas), _ids(p.isr),
+          _ids(p.offline), log_start.get((name, p.partition)), high_watermark.get((name, p.partition)),
+          last_stable.get((name, p.partition)), p.status) for p in partitions])
     print()
     _print_table(["CONFIG", "VALUE", "SOURCE"],
                  [(entry.name, "<sensitive>" if entry.is_sensitive else entry.value,

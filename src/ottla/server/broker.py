@@ -35,7 +35,7 @@ from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
 from .interbroker import InterBrokerClient
-from .metadata_cache import BrokerInfo, MetadataCache, PartitionState
+from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
 
@@ -244,7 +244,6 @@ class Broker:
         if self.membership is not None:
             if self.metadata.controller_epoch < 0:
                 itself = BrokerInfo(self.node_id, host, port, self.config["broker.rack"])
-                # Not `full`: the coordinators' internal topics may be here already.
                 self.metadata.update(controller_id=-1, controller_epoch=-1, brokers=[itself],
                                      partition_states=[], topic_ids={})
             return
@@ -255,25 +254,9 @@ class Broker:
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
-        if self.membership is not None:
-            return self._local_internal_topic(name, partitions, configs)
+        """Single node only: a cluster creates topics through the store (`cluster_admin`)."""
         info = self.logs.create_topic(name, partitions, configs)
         self._publish_local_metadata()
-        return info
-
-    def _local_internal_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
-        """In a cluster only the coordinators' internal topics come here, and they stay on this
-        broker, led by it, until the coordinators move onto the cluster (issue 12): created
-        once, found again after a restart, and published to the metadata cache without
-        touching what the controller said about the cluster's topics."""
-        info = self.logs.topics.get(name) or self.logs.create_topic(name, partitions, configs)
-        states = [PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,))
-                  for p in range(info.partitions)]
-        self.metadata.update(controller_id=self.metadata.controller_id,
-                             controller_epoch=self.metadata.controller_epoch,
-                             brokers=self.metadata.brokers, partition_states=states,
-                             topic_ids={name: info.topic_id})
-        self.replicas.apply_partition_states(states)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:

@@ -17,7 +17,7 @@ from ..controller import admin
 from ..errors import ErrorCode, KafkaError
 from ..log.manager import validate_topic_name
 
-__all__ = ["create_topic", "create_partitions", "delete_topic"]
+__all__ = ["create_topic", "auto_create_topic", "create_partitions", "delete_topic"]
 
 POLL_S = 0.05
 
@@ -59,6 +59,25 @@ async def create_topic(broker, topic, *, validate_only: bool, timeout_ms: int) -
         await asyncio.to_thread(admin.create_topic, store, planned, {c.name: c.value for c in topic.configs})
         await _wait(lambda: _led(broker, topic.name, len(planned.partitions)), timeout_ms)
     return planned.topic_id, len(planned.partitions), len(replicas), configs
+
+
+async def auto_create_topic(broker, name: str) -> ErrorCode:
+    """Metadata's auto-creation in a cluster, as Kafka's ZooKeeper mode does it: the topic goes
+    to the store with `num.partitions` and `default.replication.factor`, the controller
+    assigns leaders, and the client is told LEADER_NOT_AVAILABLE (retriable) meanwhile."""
+    store = broker.membership.store
+
+    def create() -> None:
+        planned = admin.plan_topic(store, name, broker.config["num.partitions"],
+                                   broker.config["default.replication.factor"])
+        admin.create_topic(store, planned, {})
+    try:
+        validate_topic_name(name)
+        await asyncio.to_thread(create)
+    except KafkaError as exc:
+        if exc.code != ErrorCode.topic_already_exists:
+            return exc.code
+    return ErrorCode.leader_not_available
 
 
 async def create_partitions(broker, name: str, count: int, assignments, *, validate_only: bool,

@@ -21,7 +21,9 @@ from ..controller.requests import ControllerRequest
 from ..controller.service import ControllerService
 from ..errors import ErrorCode
 from .controller_link import ControllerLink
-from .interbroker import BrokerNotAvailable
+from .interbroker import BrokerNotAvailable, InterBrokerClient
+from .isr_updates import IsrUpdates
+from .replica_fetcher import ReplicaFetcherManager
 
 __all__ = ["ClusterNode"]
 
@@ -36,8 +38,17 @@ class ClusterNode:
         self.service = ControllerService(broker.node_id, self.store,
                                          ControllerConfig.from_broker_config(broker.config), self._send)
         self.client = broker.interbroker
+        # The fetchers' own connections (Kafka's replica fetcher threads have theirs): a
+        # long-polling Fetch must not hold up the controller's requests to the same broker.
+        self.fetcher_client = InterBrokerClient(f"broker-{broker.node_id}-fetcher-0",
+                                                request_timeout_ms=broker.config["replica.socket.timeout.ms"])
+        self.fetchers = ReplicaFetcherManager(broker, self.fetcher_client)
+        self.isr_updates = IsrUpdates(broker.replicas, self.store)
 
     async def start(self) -> None:
+        # Replication first: the controller's first LeaderAndIsr may follow at once.
+        self.broker.replicas.fetchers = self.fetchers
+        self.isr_updates.start()
         self.broker.controller_link = self.link
         self.broker.controller_service = self.service
         await self.service.start()
@@ -85,3 +96,7 @@ class ClusterNode:
         if self.broker.config["controlled.shutdown.enable"]:
             await self.controlled_shutdown()
         await self.service.stop()
+        self.broker.replicas.fetchers = None
+        await self.fetchers.stop()
+        await self.isr_updates.stop()
+        await self.fetcher_client.close()

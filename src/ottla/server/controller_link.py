@@ -59,7 +59,10 @@ class ControllerLink:
             for topic in sorted({s.topic for s in mine}):
                 needed = max(s.partition for s in mine if s.topic == topic) + 1
                 await self._ensure_logs(topic, ids.get(topic), needed)
-            return self.broker.replicas.apply_partition_states(_cached(s) for s in mine)
+            fetchers = self.broker.replicas.fetchers
+            if fetchers is not None:
+                fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
+            return self.broker.replicas.apply_partition_states((_cached(s) for s in mine), now_ms())
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, count: int) -> None:
         """The local catalog holds the topic under the cluster's topic id with at least
@@ -126,4 +129,4 @@ class ControllerLink:
 
 def _cached(state: PartitionState) -> CachedState:
     return CachedState(state.topic, state.partition, state.leader, state.leader_epoch, state.replicas,
-                       state.isr, state.offline_replicas, state.controller_epoch)
+                       state.isr, state.offline_replicas, state.controller_epoch, state.partition_epoch)

@@ -1,9 +1,10 @@
 """The server's side of the coordinator seams (`coordinator/runtime.py`).
 
 `BrokerCoordinatorRuntime` gives the coordinators their internal topics: appends as the
-partition's leader through the replica manager, acknowledged once durable -- fdatasynced
-(`DataSync`) and past the high watermark, which on one node is at once and with
-replication means the ISR has it -- and leadership changes from the replica manager.
+partition's leader through the replica manager, acknowledged once durable, and leadership
+changes from the replica manager. Durable means: with one replica, fdatasynced (`DataSync`);
+with several, past the high watermark, i.e. on every ISR member (as Kafka, which does not
+fsync either: a record on the ISR survives any single crash).
 `BrokerMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
 served in-process through the same handler a remote coordinator's request reaches; other
 leaders get the request over the inter-broker client.
@@ -21,7 +22,10 @@ from kio.schema.write_txn_markers.v1.request import (
     WriteTxnMarkersRequest,
 )
 
+from ..controller import admin
+from ..coordinator.group.records import OFFSETS_TOPIC
 from ..coordinator.runtime import OnDurable, OnLeadership, TopicPartition
+from ..coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import BatchHeader
 from ..records.records import Record, iter_batches
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ottla.coordinator")
 
 _LOAD_CHUNK_BYTES = 1 << 20
+_REPLICATION_FACTOR = {OFFSETS_TOPIC: "offsets.topic.replication.factor",
+                       TRANSACTION_STATE_TOPIC: "transaction.state.log.replication.factor"}
 
 
 class BrokerCoordinatorRuntime:
@@ -44,18 +50,58 @@ class BrokerCoordinatorRuntime:
         self._broker = broker
         self._syncs: dict[str, DataSync] = {}
         self._watchers: dict[str, tuple[OnLeadership, OnLeadership]] = {}
+        # Cluster: the internal topics to create on demand, (partitions, configs), and the
+        # creations under way.
+        self._internal: dict[str, tuple[int, dict]] = {}
+        self._creating: dict[str, asyncio.Future] = {}
         broker.replicas.add_leadership_listener(self._on_leadership)
 
     def ensure_topic(self, topic: str, partitions: int, configs: Mapping[str, Any]) -> int:
         existing = self._broker.metadata.topic(topic)
         if existing is not None:
             return existing.partition_count
-        # Not in the metadata yet (a cluster broker before the controller's first update): the
-        # local catalog's copy, else a new topic through the broker's topic admin.
+        if self._broker.membership is not None:
+            # A cluster creates it through the store on the first FindCoordinator that needs
+            # it (`create_internal_topic`), as Kafka does; until then its configured size.
+            self._internal[topic] = (partitions, dict(configs))
+            return partitions
         local = self._broker.logs.topics.get(topic)
         if local is not None:
             return local.partitions
         return self._broker.create_topic(topic, partitions, dict(configs)).partitions
+
+    async def create_internal_topic(self, topic: str) -> None:
+        """Cluster: create `topic` through the store (once at a time per broker) with its
+        replication factor; raises a KafkaError (INVALID_REPLICATION_FACTOR while fewer live
+        brokers than the factor) that FindCoordinator answers as COORDINATOR_NOT_AVAILABLE."""
+        if topic not in self._internal or self._broker.metadata.has_topic(topic):
+            return
+        running = self._creating.get(topic)
+        if running is None:
+            running = self._creating[topic] = asyncio.ensure_future(self._create(topic))
+            running.add_done_callback(lambda _: self._creating.pop(topic, None))
+        await asyncio.shield(running)
+
+    async def _create(self, topic: str) -> None:
+        partitions, configs = self._internal[topic]
+        factor = self._broker.config[_REPLICATION_FACTOR[topic]]
+        store = self._broker.membership.store
+        live = len(await asyncio.to_thread(store.live_brokers))
+        if live < factor:
+            raise KafkaError(ErrorCode.invalid_replication_factor,
+                             f"Number of alive brokers '{live}' does not meet the required replication factor "
+                             f"'{factor}' for {topic} (configured via '{_REPLICATION_FACTOR[topic]}'). This "
+                             "error can be ignored if the cluster is starting up and not all brokers are up yet.")
+        # Kafka's transaction.state.log.min.isr default (2), capped by the factor; the same
+        # for the offsets topic so a commit is on two brokers when there are two to hold it.
+        configs = {**configs, "min.insync.replicas": min(2, factor)}
+        try:
+            planned = await asyncio.to_thread(admin.plan_topic, store, topic, partitions, factor)
+            await asyncio.to_thread(admin.create_topic, store, planned, configs)
+            log.info("created %s with %d partitions, replication factor %d", topic, partitions, factor)
+        except KafkaError as exc:
+            if exc.code != ErrorCode.topic_already_exists:
+                raise
 
     def partition_count(self, topic: str) -> int | None:
         info = self._broker.metadata.topic(topic)
@@ -94,6 +140,11 @@ class BrokerCoordinatorRuntime:
 
         def replicated(error: ErrorCode) -> None:
             on_durable(error, base_offset if error == ErrorCode.none else -1)
+
+        target = replicas.get_partition(topic, partition)
+        if target is not None and len(target.replicas) > 1:
+            replicas.after_high_watermark(topic, partition, end, replicated)
+            return
 
         def synced(error: ErrorCode) -> None:
             if error != ErrorCode.none:

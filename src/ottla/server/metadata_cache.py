@@ -47,6 +47,7 @@ class PartitionState:
     isr: tuple[int, ...]
     offline_replicas: tuple[int, ...] = ()
     controller_epoch: int = 0
+    zk_version: int = -1  # the state znode's version (LeaderAndIsr's partition_epoch)
 
 
 @dataclass(frozen=True, slots=True)

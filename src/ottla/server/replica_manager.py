@@ -4,17 +4,21 @@ It owns one `Partition` per local log and applies the leadership the metadata sa
 (`apply_partition_states`, what LeaderAndIsr will call). Produce goes through
 `append_records`, which answers once the acknowledgement `acks` asks for holds: acks=1 after
 the leader's append, acks=-1 once the high watermark has passed the batch (one node: at
-once, its ISR is itself). Fetches wait here for data (`wait_for_data`), and anything may
-wait for a partition's high watermark to pass an offset (`after_high_watermark`), which is
-how "durable" will mean "replicated to the ISR".
+once, its ISR is itself; with replicas, once the ISR has it), NOT_ENOUGH_REPLICAS(_AFTER_APPEND)
+when the ISR is below min.insync.replicas. Fetches wait here for data (`wait_for_data`), and
+anything may wait for a partition's high watermark to pass an offset (`after_high_watermark`),
+which is how "durable" means "replicated to the ISR". Followers' fetches reach the leader's
+state through `follower_fetched`; the replica fetchers (`fetchers`) and the ISR writer
+(`isr_updates`) are plugged in by a cluster broker and absent on a single node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from ..errors import ErrorCode, KafkaError
 from ..log.log import AppendResult
@@ -30,6 +34,22 @@ TopicPartition = tuple[str, int]
 # (topic, partition, is_leader, leader_epoch): the coordinators load or unload on it.
 LeadershipListener = Callable[[str, int, bool, int], None]
 OnHighWatermark = Callable[[ErrorCode], None]
+
+
+class Fetchers(Protocol):
+    """The follower side (`server/replica_fetcher.py`): which partitions to fetch, from whom."""
+
+    def follow(self, partition: Partition) -> None: ...
+
+    def unfollow(self, keys: Iterable[TopicPartition]) -> None: ...
+
+    def learn_endpoints(self, endpoints: dict[int, tuple[str, int]]) -> None: ...
+
+
+class IsrUpdates(Protocol):
+    """Writes a leader's ISR proposals to the cluster store (`server/isr_updates.py`)."""
+
+    def propose(self, partition: Partition, isr: frozenset[int]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,9 @@ class ReplicaManager:
     def __init__(self, node_id: int, logs: LogManager):
         self.node_id = node_id
         self.logs = logs
+        self.lag_time_max_ms = logs.broker_config["replica.lag.time.max.ms"]
+        self.fetchers: Fetchers | None = None
+        self.isr_updates: IsrUpdates | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self._listeners: list[LeadershipListener] = []
         self._data_waiters: dict[TopicPartition, list[asyncio.Future]] = {}
@@ -73,10 +96,12 @@ class ReplicaManager:
         """`listener(topic, partition, is_leader, leader_epoch)` after each role change."""
         self._listeners.append(listener)
 
-    def apply_partition_states(self, states: Iterable[PartitionState]) -> dict[TopicPartition, ErrorCode]:
+    def apply_partition_states(self, states: Iterable[PartitionState], now_ms: int = 0) -> dict[TopicPartition, ErrorCode]:
         """Take the roles `states` give this broker (LeaderAndIsr): leader where it is the
-        leader, follower where it is another replica; per-partition errors, as Kafka answers."""
+        leader, follower where it is another replica; per-partition errors, as Kafka answers.
+        Followers are handed to the fetchers, new leaders taken from them."""
         errors: dict[TopicPartition, ErrorCode] = {}
+        now_ms = now_ms or int(time.time() * 1000)
         for state in states:
             key = (state.topic, state.partition)
             if self.node_id not in state.replicas:
@@ -88,17 +113,25 @@ class ReplicaManager:
                     errors[key] = ErrorCode.kafka_storage_error
                     log.error("no log for %s-%d, which this broker is a replica of", *key)
                     continue
-                partition = self.partitions[key] = Partition(state.topic, state.partition, found, self.node_id)
+                partition = self.partitions[key] = Partition(state.topic, state.partition, found, self.node_id,
+                                                             lag_time_max_ms=self.lag_time_max_ms)
             was_leader = partition.is_leader
             try:
                 if state.leader == self.node_id:
-                    changed = partition.make_leader(state.leader_epoch, state.isr, state.replicas)
+                    changed = partition.make_leader(state.leader_epoch, state.isr, state.replicas, now_ms=now_ms,
+                                                    zk_version=state.zk_version,
+                                                    controller_epoch=state.controller_epoch)
                 else:
-                    changed = partition.make_follower(state.leader_epoch, state.leader, state.replicas)
+                    changed = partition.make_follower(state.leader_epoch, state.leader, state.replicas, state.isr)
             except KafkaError as exc:
                 errors[key] = exc.code
                 continue
             errors[key] = ErrorCode.none
+            if self.fetchers is not None:
+                if partition.is_leader:
+                    self.fetchers.unfollow([key])
+                elif changed and partition.leader_id >= 0:
+                    self.fetchers.follow(partition)
             if was_leader and not partition.is_leader:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
@@ -114,6 +147,8 @@ class ReplicaManager:
                 continue
             was_leader = partition.is_leader
             partition.make_offline()
+            if self.fetchers is not None:
+                self.fetchers.unfollow([key])
             self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             self.notify_data(*key)
             if was_leader:
@@ -153,7 +188,8 @@ class ReplicaManager:
         waits: dict[TopicPartition, asyncio.Future] = {}
         for (topic, index), records in entries.items():
             try:
-                self.leader_partition(topic, index)
+                target = self.leader_partition(topic, index)
+                target.check_enough_replicas(acks)
                 refused = precheck(topic, index, records) if precheck is not None else None
                 if refused is not None:
                     results[(topic, index)] = ProduceResult(*refused)
@@ -166,7 +202,7 @@ class ReplicaManager:
             results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
                                                     result.log_append_time, result.log_start_offset)
             if acks == -1:
-                waits[(topic, index)] = self._high_watermark_future(topic, index, result.last_offset + 1)
+                waits[(topic, index)] = self._acks_all_future(topic, index, result.last_offset + 1)
         if waits:
             pending = [f for f in waits.values() if not f.done()]
             if pending:
@@ -194,15 +230,45 @@ class ReplicaManager:
         else:
             self._hw_waiters.setdefault((topic, partition), []).append((offset, callback))
 
-    def _high_watermark_future(self, topic: str, partition: int, offset: int) -> asyncio.Future:
+    def _acks_all_future(self, topic: str, partition: int, offset: int) -> asyncio.Future:
+        """Resolves once the HW passed `offset`: NONE, or NOT_ENOUGH_REPLICAS_AFTER_APPEND when
+        the ISR fell below min.insync.replicas meanwhile (Kafka's checkEnoughReplicasReachOffset)."""
         future = asyncio.get_running_loop().create_future()
 
         def done(error: ErrorCode) -> None:
+            if error == ErrorCode.none:
+                target = self.partitions.get((topic, partition))
+                error = target.acks_all_result(offset) if target is not None else ErrorCode.not_leader_or_follower
             if not future.done():
                 future.set_result(error)
 
         self.after_high_watermark(topic, partition, offset, done)
         return future
+
+    def follower_fetched(self, topic: str, partition: int, replica_id: int, fetch_offset: int, now_ms: int) -> Partition:
+        """A follower's Fetch from `fetch_offset` reached the leader: its progress moves the HW
+        (waking acks=all and delayed fetches) and may bring it back into the ISR. Raises
+        NOT_LEADER_OR_FOLLOWER when this broker does not lead or `replica_id` is no replica."""
+        target = self.leader_partition(topic, partition)
+        if target.update_follower_fetch(replica_id, fetch_offset, now_ms):
+            self.high_watermark_moved(topic, partition)
+        if self.isr_updates is not None:
+            expanded = target.propose_isr_expand()
+            if expanded is not None:
+                self.isr_updates.propose(target, expanded)
+        return target
+
+    def propose_isr_shrinks(self, now_ms: int) -> None:
+        """The periodic ISR check (Kafka's isr-expiration, every replica.lag.time.max.ms / 2):
+        each led partition with followers behind for longer than the lag time proposes a
+        smaller ISR."""
+        if self.isr_updates is None:
+            return
+        for partition in list(self.partitions.values()):
+            if partition.is_leader:
+                shrunk = partition.propose_isr_shrink(now_ms)
+                if shrunk is not None:
+                    self.isr_updates.propose(partition, shrunk)
 
     def high_watermark_moved(self, topic: str, partition: int) -> None:
         """Someone (a follower's fetch, the replication layer) moved the HW: wake the waiters."""

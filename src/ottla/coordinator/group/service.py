@@ -52,6 +52,10 @@ class OffsetsLogStore:
                         yield StoredRecord(record.offset, record.key, record.value, producer_id)
 
 
+# Records replayed between two yields to the event loop while a partition loads.
+_LOAD_STEP = 1000
+
+
 class GroupService:
     """Creates `__consumer_offsets`, loads the partitions this broker leads and runs the
     coordinator's timers."""
@@ -67,6 +71,7 @@ class GroupService:
         self._timer: asyncio.TimerHandle | None = None
         self._armed_for: int | None = None
         self._loaded: set[int] = set()
+        self._loads: dict[int, asyncio.Task] = {}
 
     async def start(self) -> None:
         config = self._config
@@ -78,9 +83,8 @@ class GroupService:
         if partitions != config["offsets.topic.num.partitions"]:
             log.warning("%s has %d partitions; offsets.topic.num.partitions=%d applies only to a new topic",
                         OFFSETS_TOPIC, partitions, config["offsets.topic.num.partitions"])
-        self._runtime.watch_leadership(OFFSETS_TOPIC, self._on_elected, self._on_resigned)
-        log.info("loaded %d groups from %s", len(self.coordinator.list_groups().groups), OFFSETS_TOPIC)
         self._loop = asyncio.get_running_loop()
+        self._runtime.watch_leadership(OFFSETS_TOPIC, self._on_elected, self._on_resigned)
         self._fire()
 
     def _arm(self, deadline_ms: int) -> None:
@@ -107,11 +111,33 @@ class GroupService:
         if partition in self._loaded:
             return  # a new leader epoch of a partition already loaded here
         self._loaded.add(partition)
-        self.coordinator.load_partition(partition, self._clock())
+        if self._loop is None:
+            self.coordinator.load_partition(partition, self._clock())
+            return
+        # In steps, yielding to the event loop between them, so a long partition does not stall
+        # the broker; its groups answer COORDINATOR_LOAD_IN_PROGRESS until the load finishes.
+        self._loads[partition] = self._loop.create_task(self._load(partition, self.coordinator.begin_load(partition)))
+
+    async def _load(self, partition: int, loader) -> None:
+        try:
+            for count, item in enumerate(self.coordinator.store.load(partition), 1):
+                loader.replay(item)
+                if count % _LOAD_STEP == 0:
+                    await asyncio.sleep(0)
+            loader.finish(self._clock())
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loading %s-%d failed", OFFSETS_TOPIC, partition)
+        finally:
+            self._loads.pop(partition, None)
 
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:
             self._loaded.discard(partition)
+            load = self._loads.pop(partition, None)
+            if load is not None:
+                load.cancel()  # unload_partition drops what it replayed so far
             self.coordinator.unload_partition(partition, self._clock())
 
     def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int]) -> None:

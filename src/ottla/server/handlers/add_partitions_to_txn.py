@@ -1,23 +1,56 @@
 """AddPartitionsToTxn (client versions): enlist partitions in the producer's transaction.
 
-Versions 4+ batch several transactions and are for brokers (KIP-890 verification); on one
-node the produce path asks the coordinator directly, so they are not served.
+Versions 4+ batch several transactions and are for brokers: a partition leader in a
+cluster verifies a transactional produce with `verify_only` (KIP-890, `txn_verification`).
 """
 
 from datetime import timedelta
 
 from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
-from ...producer_state.authorizer import Operation, ResourceType
+from ...producer_state.authorizer import CLUSTER_NAME, Operation, ResourceType
 from ...protocol.build import make, nested
 from ..clock import now_ms
 
 API_KEY = 24
-VERSIONS = (0, 3)
+VERSIONS = (0, 4)
+
+
+async def _broker_batch(ctx, request):
+    """v4: several transactions, from another broker; `verify_only` adds nothing."""
+    coordinator = ctx.broker.transactions.coordinator
+    response_type = ctx.response_type
+    result_type = nested(response_type, "AddPartitionsToTxnResult")
+    topic_type = nested(response_type, "AddPartitionsToTxnTopicResult")
+    partition_type = nested(response_type, "AddPartitionsToTxnPartitionResult")
+    results = []
+    for txn in request.transactions:
+        wanted = [(t.name, p) for t in txn.topics for p in t.partitions]
+        if txn.verify_only:
+            errors = coordinator.verify_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+        else:
+            future, respond = reply_future()
+            coordinator.add_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted, now_ms(),
+                                       respond)
+            error = await future
+            errors = {tp: error for tp in wanted}
+        by_topic: dict[str, list] = {}
+        for (topic, partition), error in errors.items():
+            by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition,
+                                                       partition_error_code=error))
+        results.append(make(result_type, transactional_id=txn.transactional_id, topic_results=tuple(
+            make(topic_type, name=t, results_by_partition=tuple(r)) for t, r in by_topic.items())))
+    return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none,
+                results_by_transaction=tuple(results))
 
 
 async def handle(ctx, request):
     broker = ctx.broker
+    if ctx.api_version >= 4:
+        if not authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
+            return make(ctx.response_type, throttle_time=timedelta(0),
+                        error_code=ErrorCode.cluster_authorization_failed, results_by_transaction=())
+        return await _broker_batch(ctx, request)
     transactional_id = request.v3_and_below_transactional_id
     wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
     if not authorized(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):

@@ -7,6 +7,11 @@ As in Kafka, the partitions asked for become a map (a partition named twice is r
 with the last entry's offset and size, in the place of its first mention), and the
 response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
 batch that must always be returned.
+
+A Fetch with `replica_id` >= 0 comes from a follower (up to v12 the id is a top-level field;
+v15 moved it into `replica_state`, which Ottla does not serve yet): it reads up to the
+leader's log end, not the HW, its fetch offset is the follower's progress the leader's
+state needs (HW, ISR), and the answer carries the HW the follower copies.
 """
 
 import time
@@ -59,7 +64,8 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
-    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    replica_id = getattr(request, "replica_id", -1)
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
     remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
@@ -86,13 +92,19 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                     # Kafka's log read refuses a negative size (IllegalArgumentException).
                     raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
                 diverging = _diverging(wanted, partition, epoch_type)
+                if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
+                    # Only a fetch that continues the leader's log tells the follower's progress.
+                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                                                     int(time.time() * 1000))
+                    high_watermark = log.high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
                 else:
                     data = log.read(
                         wanted.fetch_offset,
                         min(wanted.partition_max_bytes, max(remaining, 0)),
-                        max_offset=stable if read_committed else high_watermark,
+                        max_offset=(log.log_end_offset if replica_id >= 0
+                                    else stable if read_committed else high_watermark),
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
                     )

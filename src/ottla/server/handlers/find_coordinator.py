@@ -1,5 +1,8 @@
 """FindCoordinator: the leader of the internal-topic partition that owns the key (Kafka's
-hash), from the metadata cache; COORDINATOR_NOT_AVAILABLE while that partition has none."""
+hash), from the metadata cache; COORDINATOR_NOT_AVAILABLE while that partition has none.
+In a cluster the first request for a missing internal topic creates it through the store
+(Kafka's auto-creation of `__consumer_offsets` / `__transaction_state`); the client retries
+until the controller has elected the leaders."""
 
 from datetime import timedelta
 
@@ -7,7 +10,7 @@ from ..replies import authorized
 from ...coordinator.group.records import OFFSETS_TOPIC
 from ...coordinator.partitioning import partition_for
 from ...coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
-from ...errors import ErrorCode
+from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import Operation, ResourceType
 from ...protocol.build import make, nested
 
@@ -22,7 +25,7 @@ _RESOURCES = {
 }
 
 
-def _answer(ctx, key_type: int, key: str) -> dict:
+async def _answer(ctx, key_type: int, key: str) -> dict:
     if key_type not in _RESOURCES:
         error, message = ErrorCode.invalid_request, f"unsupported key type {key_type}"
     elif not authorized(ctx, Operation.DESCRIBE, _RESOURCES[key_type][0], key):
@@ -31,6 +34,12 @@ def _answer(ctx, key_type: int, key: str) -> dict:
         metadata = ctx.broker.metadata
         topic = OFFSETS_TOPIC if key_type == GROUP else TRANSACTION_STATE_TOPIC
         info = metadata.topic(topic)
+        if info is None and ctx.broker.membership is not None:
+            try:
+                await ctx.broker.coordinator_runtime.create_internal_topic(topic)
+            except KafkaError as exc:
+                return dict(error_code=ErrorCode.coordinator_not_available, error_message=exc.message,
+                            node_id=-1, host="", port=-1)
         partition = partition_for(key, info.partition_count) if info is not None else -1
         leader = metadata.leader(topic, partition)
         if leader is not None:
@@ -45,6 +54,7 @@ async def handle(ctx, request):
     key_type = getattr(request, "key_type", GROUP)
     if ctx.api_version >= 4:
         coordinator_type = nested(response_type, "Coordinator")
-        return make(response_type, throttle_time=timedelta(0), coordinators=tuple(
-            make(coordinator_type, key=key, **_answer(ctx, key_type, key)) for key in request.coordinator_keys))
-    return make(response_type, throttle_time=timedelta(0), **_answer(ctx, key_type, request.key))
+        coordinators = [make(coordinator_type, key=key, **await _answer(ctx, key_type, key))
+                        for key in request.coordinator_keys]
+        return make(response_type, throttle_time=timedelta(0), coordinators=tuple(coordinators))
+    return make(response_type, throttle_time=timedelta(0), **await _answer(ctx, key_type, request.key))

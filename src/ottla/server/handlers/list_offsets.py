@@ -1,7 +1,8 @@
 """ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp.
 
 Each answer carries the leader epoch of the offset it names (the current epoch for latest),
-and a request naming another current leader epoch is fenced (KIP-320)."""
+and a request naming another current leader epoch is fenced (KIP-320). A follower (replica
+id >= 0) resetting its fetch offset gets the leader's log end as latest, as in Kafka."""
 
 from datetime import timedelta
 
@@ -17,11 +18,13 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 READ_COMMITTED = 1
 
 
-def _lookup(log, timestamp: int, read_committed: bool) -> tuple[int, int]:
+def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool) -> tuple[int, int]:
     """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late."""
     if timestamp == EARLIEST:
         return log.log_start_offset, -1
     if timestamp == LATEST:
+        if from_replica:
+            return log.log_end_offset, -1
         return (log.last_stable_offset if read_committed else log.high_watermark), -1
     if timestamp == MAX_TIMESTAMP:
         found = log.max_timestamp_offset()
@@ -69,7 +72,8 @@ async def handle(ctx, request):
                 partition_log = partition.log
                 if wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
                     raise KafkaError(ErrorCode.unsupported_version)
-                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed)
+                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed,
+                                            getattr(request, "replica_id", -1) >= 0)
                 leader_epoch = _epoch_of(partition, wanted.timestamp, offset)
             except KafkaError as exc:
                 error = exc.code

@@ -6,6 +6,7 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import CLUSTER_NAME, ResourceType
 from ...protocol.build import make, nested
+from .. import cluster_admin
 from ..replies import NOT_REQUESTED, authorized_operations
 
 API_KEY = 3
@@ -61,7 +62,10 @@ async def handle(ctx, request):
     for name in names if names is not None else metadata.topic_names():
         error = ErrorCode.none
         info = metadata.topic(name) if name is not None else None
-        if info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
+        if info is None and name is not None and allow_create and name not in INTERNAL_TOPICS \
+                and broker.membership is not None:
+            error = await cluster_admin.auto_create_topic(broker, name)  # the controller creates it
+        elif info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
             try:
                 broker.create_topic(name, broker.config["num.partitions"], {})
                 info = metadata.topic(name)

@@ -10,6 +10,7 @@ from ...records.legacy import up_convert
 from ..clock import now_ms
 from ..context import CloseConnection
 from ..replica_manager import ProduceResult
+from .. import txn_verification
 from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
@@ -24,34 +25,38 @@ def _append_time(ms: int):
     return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, _UTC)
 
 
-def _unverified_transactional_write(broker, transactional_id, topic: str, index: int, records):
+async def _verify_transactional(broker, transactional_id, entries) -> dict:
     """KIP-890 part 1: a transactional batch may only land in a partition its ongoing
     transaction has added; otherwise a late or stray write would open a transaction no
-    coordinator closes and freeze the partition's last stable offset."""
-    if len(records) < HEADER_SIZE:
-        return None  # the log rejects the truncated batch with CORRUPT_MESSAGE
-    header = read_header(records)
-    if not header.is_transactional:
-        return None
+    coordinator closes and freeze the partition's last stable offset. The coordinator's
+    verdict per transactional partition (asked before the append, maybe of another broker);
+    what to answer per refused partition."""
+    wanted, producer = [], None
+    for (topic, index), records in entries.items():
+        if len(records) < HEADER_SIZE:
+            continue  # the log rejects the truncated batch with CORRUPT_MESSAGE
+        header = read_header(records)
+        if header.is_transactional:
+            wanted.append((topic, index))
+            producer = (header.producer_id, header.producer_epoch)
+    if not wanted:
+        return {}
     if transactional_id is None:
-        return ErrorCode.invalid_request, "transactional batch without a transactional id"
-    verdict = broker.transactions.coordinator.verify_partitions(
-        transactional_id, header.producer_id, header.producer_epoch, [(topic, index)])[(topic, index)]
-    if verdict is ErrorCode.none:
-        return None
-    return (fencing_as_version_says(verdict),
-            f"partition {topic}-{index} is not part of the ongoing transaction of {transactional_id}")
+        return {tp: (ErrorCode.invalid_request, "transactional batch without a transactional id") for tp in wanted}
+    verdicts = await txn_verification.verify(broker, transactional_id, *producer, wanted)
+    return {tp: (fencing_as_version_says(error),
+                 f"partition {tp[0]}-{tp[1]} is not part of the ongoing transaction of {transactional_id}")
+            for tp, error in verdicts.items() if error is not ErrorCode.none}
 
 
-def _precheck(broker, request, internal_topics):
+def _precheck(internal_topics, unverified: dict):
     """Refusals that come before any append, per partition (None: go ahead)."""
     def check(topic: str, index: int, records):
         if topic in internal_topics:
             return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
         if not records:
             return ErrorCode.invalid_record, "empty record set"
-        return _unverified_transactional_write(broker, getattr(request, "transactional_id", None), topic, index,
-                                               records)
+        return unverified.get((topic, index))
     return check
 
 
@@ -86,9 +91,10 @@ async def handle(ctx, request):
     else:
         timestamp = now_ms()
         entries, results = _records_as_v2(ctx, request, timestamp)
+        unverified = await _verify_transactional(broker, getattr(request, "transactional_id", None), entries)
         results.update(await broker.replicas.append_records(
             entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
-            origin="client", precheck=_precheck(broker, request, INTERNAL_TOPICS)))
+            origin="client", precheck=_precheck(INTERNAL_TOPICS, unverified)))
     topics = []
     for name, indexes in order:
         partitions = []

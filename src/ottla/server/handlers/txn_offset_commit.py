@@ -9,6 +9,7 @@ otherwise open a transaction in `__consumer_offsets` that nothing ever ends.
 from datetime import timedelta
 
 from ...coordinator.group.coordinator import OffsetCommit
+from .. import txn_verification
 from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode
 from ...producer_state.authorizer import Operation, ResourceType
@@ -53,8 +54,8 @@ async def handle(ctx, request):
 
 async def _commit(ctx, request, groups, offsets):
     offsets_partition = (GROUP_METADATA_TOPIC, groups.partition_for(request.group_id))
-    verified = ctx.broker.transactions.coordinator.verify_partitions(
-        request.transactional_id, request.producer_id, request.producer_epoch, [offsets_partition])
+    verified = await txn_verification.verify(
+        ctx.broker, request.transactional_id, request.producer_id, request.producer_epoch, [offsets_partition])
     error = verified[offsets_partition]
     if error is not ErrorCode.none:
         error = fencing_as_version_says(error)

@@ -1,0 +1,149 @@
+"""Replication cost and failover on three brokers (`ottla.testing.cluster`, a real ZooKeeper).
+
+1. Produce throughput, acks=all, replication factor 3 (min.insync.replicas=2) against
+   replication factor 1 on the same cluster: records/s and the ratio.
+2. End-to-end latency with acks=all, RF=3: a producer sends one record at a time (timestamp
+   in the value), a consumer reads it; p50/p99 of receive time minus send time.
+3. Failover: kill -9 of the RF=3 partition's leader while an idempotent acks=all producer
+   runs; the time from the kill to the first record acknowledged by the new leader.
+
+    PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ottla.testing import cluster
+
+CONFIG = {"replica.lag.time.max.ms": 10000}
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def leader_of(bootstrap: str, topic: str) -> int:
+    while True:
+        info = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics.get(topic)
+        if info is not None and info.error is None and 0 in info.partitions:
+            p = info.partitions[0]
+            if p.leader >= 0 and len(p.isrs) == len(p.replicas):
+                return p.leader
+        time.sleep(0.2)
+
+
+def create(bootstrap: str, topic: str, factor: int) -> None:
+    configs = {"min.insync.replicas": "2"} if factor == 3 else {}
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
+    admin.create_topics([NewTopic(topic, 1, factor, config=configs)])[topic].result(60)
+    leader_of(bootstrap, topic)
+
+
+def throughput(bootstrap: str, topic: str, records: int) -> float:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                         "enable.idempotence": True})
+    value = b"x" * 100
+    start = time.monotonic()
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, value)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(120) == 0
+    return records / (time.monotonic() - start)
+
+
+def latency(bootstrap: str, topic: str, samples: int) -> tuple[float, float]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{topic}", "auto.offset.reset": "latest",
+                         "fetch.wait.max.ms": 10})
+    consumer.subscribe([topic])
+    while not consumer.assignment():
+        consumer.poll(0.2)
+    time.sleep(1)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    seen = []
+    for _ in range(samples):
+        producer.produce(topic, str(time.monotonic()).encode())
+        producer.flush(10)
+        while True:
+            message = consumer.poll(5)
+            if message is not None and message.error() is None:
+                seen.append((time.monotonic() - float(message.value())) * 1000)
+                break
+    consumer.close()
+    seen.sort()
+    return statistics.median(seen), seen[int(len(seen) * 0.99) - 1]
+
+
+def failover(handle, topic: str) -> float:
+    acked: list[tuple[float, float]] = []  # (sent, acknowledged)
+    producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
+                         "topic.metadata.refresh.interval.ms": 500})
+    stop = threading.Event()
+
+    def run():
+        while not stop.is_set():
+            sent = time.monotonic()
+            producer.produce(topic, b"f", on_delivery=lambda err, msg, sent=sent: err is None and acked.append(
+                (sent, time.monotonic())))
+            producer.poll(0.002)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while len(acked) < 200:
+        time.sleep(0.05)
+    leader = leader_of(handle.bootstrap, topic)
+    killed_at = time.monotonic()
+    handle.brokers[leader].kill()
+    # A record sent after the kill can only be acknowledged by the new leader.
+    while not [a for s, a in acked if s > killed_at]:
+        time.sleep(0.01)
+    first = min(a for s, a in acked if s > killed_at)
+    stop.set()
+    thread.join()
+    producer.flush(60)
+    handle.brokers[leader].start()
+    return first - killed_at
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=200000)
+    parser.add_argument("--latency-samples", type=int, default=500)
+    args = parser.parse_args()
+    with cluster(brokers=3, config=CONFIG) as handle:
+        progress(f"cluster up: {handle.bootstrap}")
+        create(handle.bootstrap, "rf1", 1)
+        create(handle.bootstrap, "rf3", 3)
+        rf1 = throughput(handle.bootstrap, "rf1", args.records)
+        progress(f"RF=1: {rf1:,.0f} records/s")
+        rf3 = throughput(handle.bootstrap, "rf3", args.records)
+        progress(f"RF=3: {rf3:,.0f} records/s")
+        p50, p99 = latency(handle.bootstrap, "rf3", args.latency_samples)
+        progress(f"latency p50 {p50:.1f} ms p99 {p99:.1f} ms")
+        create(handle.bootstrap, "failover", 3)
+        gap = failover(handle, "failover")
+        print()
+        print("| measure | value |")
+        print("| --- | --- |")
+        print(f"| produce acks=all, RF=1 (100 B records, idempotent) | {rf1:,.0f} records/s |")
+        print(f"| produce acks=all, RF=3, min.insync.replicas=2 | {rf3:,.0f} records/s |")
+        print(f"| RF=3 / RF=1 | {rf3 / rf1:.2f} |")
+        print(f"| end-to-end latency acks=all RF=3, p50 / p99 ({args.latency_samples} records, one at a time) "
+              f"| {p50:.1f} / {p99:.1f} ms |")
+        print(f"| kill -9 of the leader -> first acknowledged produce on the new leader "
+              f"(zookeeper.session.timeout.ms={handle.session_timeout_ms}) | {gap:.2f} s |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Followers copying their leaders' logs (Kafka's ReplicaFetcherManager / ReplicaFetcherThread).
+
+One fetcher task per source broker, on the event loop, over the inter-broker client. Each
+partition it follows has a `replication.follower.FollowerFetchState` that says what to ask
+next: OffsetsForLeaderEpoch first (truncate to where this log and the leader's agree,
+KIP-101/279), then Fetch with this broker's replica id, the current leader epoch and the
+last fetched epoch (KIP-320/595), appending what comes back and taking the leader's HW;
+ListOffsets after OFFSET_OUT_OF_RANGE. Requests use Kafka's settings `replica.fetch.min.bytes`,
+`replica.fetch.wait.max.ms`, `replica.fetch.max.bytes`, `replica.fetch.response.max.bytes`
+and back off `replica.fetch.backoff.ms` after errors. A LeaderAndIsr that makes this broker
+follower of a partition (`follow`) moves it to its leader's fetcher; leadership and
+StopReplica take it away (`unfollow`). Appends yield to the loop between partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Iterable
+
+from kio.schema.fetch.v12 import request as fetch_request
+from kio.schema.list_offsets.v7 import request as list_offsets_request
+from kio.schema.offset_for_leader_epoch.v4 import request as epoch_request
+
+from ..errors import ErrorCode, KafkaError
+from ..replication.follower import FetchPhase, FollowerFetchState
+from .clock import now_ms
+from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
+from .partition import Partition
+
+__all__ = ["ReplicaFetcherManager"]
+
+log = logging.getLogger("ottla.replica")
+
+TopicPartition = tuple[str, int]
+EARLIEST, LATEST = -2, -1
+
+
+class ReplicaFetcherManager:
+    def __init__(self, broker, client: InterBrokerClient):
+        self.broker = broker
+        self.client = client
+        config = broker.config
+        self.settings = dict(min_bytes=config["replica.fetch.min.bytes"], max_wait_ms=config["replica.fetch.wait.max.ms"],
+                             partition_max_bytes=config["replica.fetch.max.bytes"],
+                             max_bytes=config["replica.fetch.response.max.bytes"],
+                             backoff_ms=config["replica.fetch.backoff.ms"],
+                             timeout_ms=config["replica.socket.timeout.ms"] + config["replica.fetch.wait.max.ms"])
+        self._fetchers: dict[int, _Fetcher] = {}
+        self._endpoints: dict[int, tuple[str, int]] = {}
+        self._source_of: dict[TopicPartition, int] = {}
+
+    def learn_endpoints(self, endpoints: dict[int, tuple[str, int]]) -> None:
+        """The live leaders a LeaderAndIsr names (used until UpdateMetadata lists them)."""
+        self._endpoints.update(endpoints)
+
+    def endpoint(self, broker_id: int) -> tuple[str, int] | None:
+        found = self.broker.metadata.broker(broker_id)
+        if found is not None:
+            return found.host, found.port
+        return self._endpoints.get(broker_id)
+
+    def follow(self, partition: Partition) -> None:
+        key = (partition.topic, partition.index)
+        self.unfollow([key])
+        fetcher = self._fetchers.get(partition.leader_id)
+        if fetcher is None:
+            fetcher = self._fetchers[partition.leader_id] = _Fetcher(self, partition.leader_id)
+        fetcher.add(key, FollowerFetchState(partition.log, partition.leader_id, partition.leader_epoch,
+                                            backoff_ms=self.settings["backoff_ms"]))
+        self._source_of[key] = partition.leader_id
+        log.info("following %s-%d from broker %d in leader epoch %d", *key, partition.leader_id,
+                 partition.leader_epoch)
+
+    def unfollow(self, keys: Iterable[TopicPartition]) -> None:
+        for key in keys:
+            source = self._source_of.pop(key, None)
+            if source is not None:
+                fetcher = self._fetchers[source]
+                fetcher.remove(key)
+                if fetcher.empty:
+                    del self._fetchers[source]
+                    fetcher.stop()
+
+    async def stop(self) -> None:
+        fetchers, self._fetchers = list(self._fetchers.values()), {}
+        self._source_of.clear()
+        for fetcher in fetchers:
+            fetcher.stop()
+        await asyncio.gather(*(f.task for f in fetchers), return_exceptions=True)
+
+
+class _Fetcher:
+    """The partitions followed from one source broker and the task that fetches them."""
+
+    def __init__(self, manager: ReplicaFetcherManager, source_id: int):
+        self._manager = manager
+        self.source_id = source_id
+        self.states: dict[TopicPartition, FollowerFetchState] = {}
+        self._wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def empty(self) -> bool:
+        return not self.states
+
+    def add(self, key: TopicPartition, state: FollowerFetchState) -> None:
+        self.states[key] = state
+        self._wake.set()
+
+    def remove(self, key: TopicPartition) -> None:
+        self.states.pop(key, None)
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+    async def _run(self) -> None:
+        settings = self._manager.settings
+        while True:
+            now = now_ms()
+            ready = {k: s for k, s in self.states.items() if s.ready(now)}
+            if not ready:
+                delays = [s.delayed_until_ms - now for s in self.states.values() if s.phase is not FetchPhase.FENCED]
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(min(delays), 1) / 1000 if delays else None)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            endpoint = self._manager.endpoint(self.source_id)
+            try:
+                if endpoint is None:
+                    raise BrokerNotAvailable(f"no endpoint known for broker {self.source_id}")
+                phases = {phase: {k: s for k, s in ready.items() if s.phase is phase} for phase in FetchPhase}
+                if phases[FetchPhase.TRUNCATING]:
+                    await self._truncate(endpoint, phases[FetchPhase.TRUNCATING])
+                elif phases[FetchPhase.RESETTING]:
+                    await self._reset(endpoint, phases[FetchPhase.RESETTING])
+                else:
+                    await self._fetch(endpoint, phases[FetchPhase.FETCHING])
+            except (BrokerNotAvailable, RequestTimedOut) as exc:
+                log.info("replica fetcher from broker %d: %s; backing off", self.source_id, exc)
+                until = now_ms() + settings["backoff_ms"]
+                for state in ready.values():
+                    state.delayed_until_ms = until
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("replica fetcher from broker %d failed; backing off", self.source_id)
+                await asyncio.sleep(settings["backoff_ms"] / 1000)
+
+    async def _send(self, endpoint: tuple[str, int], request, timeout_ms: int | None = None):
+        manager = self._manager
+        return await manager.client.send(self.source_id, *endpoint, request,
+                                          timeout_ms or manager.settings["timeout_ms"])
+
+    def _current(self, key: TopicPartition, state: FollowerFetchState) -> bool:
+        """Whether `state` still is the partition's (no LeaderAndIsr replaced it meanwhile)."""
+        return self.states.get(key) is state
+
+    async def _truncate(self, endpoint, wanted: dict[TopicPartition, FollowerFetchState]) -> None:
+        """OffsetsForLeaderEpoch v4 for each partition's latest epoch, then truncate."""
+        request = epoch_request.OffsetForLeaderEpochRequest(
+            replica_id=self._manager.broker.node_id,
+            topics=tuple(epoch_request.OffsetForLeaderTopic(topic=topic, partitions=tuple(
+                epoch_request.OffsetForLeaderPartition(partition=p, current_leader_epoch=s.current_leader_epoch,
+                                                       leader_epoch=s.latest_epoch())
+                for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})))
+        response = await self._send(endpoint, request)
+        for topic in response.topics:
+            for answer in topic.partitions:
+                key = (topic.topic, int(answer.partition))
+                state = wanted.get(key)
+                if state is None or not self._current(key, state):
+                    continue
+                truncation = state.on_epoch_end_offset(ErrorCode(answer.error_code), int(answer.leader_epoch),
+                                                       int(answer.end_offset), now_ms())
+                if truncation is not None:
+                    log.info("%s-%d truncated to %d (leader %d's end of epoch %d)", *key, truncation.offset,
+                             self.source_id, answer.leader_epoch)
+                await asyncio.sleep(0)
+
+    async def _reset(self, endpoint, wanted: dict[TopicPartition, FollowerFetchState]) -> None:
+        """After OFFSET_OUT_OF_RANGE: the leader's log start and end (ListOffsets v7 as a replica)."""
+        answers = {}
+        for timestamp in (EARLIEST, LATEST):
+            request = list_offsets_request.ListOffsetsRequest(
+                replica_id=self._manager.broker.node_id, isolation_level=0,
+                topics=tuple(list_offsets_request.ListOffsetsTopic(name=topic, partitions=tuple(
+                    list_offsets_request.ListOffsetsPartition(partition_index=p,
+                                                              current_leader_epoch=s.current_leader_epoch,
+                                                              timestamp=timestamp)
+                    for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})))
+            response = await self._send(endpoint, request)
+            for topic in response.topics:
+                for answer in topic.partitions:
+                    key = (topic.name, int(answer.partition_index))
+                    previous = answers.get(key, (ErrorCode.none,))
+                    error = ErrorCode(answer.error_code)
+                    answers[key] = (previous[0] if previous[0] is not ErrorCode.none else error,
+                                    *previous[1:], int(answer.offset))
+        for key, (error, *offsets) in answers.items():
+            state = wanted.get(key)
+            if state is not None and self._current(key, state) and len(offsets) == 2:
+                state.on_leader_offsets(error, offsets[0], offsets[1], now_ms())
+
+    async def _fetch(self, endpoint, wanted: dict[TopicPartition, FollowerFetchState]) -> None:
+        settings = self._manager.settings
+        sent = {key: state.fetch_offset for key, state in wanted.items()}
+        request = fetch_request.FetchRequest(
+            cluster_id=None, replica_id=self._manager.broker.node_id,
+            max_wait=timedelta(milliseconds=settings["max_wait_ms"]), min_bytes=settings["min_bytes"],
+            max_bytes=settings["max_bytes"], isolation_level=0, session_id=0, session_epoch=-1,
+            topics=tuple(fetch_request.FetchTopic(topic=topic, partitions=tuple(
+                fetch_request.FetchPartition(partition=p, current_leader_epoch=s.current_leader_epoch,
+                                             fetch_offset=s.fetch_offset,
+                                             last_fetched_epoch=_or_undefined(s.latest_epoch()),
+                                             log_start_offset=s.log.log_start_offset,
+                                             partition_max_bytes=settings["partition_max_bytes"])
+                for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})),
+            forgotten_topics_data=(), rack_id="")
+        response = await self._send(endpoint, request)
+        for topic in response.responses:
+            for data in topic.partitions:
+                key = (topic.topic, int(data.partition_index))
+                state = wanted.get(key)
+                if state is None or not self._current(key, state) or state.fetch_offset != sent[key]:
+                    continue
+                self._apply(key, state, data)
+                await asyncio.sleep(0)  # let requests in between partitions' appends
+
+    def _apply(self, key: TopicPartition, state: FollowerFetchState, data) -> None:
+        now = now_ms()
+        error = ErrorCode(data.error_code)
+        diverging = data.diverging_epoch
+        try:
+            if error is ErrorCode.none and diverging is not None and diverging.epoch >= 0:
+                truncation = state.on_diverging_epoch(int(diverging.epoch), int(diverging.end_offset), now)
+                if truncation is not None:
+                    log.info("%s-%d diverged from leader %d: truncated to %d", *key, self.source_id, truncation.offset)
+                return
+            state.on_fetch_response(error, bytes(data.records or b""), int(data.high_watermark),
+                                    int(data.log_start_offset), now)
+        except KafkaError as exc:
+            log.warning("%s-%d: cannot append what leader %d sent (%s: %s); backing off",
+                        *key, self.source_id, exc.code.name, exc.message)
+            state.delayed_until_ms = now + self._manager.settings["backoff_ms"]
+        if error not in (ErrorCode.none, ErrorCode.offset_out_of_range):
+            log.info("%s-%d: Fetch from leader %d answered %s", *key, self.source_id, error.name)
+
+
+def _or_undefined(epoch: int | None) -> int:
+    return -1 if epoch is None else epoch
