@@ -1,0 +1,73 @@
+"""The numpy fast path of the record validator (issue 11, F5/F6) accepts only batches the full
+walk accepts, and does take the common shape (no headers, short varints), which is what makes
+produce cheap."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from kio.serial.readers import read_signed_varint
+
+from ottla.records.batch import HEADER_SIZE, read_header
+from ottla.records.records import Record, build_batch
+from ottla.records.validator import _fast_walk, _walk
+
+_records = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=80)),
+                              st.one_of(st.none(), st.binary(max_size=10), st.binary(min_size=60, max_size=9000)),
+                              st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=5)), max_size=1)),
+                    min_size=1, max_size=150)
+_plain = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=5)), st.one_of(st.none(), st.binary(max_size=5), st.binary(min_size=60, max_size=200)),
+                            st.just([])), min_size=1, max_size=150)  # the shape the fast path takes
+
+
+def _records_section(records) -> tuple[bytearray, int]:
+    batch = build_batch([Record(k, v, tuple(h), 1_000 + i * 37) for i, (k, v, h) in enumerate(records)])
+    return bytearray(batch[HEADER_SIZE:]), read_header(batch).records_count
+
+
+def _record_starts(data: bytes) -> list[int]:
+    starts, position = [], 0
+    while position < len(data):
+        starts.append(position)
+        length, size = read_signed_varint(memoryview(data), position)
+        position += size + length
+    return starts
+
+
+@settings(max_examples=500, deadline=None)
+@given(_plain, st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 9) | st.integers(0, 1 << 16),
+                                  st.integers(-3, 3) | st.integers(0, 255)), min_size=1, max_size=3),
+       st.integers(-2, 2))
+@example([(None, None, [])] * 2, [(0, 4, 2)], 0)   # a key of length -2
+@example([(None, None, [])] * 2, [(0, 5, 2)], 0)   # a value of length -2
+@example([(None, None, [])] * 2, [(0, 6, 2)], 0)   # one header and no bytes for it
+@example([(None, None, [])] * 2, [(1, 3, -2)], 0)  # offset deltas 0, 0
+@example([(None, None, [])] * 2, [(0, 0, 1)], 0)   # a negative record length
+def test_the_fast_path_accepts_only_what_the_walk_accepts(records, mutations, count_change):
+    """Small changes to the fields near a record's start make the subtle lies (a header count
+    with no headers, a key of length -2, a repeated offset delta)."""
+    data, count = _records_section(records)
+    starts = _record_starts(bytes(data))
+    for record, field, change in mutations:
+        position = (starts[record % len(starts)] + field) % len(data)
+        data[position] = (data[position] + change) % 256
+    count += count_change
+    if _fast_walk(memoryview(bytes(data)), count):
+        assert _walk(memoryview(bytes(data)), count) == count
+
+
+@settings(max_examples=200, deadline=None)
+@given(_records)
+def test_the_fast_path_agrees_with_the_walk_on_well_formed_batches(records):
+    data, count = _records_section(records)
+    fits = all(not h and len(k or b"") + len(v or b"") < 8_000 for k, v, h in records)
+    assert _fast_walk(memoryview(bytes(data)), count) is fits  # the common shape is never left to the slow walk
+    assert _walk(memoryview(bytes(data)), count) == count
+
+
+@pytest.mark.parametrize("count", [0, 2**31 - 1])
+def test_impossible_counts_are_left_to_the_walk(count):
+    data, _ = _records_section([(None, b"v", [])])
+    assert _fast_walk(memoryview(bytes(data)), count) is False
