@@ -114,3 +114,11 @@ def test_fetches_from_replicas_of_other_partitions_are_refused():
     with pytest.raises(KafkaError) as info:
         state.on_follower_fetch(9, 0, now_ms=0)
     assert info.value.code is ErrorCode.not_leader_or_follower
+
+
+def test_an_isr_member_that_is_no_longer_a_replica_is_not_in_sync():
+    """The LeaderAndIsr that completes a reassignment may still name the replica it removed;
+    the leader must neither wait for it nor fail on it."""
+    state = LeaderState(2, (2,), frozenset({2, 1}), leader_epoch=3, high_watermark=10, log_end_offset=15, now_ms=0)
+    assert state.isr == {2}
+    assert state.high_watermark == 15

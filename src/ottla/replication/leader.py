@@ -75,7 +75,9 @@ class LeaderState:
     followers: dict[int, FollowerProgress] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.isr = frozenset(self.isr)
+        # Only replicas can be in sync: a reassignment's last LeaderAndIsr may still list a
+        # replica it has just removed from the assignment (the controller shrinks it out next).
+        self.isr = frozenset(r for r in self.isr if r in self.replicas or r == self.local_id)
         if self.local_id not in self.isr:
             raise ValueError(f"leader {self.local_id} must be in its ISR {sorted(self.isr)}")
         self.epoch_start_offset = self.log_end_offset
