@@ -33,8 +33,8 @@ async def _verify_transactional(broker, transactional_id, entries) -> dict:
     what to answer per refused partition."""
     wanted, producer = [], None
     for (topic, index), records in entries.items():
-        if len(records) < HEADER_SIZE:
-            continue  # the log rejects the truncated batch with CORRUPT_MESSAGE
+        if records is None or len(records) < HEADER_SIZE:
+            continue  # refused later: an empty record set, or a truncated batch (CORRUPT_MESSAGE)
         header = read_header(records)
         if header.is_transactional:
             wanted.append((topic, index))
