@@ -156,7 +156,7 @@ def test_killed_broker_shows_offline_and_under_replicated_partitions(three):
     handle.brokers[victim].kill()
     described = wait_for(lambda: (lambda out: out if fields(out)["BROKERS"] == "2" and
                                   int(fields(out)["OFFLINE"]) >= 2 else None)(ok(cli("cluster", "describe")).out),
-                         what="broker 3 gone")
+                         timeout=180.0, what="broker 3 gone")
     unhealthy = table(described, "TOPIC")
     offline = {r["PARTITION"] for r in unhealthy if r["TOPIC"] == "spread" and r["STATUS"] == "offline"}
     assert offline == led
