@@ -223,14 +223,10 @@ _NOT_APPLIED = [
 # Configs Ottla accepts under Kafka's names but does not act on yet, with what is missing: the
 # one place to drop a name from once it works. Broker ones are reported once at start when
 # set; topic ones when a topic sets them (`report_not_applied`).
-NOT_APPLIED_BROKER_CONFIGS = {
-    "min.insync.replicas": "no replication yet: acks=all waits for this broker only",
-    "fetch.max.bytes": "Fetch honours the request's max_bytes only",
-    "offsets.topic.replication.factor": "__consumer_offsets has one replica",
-    "transaction.state.log.replication.factor": "__transaction_state has one replica",
-}
+# (min.insync.replicas, fetch.max.bytes and the internal topics' replication factors left it
+# once replication, the fetch bounds and the coordinators on the cluster landed.)
+NOT_APPLIED_BROKER_CONFIGS: dict[str, str] = {}
 NOT_APPLIED_TOPIC_CONFIGS = frozenset(d.name for d in _NOT_APPLIED if d.name not in TOPIC_CONFIGS) | {
-    "min.insync.replicas",   # no replication yet
     "file.delete.delay.ms",  # deleted segments go at once
 }
 for _definition in _NOT_APPLIED:
