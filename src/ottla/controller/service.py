@@ -160,6 +160,11 @@ class ControllerService:
                 except (OSError, asyncio.TimeoutError, EOFError) as exc:
                     log.debug("controller: %s to broker %d failed (%s); retrying", request.kind, destination, exc)
                     await asyncio.sleep(RETRY_BACKOFF_S)
+                except Exception:
+                    # A request that cannot even be sent must not end the channel: every later
+                    # request to this broker would wait behind it forever.
+                    log.exception("controller: %s to broker %d cannot be sent; dropped", request.kind, destination)
+                    break
             if request.kind == "StopReplica" and answer is not None:
                 await self._stop_replica_answered(destination, answer)
 
