@@ -71,7 +71,7 @@ def _rejected(bootstrap, topic, size):
 
 def test_topic_configs_altered_anywhere_are_described_anywhere_and_applied_by_the_leader(three, zk, raw_connection):
     admin = AdminClient({"bootstrap.servers": three.bootstrap})
-    admin.create_topics([NewTopic("cfg", replica_assignment=[[1]])])["cfg"].result(60)
+    admin.create_topics([NewTopic("cfg", num_partitions=1, replica_assignment=[[1]])])["cfg"].result(60)
     on_2, on_3 = raw_connection(three.brokers[2].bootstrap), raw_connection(three.brokers[3].bootstrap)
     wait_for(lambda: _describe(on_2, TOPIC, "cfg")[0] == ErrorCode.none, what="cfg known to broker 2")
     wait_for(lambda: _delivery_error(three.bootstrap, "cfg", 200_000) is None, what="a 200 KB record accepted")
@@ -87,7 +87,8 @@ def test_topic_configs_altered_anywhere_are_described_anywhere_and_applied_by_th
     # Both clients, whichever broker they ask.
     resource = ConfigResource("TOPIC", "cfg", incremental_configs=[
         ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
-    AdminClient({"bootstrap.servers": three.brokers[2].bootstrap}).incremental_alter_configs([resource])[resource].result(30)
+    via_2 = AdminClient({"bootstrap.servers": three.brokers[2].bootstrap})
+    via_2.incremental_alter_configs([resource])[resource].result(30)
     from kafka.admin import ConfigResource as KPConfigResource
     from kafka.admin import ConfigResourceType, KafkaAdminClient
     kp = KafkaAdminClient(bootstrap_servers=three.brokers[3].bootstrap)
@@ -102,7 +103,7 @@ def test_topic_configs_altered_anywhere_are_described_anywhere_and_applied_by_th
 
 def test_dynamic_broker_default_set_on_one_broker_reaches_the_leader(three, zk, raw_connection):
     admin = AdminClient({"bootstrap.servers": three.bootstrap})
-    admin.create_topics([NewTopic("dflt", replica_assignment=[[1]])])["dflt"].result(60)
+    admin.create_topics([NewTopic("dflt", num_partitions=1, replica_assignment=[[1]])])["dflt"].result(60)
     wait_for(lambda: _delivery_error(three.bootstrap, "dflt", 200_000) is None, what="a 200 KB record accepted")
     on_2 = raw_connection(three.brokers[2].bootstrap)
     assert _alter(on_2, BROKER, "", message_max_bytes="100000").error_code == ErrorCode.none
