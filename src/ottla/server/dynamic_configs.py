@@ -3,8 +3,9 @@ cluster, topic configs altered on any broker.
 
 Where they live is Kafka's: in a cluster `/config/brokers/<id>`, `/config/brokers/<default>`
 and `/config/topics/<t>` in the store, each change announced by a `/config/changes`
-notification that every broker watches; it then re-reads its own and the default broker
-configs and the configs of the topics it holds replicas of, and applies them. A single node
+notification that every broker watches; it then re-reads the entities named by the
+notifications it has not seen (its own or the default broker configs, the topics it holds
+replicas of) and applies them. At start it reads them all. A single node
 keeps its dynamic broker configs in `dynamic-broker-configs.json` in the data dir (Kafka's
 KRaft keeps them in its metadata log), so a restart keeps them.
 
@@ -39,6 +40,7 @@ class DynamicConfigs:
         self._path = broker.data_dir / _LOCAL_FILE
         self._changed = asyncio.Event()
         self._reloading = asyncio.Lock()  # one reload at a time: an older read never lands last
+        self._seen = -1  # the last `/config/changes` sequence number applied
         self._task: asyncio.Task | None = None
         if self.store is None:
             self._apply_broker(*self._read_local())
@@ -76,7 +78,7 @@ class DynamicConfigs:
         stored = {name: str(value) for name, value in configs.items()}
         if self.store is not None:
             await asyncio.to_thread(self.store.set_broker_configs, broker_id, stored)
-            await self.reload()  # this broker sees its own change at once; the others on the notification
+            await self.catch_up()  # this broker sees its own change at once; the others on the notification
             return
         per_broker, default = self._read_local()
         if broker_id is None:
@@ -101,7 +103,7 @@ class DynamicConfigs:
             await asyncio.to_thread(self.store.set_topic_configs, name, {k: render(v) for k, v in configs.items()})
         except NoSuchTopic:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist") from None
-        await self.reload()
+        await self.catch_up()
 
     # -- applying them ------------------------------------------------------------------------
     def _apply_broker(self, per_broker: Mapping[str, str], default: Mapping[str, str]) -> None:
@@ -122,18 +124,29 @@ class DynamicConfigs:
         self.broker.connections.reconfigure(config)
         log.info("dynamic broker configs now %s, cluster defaults %s", layers[0], layers[1])
 
-    async def reload(self) -> None:
-        """Re-read this broker's, the default and its topics' configs from the store; apply changes."""
+    async def catch_up(self) -> None:
+        """Apply the changes announced since the last notification seen (Kafka's
+        ZkNodeChangeNotificationListener): re-read only the entities they name."""
         async with self._reloading:
-            await self._reload(self.store)
+            changes = await asyncio.to_thread(self.store.config_changes, self._seen)
+            if not changes:
+                return
+            self._seen = changes[-1][0]
+            entities = {path for _, path in changes}
+            if any(path.startswith("brokers/") for path in entities):
+                await self._reload_broker()
+            names = {path[len("topics/"):] for path in entities if path.startswith("topics/")}
+            await self._reload_topics(sorted(names & set(self.broker.logs.topics)))
 
-    async def _reload(self, store) -> None:
-        per_broker = await asyncio.to_thread(store.broker_configs, self.broker.node_id)
-        default = await asyncio.to_thread(store.broker_configs, None)
+    async def _reload_broker(self) -> None:
+        per_broker = await asyncio.to_thread(self.store.broker_configs, self.broker.node_id)
+        default = await asyncio.to_thread(self.store.broker_configs, None)
         self._apply_broker(per_broker, default)
+
+    async def _reload_topics(self, names) -> None:
         logs = self.broker.logs
-        for name in list(logs.topics):
-            stored = await asyncio.to_thread(store.topic_configs, name)
+        for name in names:
+            stored = await asyncio.to_thread(self.store.topic_configs, name)
             info = logs.topics.get(name)
             if info is None:
                 continue
@@ -148,12 +161,17 @@ class DynamicConfigs:
 
     # -- lifecycle (cluster) ------------------------------------------------------------------
     async def start(self) -> None:
-        """Watch `/config/changes`, then catch up with what changed while this broker was away."""
+        """Watch `/config/changes`, then read everything once: what changed while this broker
+        was away is in the store, not necessarily in notifications it has not seen."""
         if self.store is None:
             return
         loop = asyncio.get_running_loop()
         self.store.watch("config_changes", lambda: loop.call_soon_threadsafe(self._changed.set))
-        self._changed.set()
+        async with self._reloading:
+            changes = await asyncio.to_thread(self.store.config_changes, self._seen)
+            self._seen = changes[-1][0] if changes else self._seen
+            await self._reload_broker()
+            await self._reload_topics(sorted(self.broker.logs.topics))
         self._task = loop.create_task(self._follow())
 
     async def _follow(self) -> None:
@@ -161,7 +179,7 @@ class DynamicConfigs:
             await self._changed.wait()
             self._changed.clear()
             try:
-                await self.reload()
+                await self.catch_up()
             except StoreError as exc:
                 log.warning("config changes not read (%s); retrying in a second", exc)
                 await asyncio.sleep(1.0)
