@@ -34,6 +34,7 @@ from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
+from .dynamic_configs import DynamicConfigs
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
@@ -132,6 +133,8 @@ class Broker:
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
         self._publish_local_metadata()
+        # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
+        self.dynamic_configs = DynamicConfigs(self)
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
@@ -176,6 +179,7 @@ class Broker:
             except StoreError:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            await self.dynamic_configs.start()
             self.cluster = ClusterNode(self)
             await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
@@ -196,6 +200,7 @@ class Broker:
             self._server.close()
         for task in self._duties:
             task.cancel()
+        self.dynamic_configs.stop()
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
