@@ -174,13 +174,16 @@ class Broker:
             self.port = self._server.sockets[0].getsockname()[1]
             self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            cluster = ClusterNode(self)
+            cluster.attach()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
+                await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
             await self.dynamic_configs.start()
-            self.cluster = ClusterNode(self)
+            self.cluster = cluster
             await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
