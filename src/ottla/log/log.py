@@ -37,6 +37,7 @@ from ..records.records import decode_batch, keys_present, rebuild_batch
 from ..records.validator import check_records, inflate_limit
 from .append_settings import AppendSettings, check_create_times
 from .cleaner.swap import recover_swaps
+from .file_records import FileRecords
 from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
@@ -59,7 +60,7 @@ class AppendResult(NamedTuple):
 
 
 class FetchData(NamedTuple):
-    records: bytes | memoryview  # whole batches, read from the segment file
+    records: bytes | memoryview | FileRecords  # whole batches of the segment file
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int
@@ -448,10 +449,12 @@ class Log:
         max_offset: int,
         min_one_batch: bool = True,
         with_aborted: bool = False,
+        lazy: bool = False,
     ) -> FetchData:
         """Whole batches from the one holding `fetch_offset`, none reaching `max_offset` (the HW
         or LSO, exclusive); at least one batch even over `max_bytes` when `min_one_batch`.
         `with_aborted` (read_committed) also lists the aborted transactions the data overlaps.
+        `lazy`: large results stay in the file until sent (see file_records.py).
 
         Like Kafka, one fetch reads from one segment; the client asks again for the rest.
         """
@@ -471,7 +474,7 @@ class Log:
                 header = segment.find(fetch_offset)
                 if header is None:
                     continue
-                records = segment.read(header.position, max_bytes, max_offset, min_one_batch)
+                records = segment.read(header.position, max_bytes, max_offset, min_one_batch, lazy)
                 if with_aborted and records:
                     upper = self._bases[j + 1] if j + 1 < len(self._bases) else self._leo
                     aborted = self._collect_aborted(j, fetch_offset, upper)
