@@ -173,7 +173,7 @@ class LogSegment:
             self.time_index.flush()
 
     def duplicate_fd(self) -> int | None:
-        """A duplicate of the .log's descriptor (see Log.duplicate_data_fd)."""
+        """A duplicate of the .log's descriptor (see Log.duplicate_data_fds)."""
         return os.dup(self._fd) if self._fd >= 0 else None
 
     def start_writeback(self, start: int, end: int) -> None:
@@ -196,19 +196,29 @@ class LogSegment:
             finally:
                 os.close(fd)
 
-    def seal(self) -> None:
+    def seal(self, *, sync: bool = True) -> list[tuple[int, Path]]:
         """The segment stops being active: record its final max timestamp, trim and fsync
-        everything, and give the descriptors back."""
+        everything, and give the descriptors back. With `sync=False` nothing is fsynced:
+        the returned duplicate descriptors (with their paths) are, later and elsewhere."""
+        deferred: list[tuple[int, Path]] = []
         if self._fd >= 0:
-            fsync(self._fd, self.log_path)
+            if sync:
+                fsync(self._fd, self.log_path)
+            else:
+                deferred.append((os.dup(self._fd), self.log_path))
         if self._txn_index is not None:
-            self._txn_index.flush()
+            if sync:
+                self._txn_index.flush()
+            elif (fd := self._txn_index.duplicate_fd()) is not None:
+                deferred.append((fd, self._txn_index.path))
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
-        self.offset_index.close()
-        self.time_index.close()
+        for index in (self.offset_index, self.time_index):
+            if (fd := index.close(sync=sync)) is not None:
+                deferred.append((fd, index.path))
         self.sealed = True
         self.release()
+        return deferred
 
     def close(self) -> None:
         self.seal()
