@@ -56,7 +56,9 @@ def mutate(batch: bytes, rng: random.Random) -> tuple[str, bytes]:
     if kind == "record_length" and compressed:
         kind = "garbage_records"  # a compressed payload's record lengths are not at hand
     if kind == "crc":
-        position = rng.randrange(_ATTRIBUTES_AT, len(data))
+        # In the records: a flipped header field (attributes, producer id) may be refused
+        # earlier with its own error, as Kafka checks those before the CRC.
+        position = rng.randrange(HEADER_SIZE, len(data))
         data[position] ^= 1 << rng.randrange(8)
     elif kind == "garbage_records":
         # 0xff bytes: a varint that never ends, in plain records and in any codec's framing
