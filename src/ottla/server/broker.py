@@ -26,6 +26,7 @@ from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
 from ..failpoints import from_environment as failpoints_from_environment
 from ..log.cleaner.service import LogCleaner
+from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -128,7 +129,7 @@ class Broker:
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections = Connections(config)
-        self.logs = LogManager(self.data_dir, config)
+        self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
