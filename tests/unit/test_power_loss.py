@@ -31,6 +31,7 @@ from ottla.server.handlers import (
     offset_fetch,
 )
 from powerloss import PowerLoss
+from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1}
@@ -40,6 +41,7 @@ async def start(data_dir) -> Broker:
     broker = Broker(data_dir, BrokerConfig(CONFIG))
     await broker.groups.start()
     await broker.transactions.start()
+    await coordinators_loaded(broker)
     return broker
 
 
