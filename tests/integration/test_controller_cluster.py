@@ -122,6 +122,10 @@ def test_kill_the_controller_another_takes_over(three, zk):
     for survivor in survivors:
         wait_for(lambda: controller_named_by(survivor.bootstrap) == after,
                  what=f"{survivor.bootstrap} to name controller {after}\n" + broker_logs(three))
+    # `spread` has one replica per partition: the two the dead broker led have no leader now
+    # (the controller's state still names it; clients must not be sent to a dead broker).
+    assert sorted(leaders(survivors[0].bootstrap, "spread").values()).count(-1) == 2
+    assert before not in leaders(survivors[0].bootstrap, "spread").values()
     admin = AdminClient({"bootstrap.servers": survivors[0].bootstrap})
     admin.create_topics([NewTopic("after-failover", 4, 1)])["after-failover"].result(60)
     found = wait_for(lambda: (lambda m: m if len(m) == 4 and -1 not in m.values() else None)(

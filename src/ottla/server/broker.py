@@ -42,6 +42,9 @@ from .replica_manager import ReplicaManager
 
 log = logging.getLogger("ottla.broker")
 
+# A cluster broker that has not heard from a controller by then says so (it keeps waiting).
+READY_NOTICE_S = 5.0
+
 
 def _lock_data_dir(data_dir: Path) -> int:
     """Hold an exclusive lock on the data dir for the broker's lifetime, as Kafka's `.lock`
@@ -218,10 +221,31 @@ class Broker:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    async def serve_forever(self) -> None:
+    async def ready(self) -> bool:
+        """Wait until clients can use this broker; False if it stopped first. A cluster broker
+        is ready once the controller told it the cluster (its first UpdateMetadata): until
+        then it knows itself alone and no controller, and a client bootstrapping from it
+        waits for a controller it cannot find (librdkafka's admin client does not ask again)."""
+        if self.cluster is None:
+            return not self._stopped.is_set()
+        received = asyncio.ensure_future(self.cluster.link.metadata_received.wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        done, _ = await asyncio.wait({received, stopped}, timeout=READY_NOTICE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            log.info("broker %d waits for the controller's first UpdateMetadata", self.node_id)
+            await asyncio.wait({received, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        received.cancel()
+        stopped.cancel()
+        return not self._stopped.is_set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT stop the broker cleanly (with a controlled shutdown in a cluster)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
+
+    async def serve_forever(self) -> None:
+        self.stop_on_signals()
         if self._server is None:
             await self.start()
         await self._stopped.wait()

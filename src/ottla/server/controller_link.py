@@ -34,6 +34,7 @@ class ControllerLink:
         self.store = store
         self.controller_epoch = -1
         self._lock = asyncio.Lock()  # one controller request at a time, in arrival order
+        self.metadata_received = asyncio.Event()  # the first UpdateMetadata was applied
 
     def broker_epoch(self) -> int:
         registration = self.broker.membership.registration
@@ -106,6 +107,7 @@ class ControllerLink:
                     topic_ids=wire.topic_ids(request))
             except KafkaError as exc:
                 self._refuse(request, exc.code, str(exc))
+            self.metadata_received.set()
             if deleted:
                 self.broker.groups.coordinator.on_topics_deleted(deleted, now_ms())
 
