@@ -183,9 +183,11 @@ class Broker:
                 await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
-            await self.dynamic_configs.start()
             self.cluster = cluster
             await self.cluster.start()
+            # After the controller link exists: once registered, the controller's requests
+            # may arrive at any await. Logs created meanwhile take the configs on the next line.
+            await self.dynamic_configs.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))
