@@ -4,9 +4,9 @@ the fixed cost Ottla adds to a micro-batch against Spark's `rate -> noop` (issue
     .venv/bin/python benchmarks/spark_pipeline.py                    # 400,000 x 100 B and 100,000 x 1 KiB
     .venv/bin/python benchmarks/spark_pipeline.py --rows 100000 --rows-1k 20000 --sizes 100
 
-One broker (`ottla serve`), one SparkSession on local[2]; a warm-up round at a small size starts the JVM's
-code paths and the Python workers first. Per value size, on the same rows (key = the row number, value =
-the row number padded to the size, so every value is distinct):
+One broker (`ottla serve`), one SparkSession on local[2,3] (two cores, task retries); a warm-up round at a
+small size starts the JVM's code paths and the Python workers first. Per value size, on the same rows
+(key = the row number, value = the row number padded to the size, so every value is distinct):
 
 - `range -> noop`: Spark's baseline, `spark.range(N)` with those columns into the `noop` sink;
 - `range -> ottla sink (batch)`: `df.write.format("ottla")` (at-least-once) into the input topic;
@@ -96,7 +96,7 @@ class Legs:
                 .select(col("value").cast("string").alias("key"),
                         lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
         batches = run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint())
-        out["range -> ottla sink (streaming, exactly-once)"] = _seconds(batches, n)
+        out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = _seconds(batches, n)
 
         copy = self.topic(f"copy{size}")
         stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
@@ -148,7 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400_000, help="rows of 100-byte values (default 400,000)")
     parser.add_argument("--rows-1k", type=int, default=100_000, help="rows of 1 KiB values (default 100,000)")
-    parser.add_argument("--sizes", default="100,1024", help="value sizes to run, comma-separated")
+    parser.add_argument("--sizes", default="100,1024", help="value sizes to run, comma-separated ('' for none)")
     parser.add_argument("--small", type=int, default=100, help="rows per micro-batch for the fixed cost")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
@@ -158,7 +158,7 @@ def main() -> int:
         spark = spark_session("ottla-bench")
         legs = Legs(spark, broker.bootstrap, workdir)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in (int(s) for s in args.sizes.split(",") if s):
             n = args.rows if size < 1024 else args.rows_1k
             results[size] = (n, legs.run(n, size))
             print(f"{size}-byte values: {results[size]}", file=sys.stderr)

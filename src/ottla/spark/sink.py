@@ -5,10 +5,13 @@ Exactly-once, per write task of micro-batch B (Spark partition P of query Q):
 1. A transactional producer with transactional.id `<prefix><Q>-<P>` calls init_transactions(). Kafka
    bumps the producer epoch, so any earlier attempt of the same task (a zombie: a retried task, a
    stopped query's straggler) is fenced, and its unfinished transaction is aborted or completed.
+   The Python worker keeps the producer for the next micro-batches of P (see `_TransactionalTask`).
 2. The task reads the committed offset of consumer group `<prefix><Q>-<P>` on partition 0 of the
    marker topic. It is B + 1 if a previous attempt already committed batch B: the task writes nothing.
-3. Otherwise it writes its rows and, in the same transaction, commits offset B + 1 for that group
-   (send_offsets_to_transaction), then commits. Rows and marker become visible together or not at all.
+3. Otherwise it begins a transaction, adds offset B + 1 for that group to it first
+   (send_offsets_to_transaction: a kept producer that was fenced meanwhile learns it here, before any
+   row is read, and goes back to step 1 with a new producer), then writes its rows and commits. Rows
+   and marker become visible together or not at all.
 
 Spark re-runs a micro-batch with the same id and the same input offsets after a task retry, a
 failed batch or a restart from the checkpoint, so every replay finds the marker of each task that
@@ -38,6 +41,7 @@ _LINGER_MS = 100  # the sink's default; option kafka.linger.ms overrides it
 # Clients a Python worker keeps between tasks, by client config (and transactional id).
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
 _TRANSACTIONAL: dict[tuple, "_TransactionalTask"] = {}
+_KEEP_AT_MOST = 16  # transactional producers per worker: each holds librdkafka threads and connections
 
 
 @dataclass
@@ -239,6 +243,8 @@ class _TransactionalTask:
     def checkin(self) -> None:
         self.kept = True
         _TRANSACTIONAL[self.key(self.ident, self.options)] = self
+        while len(_TRANSACTIONAL) > _KEEP_AT_MOST:  # oldest first: a worker serves many partitions
+            _TRANSACTIONAL.pop(next(iter(_TRANSACTIONAL))).marker.close()
 
     def discard(self) -> None:
         """After a failure: abort so the partitions' LSO is not held back, and never reuse this producer."""
