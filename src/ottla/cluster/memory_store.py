@@ -45,6 +45,7 @@ class MemoryZooKeeper:
         self.topics: dict[str, TopicAssignment] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
         self.broker_configs: dict[int | None, dict[str, str]] = {}
+        self.config_changes: list[str] = []  # entity paths; the index is the sequence number
         self.states: dict[TopicPartition, LeaderAndIsr] = {}
         self.deletions: set[str] = set()
         self.isr_changes: list[set[TopicPartition]] = []
@@ -221,8 +222,14 @@ class MemoryStore:
             if name not in self.zk.topics:
                 raise NoSuchTopic(name)
             self.zk.topic_configs[name] = dict(configs)
+            self.zk.config_changes.append(f"topics/{name}")
             self.zk.write()
         self.zk.fire("config_changes")
+
+    def config_changes(self, after: int) -> list[tuple[int, str]]:
+        with self.zk.lock:
+            self._check()
+            return [(seq, path) for seq, path in enumerate(self.zk.config_changes) if seq > after]
 
     def broker_configs(self, broker_id: int | None) -> dict[str, str]:
         with self.zk.lock:
@@ -233,6 +240,7 @@ class MemoryStore:
         with self.zk.lock:
             self._check()
             self.zk.broker_configs[broker_id] = dict(configs)
+            self.zk.config_changes.append(f"brokers/{'<default>' if broker_id is None else broker_id}")
             self.zk.write()
         self.zk.fire("config_changes")
 

@@ -158,6 +158,10 @@ class ClusterStore(Protocol):
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         """`/config/topics/<t>` plus a `/config/changes` notification."""
 
+    def config_changes(self, after: int) -> list[tuple[int, str]]:
+        """The `/config/changes` notifications after sequence number `after`, oldest first:
+        (sequence, entity path such as "topics/<t>", "brokers/<id>", "brokers/<default>")."""
+
     def broker_configs(self, broker_id: int | None) -> dict[str, str]:
         """`/config/brokers/<id>`, or `/config/brokers/<default>` for None (KIP-226)."""
 

@@ -325,6 +325,12 @@ class LogManager:
             self.logs[(name, partition)].config = config
         return updated
 
+    def refresh_configs(self) -> None:
+        """The broker's defaults changed (dynamic broker configs): every log resolves its
+        settings again, from its next append on."""
+        for log_ in self.logs.values():
+            log_.config = log_.config
+
     def get_log(self, topic: str, partition: int) -> Log:
         log_ = self.logs.get((topic, partition))
         if log_ is None:

@@ -34,12 +34,16 @@ from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
+from .dynamic_configs import DynamicConfigs
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
 
 log = logging.getLogger("ottla.broker")
+
+# A cluster broker that has not heard from a controller by then says so (it keeps waiting).
+READY_NOTICE_S = 5.0
 
 
 def _lock_data_dir(data_dir: Path) -> int:
@@ -129,6 +133,8 @@ class Broker:
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
         self._publish_local_metadata()
+        # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
+        self.dynamic_configs = DynamicConfigs(self)
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
@@ -173,6 +179,7 @@ class Broker:
             except StoreError:
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            await self.dynamic_configs.start()
             self.cluster = ClusterNode(self)
             await self.cluster.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
@@ -193,6 +200,7 @@ class Broker:
             self._server.close()
         for task in self._duties:
             task.cancel()
+        self.dynamic_configs.stop()
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
@@ -213,10 +221,31 @@ class Broker:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    async def serve_forever(self) -> None:
+    async def ready(self) -> bool:
+        """Wait until clients can use this broker; False if it stopped first. A cluster broker
+        is ready once the controller told it the cluster (its first UpdateMetadata): until
+        then it knows itself alone and no controller, and a client bootstrapping from it
+        waits for a controller it cannot find (librdkafka's admin client does not ask again)."""
+        if self.cluster is None:
+            return not self._stopped.is_set()
+        received = asyncio.ensure_future(self.cluster.link.metadata_received.wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        done, _ = await asyncio.wait({received, stopped}, timeout=READY_NOTICE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            log.info("broker %d waits for the controller's first UpdateMetadata", self.node_id)
+            await asyncio.wait({received, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        received.cancel()
+        stopped.cancel()
+        return not self._stopped.is_set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT stop the broker cleanly (with a controlled shutdown in a cluster)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
+
+    async def serve_forever(self) -> None:
+        self.stop_on_signals()
         if self._server is None:
             await self.start()
         await self._stopped.wait()

@@ -60,6 +60,9 @@ class ClusterNode:
             raise BrokerNotAvailable(f"broker {request.destination} is not live")
         _, _, message = wire.to_message(request)
         response = await self.client.send(request.destination, registration.host, registration.port, message)
+        if response.error_code:
+            log.warning("controller: broker %d refused %s (%s)", request.destination, request.kind,
+                        ErrorCode(response.error_code).name.upper())
         if request.kind == "StopReplica":
             return wire.stop_replica_errors(request, response)
         return None
