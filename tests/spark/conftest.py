@@ -55,9 +55,6 @@ def spark():
     session = (SparkSession.builder.master("local[2,3]").appName("ottla-spark-tests")
                .config("spark.sql.shuffle.partitions", 2)
                .config("spark.ui.enabled", False)
-               # A Python worker connects back to the JVM when it starts: 15 s by default is too short on a
-               # loaded 2-core machine ("Python worker failed to connect back").
-               .config("spark.python.authenticate.socketTimeout", "120s")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     ottla.spark.register(session)

@@ -56,9 +56,6 @@ def spark_session(app_name: str):
     session = (SparkSession.builder.master("local[2,3]").appName(app_name)
                .config("spark.sql.shuffle.partitions", 2)
                .config("spark.ui.enabled", False)
-               # A Python worker connects back to the JVM when it starts: 15 s by default is too short on a
-               # loaded 2-core machine ("Python worker failed to connect back").
-               .config("spark.python.authenticate.socketTimeout", "120s")
                .config("spark.ui.showConsoleProgress", False)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
