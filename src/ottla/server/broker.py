@@ -185,8 +185,8 @@ class Broker:
                 raise
             self.cluster = cluster
             await self.cluster.start()
-            # After the controller link exists: once registered, the controller's requests
-            # may arrive at any await. Logs created meanwhile take the configs on the next line.
+            # Once registered, the controller's requests may arrive at any await: logs created
+            # meanwhile take the dynamic configs read on the next line.
             await self.dynamic_configs.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
