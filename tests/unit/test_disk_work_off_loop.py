@@ -81,3 +81,17 @@ def test_the_recovery_point_moves_once_a_rolls_fsync_is_done(tmp_path):
             broker.release_data_dir()
 
     asyncio.run(scenario())
+
+
+def test_deleting_a_partition_whose_directory_is_already_gone_is_not_an_error(tmp_path):
+    from ottla.log import Log
+    from ottla.log.disk_worker import DiskWorker
+    from tests.unit.test_log import batch, config
+
+    worker = DiskWorker()
+    log = Log(tmp_path / "t-0", config(), disk_worker=worker)
+    log.append(batch(3), now_ms=0)
+    shutil.rmtree(tmp_path / "t-0")
+    log.delete()
+    worker.close()
+    assert list(tmp_path.iterdir()) == []

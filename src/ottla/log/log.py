@@ -720,7 +720,10 @@ class Log:
         directory = self.directory
         if self._disk_worker is not None:
             directory = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
-            os.replace(self.directory, directory)
+            try:
+                os.replace(self.directory, directory)
+            except FileNotFoundError:  # already gone: as rmtree(ignore_errors=True) would take it
+                pass
         for segment in self._segments:
             segment.delete()  # its files' old names are gone already with a disk worker
         self._segments, self._bases = [], []
