@@ -1,0 +1,106 @@
+"""How fast the group coordinator loads a `__consumer_offsets` partition, in-process.
+
+Writes --commits offset commits (one offset per commit, --offsets distinct partitions of one
+group, as a commit storm does) through an in-process broker's group coordinator into a
+1-partition `__consumer_offsets` whose segments do not roll (the active segment is never
+cleaned: this is what a restart after a storm replays), stops the broker, then times
+loading that partition again --trials times (CPU and wall clock, best of the trials).
+No sockets and no subprocess: the figure is the replay itself, not process start.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/offsets_load.py --commits 64000
+
+Results table (Markdown) on stdout; see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ottla.config import BrokerConfig
+from ottla.coordinator.group import OffsetCommit
+from ottla.errors import ErrorCode
+from ottla.server.broker import Broker
+from ottla.server.clock import now_ms
+
+CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1,
+          "offsets.topic.segment.bytes": 1 << 30, "log.cleaner.enable": False}
+
+
+async def _storm(data_dir: Path, commits: int, offsets: int) -> None:
+    broker = Broker(data_dir, BrokerConfig(CONFIG), port=0)
+    await broker.start()
+    try:
+        groups = broker.groups.coordinator
+        while groups.fetch_offsets(group_id="storm", partitions=None).error == ErrorCode.coordinator_load_in_progress:
+            await asyncio.sleep(0.01)
+        pending: list[asyncio.Future] = []
+        for i in range(commits):
+            done = asyncio.get_running_loop().create_future()
+            groups.commit_offsets(group_id="storm", member_id="", group_instance_id=None, generation_id=-1,
+                                  offsets={("input", i % offsets): OffsetCommit(i)}, now_ms=now_ms(),
+                                  on_complete=done.set_result)
+            pending.append(done)
+            if len(pending) >= 512:  # as many in flight as a few hundred connections
+                for result in await asyncio.gather(*pending):
+                    assert set(result.values()) == {ErrorCode.none}, result
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await broker.stop()
+
+
+def _load(data_dir: Path) -> tuple[float, float, int]:
+    """(CPU s, wall s, offsets loaded) of loading `__consumer_offsets-0` once."""
+    broker = Broker(data_dir, BrokerConfig(CONFIG), port=0)
+    try:
+        groups = broker.groups.coordinator
+        cpu, wall = time.process_time(), time.perf_counter()
+        groups.load_partition(0, now_ms())
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        loaded = groups.fetch_offsets(group_id="storm", partitions=None)
+        assert loaded.error == ErrorCode.none
+        return cpu, wall, len(loaded.offsets)
+    finally:
+        broker.logs.close()
+        broker.release_data_dir()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=64_000)
+    parser.add_argument("--offsets", type=int, default=64, help="distinct partitions committed (live offsets)")
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="ottla-offsets-load-") as tmp:
+        data_dir = Path(tmp) / "data"
+        asyncio.run(_storm(data_dir, args.commits, args.offsets))
+        size = sum(p.stat().st_size for p in (data_dir / "__consumer_offsets-0").glob("*.log"))
+        trials = []
+        for _ in range(args.trials):
+            copy = Path(tmp) / "trial"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(data_dir, copy)
+            trials.append(_load(copy))
+    cpu = min(t[0] for t in trials)
+    wall = min(t[1] for t in trials)
+    assert all(t[2] == args.offsets for t in trials)
+    print("| commits | live offsets | partition MiB | load CPU s | load wall s | records/s (CPU) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.commits:,} | {args.offsets} | {size / 2**20:.1f} | {cpu:.3f} | {wall:.3f} | "
+          f"{args.commits / cpu:,.0f} |")
+    print()
+    print(f"- best of {args.trials} loads; {os.cpu_count()} CPUs; load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
+    print(f"- command: python benchmarks/offsets_load.py --commits {args.commits} --offsets {args.offsets} "
+          f"--trials {args.trials}")
+
+
+if __name__ == "__main__":
+    main()
