@@ -1,16 +1,23 @@
-"""Records/s through the demo's pipeline (read_committed -> enrich -> exactly-once write) on local[2],
-and what each micro-batch costs on top of its records.
+"""Rows/s of each leg of an Ottla Spark pipeline against Spark's own `range -> noop` in the same run, and
+the fixed cost Ottla adds to a micro-batch against Spark's `rate -> noop` (issue 16).
 
-    .venv/bin/python benchmarks/spark_pipeline.py                       # 20,000 payments, 3 batch sizes
-    .venv/bin/python benchmarks/spark_pipeline.py --events 50000 --batch-sizes 2000,50000
+    .venv/bin/python benchmarks/spark_pipeline.py                    # 400,000 x 100 B and 100,000 x 1 KiB
+    .venv/bin/python benchmarks/spark_pipeline.py --rows 100000 --rows-1k 20000 --sizes 100
 
-The input is written once (transactions of 100 payments, every 7th aborted, as in `make demo`). Each
-batch size then runs the same `trigger(availableNow=True)` query into a fresh output topic with a
-fresh checkpoint, in one SparkSession that a warm-up run has already started the Python workers of.
-Per run: micro-batches, the Spark-reported time of each (triggerExecution), records/s over the sum of
-those times. The fixed cost per micro-batch is fitted from the runs: time = batches x overhead + rows x
-cost per row. Every run's output is checked with the demo's verifier (read_committed consumer): a run
-that is not exact fails the benchmark.
+One broker (`ottla serve`), one SparkSession on local[2,3] (two cores, task retries); a warm-up round at a
+small size starts the JVM's code paths and the Python workers first. Per value size, on the same rows
+(key = the row number, value = the row number padded to the size, so every value is distinct):
+
+- `range -> noop`: Spark's baseline, `spark.range(N)` with those columns into the `noop` sink;
+- `range -> ottla sink (batch)`: `df.write.format("ottla")` (at-least-once) into the input topic;
+- `ottla source -> noop`: `spark.read.format("ottla")` (read_committed) of that topic into `noop`;
+- `rate-micro-batch -> ottla sink (streaming, exactly-once)`: one availableNow micro-batch of N rows;
+- `ottla -> transform -> ottla (exactly-once)`: the input topic, a value rewritten, into a fresh topic in
+  one availableNow micro-batch; the output is then read back and checked: N distinct values.
+
+Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. The fixed cost per
+micro-batch: the median `triggerExecution` of small micro-batches (`--small` rows, all partitions) of the
+`ottla -> ottla` exactly-once query minus that of `rate-micro-batch -> noop`, first batch of each left out.
 """
 
 from __future__ import annotations
@@ -25,76 +32,150 @@ import time
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import ottla.testing
-from ottla.demo import query as pipeline
-from ottla.demo.producer import PaymentProducer
-from ottla.demo.verify import compare, read_all, wait_until_stable
+from ottla.demo.query import spark_session
 
 PARTITIONS = 4
+SMALL_BATCHES = 8
 
 
-def run_case(spark, bootstrap: str, admin: AdminClient, max_offsets: int, label: str) -> dict:
-    output = f"enriched-{label}"
-    admin.create_topics([NewTopic(output, PARTITIONS, 1)])[output].result(30)
-    with tempfile.TemporaryDirectory(prefix="ottla-bench-") as checkpoint:
-        started = time.monotonic()
-        query = pipeline.start_query(spark, bootstrap, checkpoint, max_offsets, {"availableNow": True},
-                                     output_topic=output)
-        query.awaitTermination()
-        wall = time.monotonic() - started
-        if query.exception() is not None:
-            raise RuntimeError(f"query failed: {query.exception()}")
-        batches = [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in query.recentProgress
-                   if p["numInputRows"]]
-    wait_until_stable(bootstrap, output)
-    report = compare(pipeline.INPUT_TOPIC, read_all(bootstrap, pipeline.INPUT_TOPIC), set(),
-                     read_all(bootstrap, output))
-    if not report.exact:
-        raise RuntimeError(f"{label}: output not exact: {report}")
-    rows = sum(r for r, _ in batches)
-    seconds = sum(s for _, s in batches)
-    return {"max_offsets": max_offsets, "batches": len(batches), "rows": rows, "seconds": seconds, "wall": wall,
-            "per_batch": statistics.mean(s for _, s in batches), "rate": rows / seconds}
+def rows(spark, n: int, size: int):
+    from pyspark.sql.functions import col, lpad
+    value = lpad(col("id").cast("string"), size, "x").cast("binary").alias("value")
+    return spark.range(0, n, numPartitions=PARTITIONS).select(col("id").cast("string").alias("key"), value)
+
+
+def timed(action) -> float:
+    started = time.monotonic()
+    action()
+    return time.monotonic() - started
+
+
+def run_stream(writer, checkpoint: str) -> list[tuple[int, float]]:
+    """Start an availableNow query; (rows, triggerExecution s) of each micro-batch that had rows."""
+    query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"query failed: {query.exception()}")
+    return [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in query.recentProgress
+            if p["numInputRows"]]
+
+
+class Legs:
+    def __init__(self, spark, bootstrap: str, workdir: str):
+        self.spark, self.bootstrap, self.workdir = spark, bootstrap, workdir
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        self.topics = 0
+
+    def topic(self, label: str) -> str:
+        self.topics += 1
+        name = f"{label}-{self.topics}"
+        self.admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
+        return name
+
+    def checkpoint(self) -> str:
+        return tempfile.mkdtemp(dir=self.workdir)
+
+    def ottla(self, **options):
+        return {"kafka.bootstrap.servers": self.bootstrap, **options}
+
+    def run(self, n: int, size: int) -> dict[str, float]:
+        """Seconds per leg for n rows of `size`-byte values."""
+        spark, out = self.spark, {}
+        df = rows(spark, n, size)
+        out["range -> noop"] = timed(lambda: df.write.format("noop").mode("overwrite").save())
+        source = self.topic(f"in{size}")
+        out["range -> ottla sink (batch)"] = timed(
+            lambda: df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save())
+        read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
+        out["ottla source -> noop"] = timed(lambda: read.load().write.format("noop").mode("overwrite").save())
+
+        from pyspark.sql.functions import col, lpad
+        sink = self.topic(f"eos{size}")
+        rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", n)
+                .option("numPartitions", PARTITIONS).load()
+                .select(col("value").cast("string").alias("key"),
+                        lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
+        batches = run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint())
+        out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = _seconds(batches, n)
+
+        copy = self.topic(f"copy{size}")
+        stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
+                  .load().selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
+        batches = run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint())
+        out["ottla -> transform -> ottla (exactly-once)"] = _seconds(batches, n)
+        self.check(copy, n)
+        return out
+
+    def check(self, name: str, n: int) -> None:
+        from pyspark.sql.functions import count, count_distinct
+        got = (self.spark.read.format("ottla").options(**self.ottla(subscribe=name)).load()
+               .agg(count_distinct("value").alias("distinct"), count("value").alias("total")).first())
+        if (got.distinct, got.total) != (n, n):
+            raise RuntimeError(f"{name}: {got.total} records, {got.distinct} distinct values; expected {n} of each")
+
+    def fixed_cost(self, small: int) -> tuple[float, float]:
+        """Median triggerExecution s of small micro-batches: (rate-micro-batch -> noop, ottla -> ottla)."""
+        spark = self.spark
+        rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", small)
+                .option("numPartitions", PARTITIONS).load())
+        query = (rate.writeStream.format("noop").option("checkpointLocation", self.checkpoint())
+                 .trigger(processingTime="0 seconds").start())
+        while len([p for p in query.recentProgress if p["numInputRows"]]) < SMALL_BATCHES:
+            time.sleep(0.2)
+        query.stop()
+        spark_cost = statistics.median(p["durationMs"]["triggerExecution"] / 1000
+                                       for p in query.recentProgress[1:SMALL_BATCHES] if p["numInputRows"])
+
+        source, sink = self.topic("small-in"), self.topic("small-out")
+        rows(spark, small * SMALL_BATCHES, 100).write.format("ottla").options(**self.ottla(topic=source)) \
+            .mode("append").save()
+        stream = (spark.readStream.format("ottla")
+                  .options(**self.ottla(subscribe=source, startingOffsets="earliest", maxOffsetsPerTrigger=small))
+                  .load().select("key", "value"))
+        batches = run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint())
+        if len(batches) != SMALL_BATCHES:
+            raise RuntimeError(f"expected {SMALL_BATCHES} micro-batches, got {len(batches)}")
+        return spark_cost, statistics.median(s for _, s in batches[1:])
+
+
+def _seconds(batches: list[tuple[int, float]], n: int) -> float:
+    if sum(r for r, _ in batches) != n:
+        raise RuntimeError(f"expected {n} rows in the micro-batches, got {batches}")
+    return sum(s for _, s in batches)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=20_000, help="payments in the input (default 20,000)")
-    parser.add_argument("--batch-sizes", default="1000,5000,25000",
-                        help="maxOffsetsPerTrigger of each run, comma-separated")
+    parser.add_argument("--rows", type=int, default=400_000, help="rows of 100-byte values (default 400,000)")
+    parser.add_argument("--rows-1k", type=int, default=100_000, help="rows of 1 KiB values (default 100,000)")
+    parser.add_argument("--sizes", default="100,1024", help="value sizes to run, comma-separated ('' for none)")
+    parser.add_argument("--small", type=int, default=100, help="rows per micro-batch for the fixed cost")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.batch_sizes.split(",")]
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-
-    with ottla.testing.broker() as broker:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
-        admin.create_topics([NewTopic(pipeline.INPUT_TOPIC, PARTITIONS, 1)])[pipeline.INPUT_TOPIC].result(30)
-        producer = PaymentProducer(broker.bootstrap, pipeline.INPUT_TOPIC, args.events, rate=1e9)
-        producer.run()
-        if producer.error:
-            raise producer.error
-        print(f"input: {producer.committed:,} committed payments, {producer.aborted:,} aborted", file=sys.stderr)
-        spark = pipeline.spark_session("ottla-bench")
-        run_case(spark, broker.bootstrap, admin, args.events, "warm-up")  # starts the Python workers
-        results = []
-        for size in sizes:
-            results.append(run_case(spark, broker.bootstrap, admin, size, f"max{size}"))
-            print(f"maxOffsetsPerTrigger={size}: done", file=sys.stderr)
+    results = {}
+    with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
+        spark = spark_session("ottla-bench")
+        legs = Legs(spark, broker.bootstrap, workdir)
+        print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
+        for size in (int(s) for s in args.sizes.split(",") if s):
+            n = args.rows if size < 1024 else args.rows_1k
+            results[size] = (n, legs.run(n, size))
+            print(f"{size}-byte values: {results[size]}", file=sys.stderr)
+        spark_cost, ottla_cost = legs.fixed_cost(args.small)
         spark.stop()
 
-    print("| maxOffsetsPerTrigger | micro-batches | records | s per micro-batch | s in micro-batches | wall s | records/s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['max_offsets']:,} | {r['batches']} | {r['rows']:,} | {r['per_batch']:.2f} | {r['seconds']:.1f} "
-              f"| {r['wall']:.1f} | {r['rate']:,.0f} |")
-    most, fewest = max(results, key=lambda r: r["batches"]), min(results, key=lambda r: r["batches"])
-    if most["batches"] > fewest["batches"]:
-        overhead = (most["seconds"] - fewest["seconds"]) / (most["batches"] - fewest["batches"])
-        per_row = (fewest["seconds"] - fewest["batches"] * overhead) / fewest["rows"]
-        print(f"\n- fixed cost per micro-batch: {overhead:.2f} s; per record: {per_row * 1e6:.0f} us "
-              f"(fitted from the {most['batches']}- and {fewest['batches']}-batch runs)")
-    print("- records: committed payments read read_committed, enriched, written exactly-once; every run verified")
-    print(f"- {os.cpu_count()} CPUs, Spark local[2]; load average {load_before:.1f} before, "
+    for size, (n, seconds) in results.items():
+        base = n / seconds["range -> noop"]
+        print(f"\n{n:,} rows of {size}-byte values:\n")
+        print("| leg | rows/s | MB/s | share of `range -> noop` |")
+        print("| --- | ---: | ---: | ---: |")
+        for leg, s in seconds.items():
+            print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {n / s / base:.2f} |")
+    print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
+          f"{SMALL_BATCHES - 1}): `rate-micro-batch -> noop` {spark_cost:.2f} s, `ottla -> ottla` exactly-once "
+          f"{ottla_cost:.2f} s: Ottla adds {ottla_cost - spark_cost:.2f} s\n")
+    print(f"- {os.cpu_count()} CPUs, Spark local[2,3]; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after; run took {time.monotonic() - started:.0f}s")
     print(f"- command: python benchmarks/spark_pipeline.py {' '.join(sys.argv[1:])}".rstrip())
     return 0

@@ -5,6 +5,10 @@ import struct
 
 import pytest
 
+from ottla.testing.broker import STARTED
+
+BROKER_LOG_LINES = 60
+
 
 def kafka_frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
@@ -24,3 +28,17 @@ def raw_connection():
     yield connect
     for sock in opened:
         sock.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report ends with the last lines each broker it could see wrote (warnings
+    by default): a cluster failure on CI is otherwise a timeout with no cause."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for handle in sorted(STARTED, key=lambda h: str(h.stderr_path)):
+        lines = handle.read_stderr().splitlines()[-BROKER_LOG_LINES:]
+        if lines:
+            report.sections.append((f"broker log {handle.stderr_path}", "\n".join(lines)))

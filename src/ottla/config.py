@@ -275,10 +275,28 @@ TOPIC_TO_BROKER_SYNONYM = {
 }
 
 
+# Broker configs that change at runtime (KIP-226), Kafka's dynamic ones that Ottla really
+# applies while running: the topic defaults (every log re-reads them, `LogManager.refresh_configs`),
+# the cleaner's throughput settings (read each pass) and the connection limits. Kafka's other
+# dynamic configs (log.cleaner.threads, num.*.threads, ssl.*, unclean.leader.election.enable, whose
+# broker default the controller reads once) are refused as not dynamic rather than stored unapplied.
+DYNAMIC_BROKER_CONFIGS = frozenset(set(TOPIC_TO_BROKER_SYNONYM.values()) - {"unclean.leader.election.enable"}) | {
+    "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
+    "max.connections", "max.connections.per.ip",
+}
+
+
 class BrokerConfig:
-    """Validated broker settings; unknown names are rejected so typos do not pass silently."""
+    """Validated broker settings; unknown names are rejected so typos do not pass silently.
+
+    Three layers, Kafka's order of precedence: this broker's dynamic configs, the cluster-wide
+    dynamic defaults (both replaced at runtime by `set_dynamic`), the static ones it started with.
+    """
 
     def __init__(self, overrides: Mapping[str, Any] | None = None):
+        self.dynamic: dict[str, Any] = {}
+        self.dynamic_default: dict[str, Any] = {}
         self.overrides: dict[str, Any] = {}
         for name, raw in (overrides or {}).items():
             definition = BROKER_CONFIGS.get(name)
@@ -290,12 +308,14 @@ class BrokerConfig:
             raise ConfigError("broker.id and node.id must have the same value when both are set")
 
     def __getitem__(self, name: str) -> Any:
-        if name in self.overrides:
-            return self.overrides[name]
+        for layer in (self.dynamic, self.dynamic_default, self.overrides):
+            if name in layer:
+                return layer[name]
         return self._derived_default(name)
 
-    def is_default(self, name: str) -> bool:
-        return name not in self.overrides
+    def set_dynamic(self, per_broker: Mapping[str, Any], default: Mapping[str, Any]) -> None:
+        """Replace both dynamic layers with values already checked by `coerce_dynamic`."""
+        self.dynamic, self.dynamic_default = dict(per_broker), dict(default)
 
     def _derived_default(self, name: str) -> Any:
         if name == "log.roll.ms":
@@ -333,6 +353,48 @@ class BrokerConfig:
         return result
 
 
+def coerce_dynamic(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Check dynamic broker configs as Kafka's DynamicBrokerConfig.validateConfigs does;
+    ConfigError carries Kafka's message (the names as a Scala Set)."""
+    static = sorted(set(configs) - DYNAMIC_BROKER_CONFIGS)
+    if static:
+        raise ConfigError(f"Cannot update these configs dynamically: Set({', '.join(static)})")
+    return {name: BROKER_CONFIGS[name].coerce(raw) for name, raw in configs.items()}
+
+
+def render(value: Any) -> str | None:
+    """A config value as Kafka prints it (booleans lower case, None stays null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+_ROLL = ("log.roll.ms", "log.roll.hours")
+_RETENTION = ("log.retention.ms", "log.retention.minutes", "log.retention.hours")
+# Kafka's DynamicBrokerConfig.brokerConfigSynonyms: the names one setting goes by, in precedence order.
+_SYNONYM_NAMES = {"log.roll.ms": _ROLL, "log.roll.hours": _ROLL,
+                  "log.flush.interval.ms": ("log.flush.interval.ms", "log.flush.scheduler.interval.ms"),
+                  **{n: _RETENTION for n in _RETENTION}}
+
+
+def broker_synonyms(config: BrokerConfig, name: str) -> list[tuple[str, str | None, str]]:
+    """(name, value, layer) for each place a broker config's value could come from, most
+    specific first, as Kafka's `configSynonyms`: every synonym name per layer (dynamic, dynamic
+    default, static, default), then everything before `name` itself dropped (describing
+    log.retention.ms when only log.retention.hours has a value gives none)."""
+    names = _SYNONYM_NAMES.get(name, (name,))
+    defaults = {n: BROKER_CONFIGS[n].default for n in names if BROKER_CONFIGS[n].default is not None}
+    found = [(n, render(layer[n]), source)
+             for layer, source in ((config.dynamic, "dynamic_broker"), (config.dynamic_default, "dynamic_default"),
+                                   (config.overrides, "broker"), (defaults, "default"))
+             for n in names if n in layer]
+    while found and found[0][0] != name:
+        found.pop(0)
+    return found
+
+
 def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
     """Check per-topic overrides; raises ConfigError naming the bad key."""
     result = {}
@@ -360,11 +422,16 @@ class TopicConfig:
             return self.broker[synonym]
         return TOPIC_CONFIGS[name].default
 
-    def source(self, name: str) -> str:
-        """DescribeConfigs source: topic override, broker override, or default."""
-        if name in self.overrides:
-            return "topic"
+    def synonyms(self, name: str) -> list[tuple[str, str | None, str]]:
+        """Where the value comes from, most specific first, as Kafka's createTopicConfigEntry:
+        the topic's own setting, then the broker synonym's (`broker_synonyms`)."""
         synonym = TOPIC_TO_BROKER_SYNONYM.get(name)
-        if synonym is not None and not self.broker.is_default(synonym):
-            return "broker"
-        return "default"
+        found = broker_synonyms(self.broker, synonym) if synonym is not None else []
+        if name in self.overrides:
+            found.insert(0, (name, render(self.overrides[name]), "topic"))
+        return found
+
+    def source(self, name: str) -> str:
+        """DescribeConfigs source: the first synonym's layer, else the default."""
+        found = self.synonyms(name)
+        return found[0][2] if found else "default"

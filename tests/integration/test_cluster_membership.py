@@ -208,3 +208,28 @@ def test_brokers_stay_registered_while_the_zookeeper_ensemble_loses_its_leader(t
         finally:
             client.stop()
             client.close()
+
+
+def test_a_broker_is_ready_only_once_a_controller_told_it_the_cluster(tmp_path):
+    """Until its first UpdateMetadata a broker knows itself alone and no controller, and a
+    client bootstrapping from it waits for a controller it cannot find (librdkafka's admin
+    client never asks again). So `ottla serve` reports ready only after that first update:
+    with the controller stopped, a new broker does not report ready; once it is, its very
+    first Metadata answer names the controller and both brokers."""
+    import threading
+
+    with cluster(brokers=1, session_timeout_ms=30_000, root=tmp_path) as one:
+        one.brokers[1].pause()  # the controller: alive in ZooKeeper, answering nothing
+        newcomer = one.add_broker(2, start=False)
+        started = threading.Thread(target=newcomer.start)
+        started.start()
+        started.join(timeout=12)  # a broker that does not wait is ready well before this
+        ready_without_controller = not started.is_alive()
+        if ready_without_controller:
+            metadata = AdminClient({"bootstrap.servers": newcomer.bootstrap}).list_topics(timeout=20)
+        one.brokers[1].resume()
+        started.join()
+        if not ready_without_controller:
+            metadata = AdminClient({"bootstrap.servers": newcomer.bootstrap}).list_topics(timeout=20)
+        assert (metadata.controller_id, sorted(metadata.brokers)) == (1, [1, 2])
+        assert not ready_without_controller

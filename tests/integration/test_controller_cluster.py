@@ -29,6 +29,11 @@ def broker_logs(three) -> str:
     return "\n".join(out)
 
 
+def controller_named_by(bootstrap: str) -> int:
+    """The controller id in this broker's Metadata answer (what clients route admin requests by)."""
+    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20).controller_id
+
+
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:
     """Partition -> leader, as this broker's Metadata answers."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -111,6 +116,16 @@ def test_kill_the_controller_another_takes_over(three, zk):
     assert after in three.brokers and after != before
     assert int(zk.get("/controller_epoch")[0]) > epoch_before
     survivors = [b for i, b in three.brokers.items() if i != before]
+    # A client asks a broker for the controller; each survivor learns of the new one from its
+    # UpdateMetadata, a moment after the election (a client asking before that is sent to the
+    # dead broker and waits out its timeout, as with Kafka).
+    for survivor in survivors:
+        wait_for(lambda: controller_named_by(survivor.bootstrap) == after,
+                 what=f"{survivor.bootstrap} to name controller {after}\n" + broker_logs(three))
+    # `spread` has one replica per partition: the two the dead broker led have no leader now
+    # (the controller's state still names it; clients must not be sent to a dead broker).
+    assert sorted(leaders(survivors[0].bootstrap, "spread").values()).count(-1) == 2
+    assert before not in leaders(survivors[0].bootstrap, "spread").values()
     admin = AdminClient({"bootstrap.servers": survivors[0].bootstrap})
     admin.create_topics([NewTopic("after-failover", 4, 1)])["after-failover"].result(60)
     found = wait_for(lambda: (lambda m: m if len(m) == 4 and -1 not in m.values() else None)(

@@ -141,6 +141,45 @@ def test_a_response_to_no_request_closes_the_connection():
     asyncio.run(scenario())
 
 
+def test_the_late_answer_to_a_cancelled_request_is_dropped_not_fatal():
+    """A sender that stops waiting (its task cancelled) leaves an answer on the way: it is
+    dropped, and the requests behind it on the same connection still get theirs."""
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+
+    from ottla.protocol.codec import encode_response, peek_header
+
+    async def scenario():
+        async def answer_in_pairs(reader, writer):
+            while True:  # hold each answer until the next request came, then answer both
+                held = []
+                for _ in range(2):
+                    size = int.from_bytes(await reader.readexactly(4), "big")
+                    held.append(peek_header(await reader.readexactly(size))[2])
+                for correlation_id in held:
+                    writer.writelines(encode_response(18, 3, correlation_id, ApiVersionsResponse(
+                        error_code=ErrorCode.none, api_keys=(), throttle_time=timedelta(0),
+                        supported_features=(), finalized_features_epoch=-1, finalized_features=(),
+                        zk_migration_ready=False)))
+                await writer.drain()
+
+        server = await asyncio.start_server(answer_in_pairs, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = InterBrokerClient("broker-1", request_timeout_ms=30_000)
+        request = ApiVersionsRequest(client_software_name="ottla", client_software_version="1")
+        try:
+            abandoned = asyncio.create_task(client.send(8, "127.0.0.1", port, request))
+            await asyncio.sleep(0.2)
+            abandoned.cancel()
+            answer = await client.send(8, "127.0.0.1", port, request)
+            assert answer.error_code == ErrorCode.none
+        finally:
+            await client.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
 def test_markers_go_to_each_partitions_leader(tmp_path):
     """The transaction coordinator's marker channel: partitions led here are written
     in-process, partitions led by another broker (a real `ottla serve`, made the leader of

@@ -229,6 +229,17 @@ def test_topic_lifecycle_configs_and_watches(stores, connect, raw):
     assert controller.broker_configs(None) == {"log.retention.ms": "5"}
     assert controller.broker_configs(2) == {"log.retention.ms": "6"}
     assert read_json(raw, f"/{chroot}/config/brokers/<default>")["config"] == {"log.retention.ms": "5"}
+    changes = controller.config_changes(-1)
+    assert [path for _, path in changes] == ["topics/a", "brokers/<default>", "brokers/2"]
+    assert controller.config_changes(changes[0][0]) == changes[1:]
+    # Kafka's older version-1 notification names the entity by type and name.
+    raw.create(f"/{chroot}/config/changes/config_change_", b'{"version":1,"entity_type":"topics","entity_name":"a"}',
+               sequence=True)
+    assert [path for _, path in controller.config_changes(changes[-1][0])] == ["topics/a"]
+    controller.purge_config_changes(0)
+    assert len(raw.get_children(f"/{chroot}/config/changes")) == 4
+    controller.purge_config_changes(2**62)
+    assert raw.get_children(f"/{chroot}/config/changes") == [] and controller.config_changes(-1) == []
 
     controller.create_partition_states({("a", 0): LeaderAndIsr(1, 0, (1,), 1),
                                         ("a", 1): LeaderAndIsr(1, 0, (1,), 1)}, epoch)

@@ -43,7 +43,7 @@ class FakeProducer:
     def begin_transaction(self):
         self.pending_records, self.pending_offsets = [], {}
 
-    def produce(self, topic, value, key, partition, on_delivery, headers):
+    def produce(self, topic, value, key, partition, on_delivery=None, headers=None):
         self._check_epoch()
         self.pending_records.append(value)
 
@@ -98,6 +98,7 @@ def broker(monkeypatch) -> Broker:
     state = Broker()
     monkeypatch.setattr(sink, "Producer", lambda config: FakeProducer(state, config))
     monkeypatch.setattr(sink, "Consumer", lambda config: FakeConsumer(state, config))
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # clients a worker keeps between tasks: none yet
     return state
 
 
@@ -148,3 +149,34 @@ def test_an_empty_task_opens_no_transaction(broker, monkeypatch):
     monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: FakeTask(3)))
     assert sink.StreamWriter(OPTIONS).write(iter([])).records == 0
     assert broker.epochs == {} and broker.offsets == {}
+
+
+def test_a_kept_producer_serves_the_next_batches_of_its_partition(broker, monkeypatch):
+    """Spark reuses its Python workers: the producer is set up (init_transactions) once, not per batch."""
+    for batch, value in enumerate([b"a", b"b", b"c"], start=4):
+        assert write(monkeypatch, batch, [value]).records == 1
+    assert broker.epochs == {"ottla-spark-q1-0": 1}
+    assert broker.records == [b"a", b"b", b"c"]
+    assert broker.offsets == {("ottla-spark-q1-0", "out", 0): 7}
+
+
+def test_a_kept_producer_fenced_by_another_worker_fences_it_back_before_writing(broker, monkeypatch):
+    """Worker A keeps the producer of partition 0; worker B runs batch 5 of partition 0 (fencing A) and
+    dies mid-transaction; the retry lands on A, whose kept producer must not be trusted."""
+    write(monkeypatch, 4, [b"a"])
+    kept = dict(sink._TRANSACTIONAL)
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})
+
+    def dies_mid_transaction():
+        yield pa.RecordBatch.from_pydict({"value": [b"lost"]})
+        raise SystemExit("worker B dies")
+
+    with pytest.raises(SystemExit):
+        write_input = sink.StreamWriter(OPTIONS).write
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: FakeTask(5)))
+        write_input(dies_mid_transaction())
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", kept)  # back on worker A
+    assert write(monkeypatch, 5, [b"b"]).records == 1
+    assert broker.records == [b"a", b"b"]
+    assert broker.offsets == {("ottla-spark-q1-0", "out", 0): 6}
+    assert broker.epochs == {"ottla-spark-q1-0": 3}

@@ -69,3 +69,50 @@ def test_service_elects_sends_and_fails_over():
             service.store.close()
 
     asyncio.run(main())
+
+
+def test_an_event_the_store_cuts_off_part_way_is_finished_by_re_reading_the_cluster():
+    """Broker 2 dies; the controller sees it, but its first leader-election write finds
+    ZooKeeper unreachable. Replaying the event would find no broker change any more: the
+    controller must re-read the cluster and still move the leadership off broker 2."""
+    from ottla.cluster.store import StoreUnavailable
+
+    async def main():
+        zk = MemoryZooKeeper()
+        sent: list = []
+
+        async def send(request):
+            sent.append(request)
+            if request.kind == "StopReplica":
+                return {(p.topic, p.partition): 0 for p in request.payload.partitions}
+            return None
+
+        stores = {b: zk.session() for b in (1, 2)}
+        for broker_id, store in stores.items():
+            store.register_broker(BrokerRegistration(broker_id, "127.0.0.1", 9000 + broker_id))
+        controller = ControllerService(1, stores[1], ControllerConfig(), send, tick_interval_s=0.05)
+        await controller.start()
+        await eventually(lambda: controller.active)
+        stores[1].create_topic(TopicAssignment("t", uuid.uuid4(), {0: (2, 1)}), {})
+        await eventually(lambda: zk.states.get(("t", 0)) is not None and zk.states[("t", 0)].leader == 2)
+
+        cut_off = []
+        original = stores[1].update_partition_state
+
+        def unreachable_once(*args, **kwargs):
+            if not cut_off:
+                cut_off.append(args[0])
+                raise StoreUnavailable("ZooKeeper does not answer")
+            return original(*args, **kwargs)
+        stores[1].update_partition_state = unreachable_once
+        sent.clear()
+        stores[2].expire_session()  # broker 2 is gone
+        await eventually(lambda: zk.states[("t", 0)].leader == 1)
+        assert cut_off == [("t", 0)]
+        await eventually(lambda: any(r.kind == "UpdateMetadata" and r.destination == 1
+                                     and all(b.broker_id != 2 for b in r.payload.live_brokers) for r in sent))
+        await controller.stop()
+        for store in stores.values():
+            store.close()
+
+    asyncio.run(main())

@@ -122,3 +122,24 @@ def test_producer_id_blocks_never_overlap_and_closed_store_refuses():
     assert b.live_brokers() == {} and b.controller_id() is None
     with pytest.raises(StoreUnavailable):
         a.topics()
+
+
+def test_config_changes_are_numbered_notifications_as_in_zookeeper():
+    zk = MemoryZooKeeper()
+    s, other = zk.session(), zk.session()
+    fired = []
+    other.watch("config_changes", lambda: fired.append(1))
+    s.create_topic(topic(), {})
+    s.set_topic_configs("t", {"retention.ms": "5"})
+    s.set_broker_configs(None, {"message.max.bytes": "9"})
+    s.set_broker_configs(2, {})
+    changes = other.config_changes(-1)
+    assert [path for _, path in changes] == ["topics/t", "brokers/<default>", "brokers/2"]
+    assert other.config_changes(changes[1][0]) == changes[2:]
+    assert len(fired) == 3 and other.topic_configs("t") == {"retention.ms": "5"}
+    other.purge_config_changes(0)  # nothing that old
+    assert other.config_changes(-1) == changes
+    other.purge_config_changes(2**62)
+    assert other.config_changes(-1) == []
+    s.set_broker_configs(1, {})
+    assert other.config_changes(-1) == [(changes[-1][0] + 1, "brokers/1")]  # numbering goes on

@@ -37,6 +37,8 @@ def test_full_then_incremental_updates():
                  partition_states=[state("a", 1, 1, epoch=1, isr=(1,))], topic_ids={})
     assert cache.partition("a", 1).leader_epoch == 1 and cache.partition("a", 1).isr == (1,)
     assert cache.partition("b", 0).leader == 2 and cache.leader("b", 0) is None
+    assert cache.alive_leader(cache.partition("b", 0)) == -1  # clients are told: no leader
+    assert cache.alive_leader(cache.partition("a", 1)) == 1
 
     # deletion of every partition removes the topic (and its id)
     deleted = cache.update(controller_id=2, controller_epoch=3, brokers=BROKERS,

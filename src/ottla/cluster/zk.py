@@ -34,9 +34,10 @@ from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdB
 from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
                     NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists,
                     TopicPartition, WatchTarget)
-from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
+from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGE_PREFIX, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
                       INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
                       PRODUCER_ID_BLOCK, REASSIGN, TOPICS, config_bytes, decode_assignment, decode_broker,
+                      decode_config_change,
                       decode_state, encode_assignment, encode_broker, encode_state, now_ms, partition_list,
                       split_chroot, state_path, to_json, topic_path)
 
@@ -304,11 +305,30 @@ class ZkClusterStore:
             self._call("set", path, config_bytes(configs))
         except NoNodeError:
             self._call("create", path, config_bytes(configs), makepath=True)
-        self._call("create", f"{CONFIG_CHANGES}/config_change_",
+        self._call("create", f"{CONFIG_CHANGES}/{CONFIG_CHANGE_PREFIX}",
                    to_json({"version": 2, "entity_path": entity_path}), sequence=True)
 
     def topic_configs(self, name: str) -> dict[str, str]:
         return self._configs(f"/config/topics/{name}")
+
+    def config_changes(self, after: int) -> list[tuple[int, str]]:
+        children = sorted((int(child[len(CONFIG_CHANGE_PREFIX):]), child) for child in self._children(CONFIG_CHANGES)
+                          if child.startswith(CONFIG_CHANGE_PREFIX))
+        paths = {seq: f"{CONFIG_CHANGES}/{child}" for seq, child in children if seq > after}
+        found = self._many("get", list(paths.values()))
+        return [(seq, decode_config_change(found[path][0])) for seq, path in paths.items()
+                if found[path] is not None]  # None: purged meanwhile
+
+    def purge_config_changes(self, before_ms: int) -> None:
+        paths = [f"{CONFIG_CHANGES}/{child}" for child in self._children(CONFIG_CHANGES)
+                 if child.startswith(CONFIG_CHANGE_PREFIX)]
+        stats = self._many("exists", paths)
+        for path in paths:
+            if stats[path] is not None and stats[path].ctime < before_ms:
+                try:
+                    self._call("delete", path)
+                except NoNodeError:
+                    pass  # another broker purged it first
 
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         if self._get(topic_path(name)) is None:

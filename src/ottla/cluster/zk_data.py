@@ -112,6 +112,18 @@ def decode_state(raw: bytes, version: int) -> LeaderAndIsr:
     return LeaderAndIsr(data["leader"], data["leader_epoch"], tuple(data["isr"]), data["controller_epoch"], version)
 
 
+CONFIG_CHANGE_PREFIX = "config_change_"
+
+
+def decode_config_change(raw: bytes) -> str:
+    """The entity a `/config/changes` notification names ("topics/<t>", "brokers/<id>"):
+    version 2 gives its path, Kafka's older version 1 its type and name."""
+    data = json.loads(raw)
+    if data.get("version") == 1:
+        return f"{data['entity_type']}/{data['entity_name']}"
+    return str(data["entity_path"])
+
+
 def config_bytes(configs: Mapping[str, str]) -> bytes:
     return to_json({"version": 1, "config": {k: str(v) for k, v in configs.items()}})
 

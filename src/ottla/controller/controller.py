@@ -79,6 +79,15 @@ class Controller:
         _, requests = self._run(lambda: self._failover(now_ms))
         return requests
 
+    def resync(self, now_ms: int) -> list[ControllerRequest]:
+        """Rebuild the context from the store, as a newly elected controller does (same
+        epoch): after an event the store cut off part-way, the context cannot be trusted."""
+        if self.ctx is None:
+            return []
+        self.ctx = ControllerContext(self.broker_id, self.ctx.epoch)
+        _, requests = self._run(lambda: self._failover(now_ms))
+        return requests
+
     def _failover(self, now_ms: int) -> None:
         ctx = self.ctx
         store = self.store

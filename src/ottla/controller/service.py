@@ -41,6 +41,7 @@ WATCHED = {
     "partition_reassignment": "on_reassignment_request",
     "preferred_replica_election": "on_preferred_election",
 }
+EVENTS = {**WATCHED, "tick": "tick", "resync": "resync"}
 RETRY_BACKOFF_S = 0.2
 STORE_RETRY_S = 1.0
 
@@ -115,11 +116,16 @@ class ControllerService:
                     await self._call(self.controller.on_session_lost)
                     self._post("controller")  # stand again once the new session is up
                     continue
-                method = getattr(self.controller, "tick" if event == "tick" else WATCHED[event])
+                method = getattr(self.controller, EVENTS[event])
                 requests = await self._call(method, self._clock_ms())
             except StoreError as exc:
-                log.warning("controller: %s could not reach the store (%s); retrying", event, exc)
-                self._loop.call_later(STORE_RETRY_S, self._post, event)
+                # An event cut off part-way may have changed the context but not the cluster
+                # (the broker change is seen, the elections it needs are not written): re-read
+                # everything rather than replay an event that would now find nothing new.
+                retry = event if event in ("controller", "resync") or not self.controller.active else "resync"
+                log.warning("controller: %s could not reach the store (%s); %s", event, exc,
+                            "retrying" if retry == event else "re-reading the cluster")
+                self._loop.call_later(STORE_RETRY_S, self._post, retry)
                 continue
             except Exception:
                 log.exception("controller: handling %s failed", event)
@@ -160,6 +166,11 @@ class ControllerService:
                 except (OSError, asyncio.TimeoutError, EOFError) as exc:
                     log.debug("controller: %s to broker %d failed (%s); retrying", request.kind, destination, exc)
                     await asyncio.sleep(RETRY_BACKOFF_S)
+                except Exception:
+                    # A request that cannot even be sent must not end the channel: every later
+                    # request to this broker would wait behind it forever.
+                    log.exception("controller: %s to broker %d cannot be sent; dropped", request.kind, destination)
+                    break
             if request.kind == "StopReplica" and answer is not None:
                 await self._stop_replica_answered(destination, answer)
 

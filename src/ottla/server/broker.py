@@ -26,6 +26,7 @@ from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
 from ..failpoints import from_environment as failpoints_from_environment
 from ..log.cleaner.service import LogCleaner
+from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -34,12 +35,16 @@ from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
+from .dynamic_configs import DynamicConfigs
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
 
 log = logging.getLogger("ottla.broker")
+
+# A cluster broker that has not heard from a controller by then says so (it keeps waiting).
+READY_NOTICE_S = 5.0
 
 
 def _lock_data_dir(data_dir: Path) -> int:
@@ -124,11 +129,13 @@ class Broker:
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections = Connections(config)
-        self.logs = LogManager(self.data_dir, config)
+        self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
         self._publish_local_metadata()
+        # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
+        self.dynamic_configs = DynamicConfigs(self)
         self.authorizer = AllowAllAuthorizer()
         id_blocks = (membership.producer_id_blocks() if membership is not None
                      else FileProducerIdBlockStore(self.data_dir / "producer-id-block"))
@@ -168,13 +175,19 @@ class Broker:
             self.port = self._server.sockets[0].getsockname()[1]
             self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            cluster = ClusterNode(self)
+            cluster.attach()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
+                await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
-            self.cluster = ClusterNode(self)
+            self.cluster = cluster
             await self.cluster.start()
+            # Once registered, the controller's requests may arrive at any await: logs created
+            # meanwhile take the dynamic configs read on the next line.
+            await self.dynamic_configs.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))
@@ -193,6 +206,7 @@ class Broker:
             self._server.close()
         for task in self._duties:
             task.cancel()
+        self.dynamic_configs.stop()
         self.transactions.stop()
         self.groups.stop()
         self.replicas.close()
@@ -213,10 +227,31 @@ class Broker:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    async def serve_forever(self) -> None:
+    async def ready(self) -> bool:
+        """Wait until clients can use this broker; False if it stopped first. A cluster broker
+        is ready once the controller told it the cluster (its first UpdateMetadata): until
+        then it knows itself alone and no controller, and a client bootstrapping from it
+        waits for a controller it cannot find (librdkafka's admin client does not ask again)."""
+        if self.cluster is None:
+            return not self._stopped.is_set()
+        received = asyncio.ensure_future(self.cluster.link.metadata_received.wait())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        done, _ = await asyncio.wait({received, stopped}, timeout=READY_NOTICE_S, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            log.info("broker %d waits for the controller's first UpdateMetadata", self.node_id)
+            await asyncio.wait({received, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        received.cancel()
+        stopped.cancel()
+        return not self._stopped.is_set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT stop the broker cleanly (with a controlled shutdown in a cluster)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
+
+    async def serve_forever(self) -> None:
+        self.stop_on_signals()
         if self._server is None:
             await self.start()
         await self._stopped.wait()

@@ -45,12 +45,16 @@ class ClusterNode:
         self.fetchers = ReplicaFetcherManager(broker, self.fetcher_client)
         self.isr_updates = IsrUpdates(broker.replicas, self.store)
 
-    async def start(self) -> None:
-        # Replication first: the controller's first LeaderAndIsr may follow at once.
+    def attach(self) -> None:
+        """Answer the controller before registering: its first UpdateMetadata and LeaderAndIsr
+        follow the registration at once, and one refused for want of a link is not resent."""
         self.broker.replicas.fetchers = self.fetchers
         self.isr_updates.start()
         self.broker.controller_link = self.link
         self.broker.controller_service = self.service
+
+    async def start(self) -> None:
+        """Once registered: stand for controller."""
         await self.service.start()
 
     async def _send(self, request: ControllerRequest):
@@ -60,6 +64,9 @@ class ClusterNode:
             raise BrokerNotAvailable(f"broker {request.destination} is not live")
         _, _, message = wire.to_message(request)
         response = await self.client.send(request.destination, registration.host, registration.port, message)
+        if response.error_code:
+            log.warning("controller: broker %d refused %s (%s)", request.destination, request.kind,
+                        ErrorCode(response.error_code).name.upper())
         if request.kind == "StopReplica":
             return wire.stop_replica_errors(request, response)
         return None
@@ -92,8 +99,8 @@ class ClusterNode:
         log.warning("Proceeding to do an unclean shutdown as all the controlled shutdown attempts failed")
         return False
 
-    async def stop(self) -> None:
-        if self.broker.config["controlled.shutdown.enable"]:
+    async def stop(self, *, registered: bool = True) -> None:
+        if registered and self.broker.config["controlled.shutdown.enable"]:
             await self.controlled_shutdown()
         await self.service.stop()
         self.broker.replicas.fetchers = None

@@ -61,12 +61,16 @@ class Connections:
     """The broker's open connections and the limits that apply to them together."""
 
     def __init__(self, config: "BrokerConfig"):
-        self.max_connections = config["max.connections"]
-        self.max_per_ip = config["max.connections.per.ip"]
+        self.reconfigure(config)
         self.idle_ms = config["connections.max.idle.ms"]
         self.memory = RequestMemory(config["queued.max.request.bytes"])
         self._open: set["Connection"] = set()
         self._per_ip: Counter[str] = Counter()
+
+    def reconfigure(self, config: "BrokerConfig") -> None:
+        """The limits (dynamic broker configs) apply to connections accepted from now on."""
+        self.max_connections = config["max.connections"]
+        self.max_per_ip = config["max.connections.per.ip"]
 
     def add(self, connection: "Connection") -> str | None:
         """Register a new connection, or say why it must be closed."""

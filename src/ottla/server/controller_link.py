@@ -34,6 +34,7 @@ class ControllerLink:
         self.store = store
         self.controller_epoch = -1
         self._lock = asyncio.Lock()  # one controller request at a time, in arrival order
+        self.metadata_received = asyncio.Event()  # the first UpdateMetadata was applied
 
     def broker_epoch(self) -> int:
         registration = self.broker.membership.registration
@@ -41,13 +42,20 @@ class ControllerLink:
 
     def _check(self, request) -> None:
         if request.controller_epoch < self.controller_epoch:
-            raise KafkaError(ErrorCode.stale_controller_epoch,
-                             f"controller epoch {request.controller_epoch} is older than {self.controller_epoch}")
+            self._refuse(request, ErrorCode.stale_controller_epoch,
+                         f"controller epoch {request.controller_epoch} is older than {self.controller_epoch}")
         epoch = getattr(request, "broker_epoch", -1)
         if epoch != -1 and epoch < self.broker_epoch():
-            raise KafkaError(ErrorCode.stale_broker_epoch,
-                             f"broker epoch {epoch} is older than this broker's {self.broker_epoch()}")
+            self._refuse(request, ErrorCode.stale_broker_epoch,
+                         f"broker epoch {epoch} is older than this broker's {self.broker_epoch()}")
         self.controller_epoch = request.controller_epoch
+
+    @staticmethod
+    def _refuse(request, code: ErrorCode, why: str):
+        """Refusals are rare and change nothing: each one is worth a line."""
+        log.warning("refused %s from controller %d (epoch %d): %s, %s", type(request).__name__.removesuffix("Request"),
+                    request.controller_id, request.controller_epoch, code.name.upper(), why)
+        raise KafkaError(code, why)
 
     # -- LeaderAndIsr -------------------------------------------------------------------------
     async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
@@ -92,10 +100,14 @@ class ControllerLink:
         async with self._lock:
             self._check(request)
             brokers = [BrokerInfo(b.broker_id, b.host, b.port, b.rack) for b in wire.live_brokers(request)]
-            deleted = self.broker.metadata.update(
-                controller_id=request.controller_id, controller_epoch=request.controller_epoch,
-                brokers=brokers, partition_states=[_cached(s) for s in wire.partition_states(request, "zk_version")],
-                topic_ids=wire.topic_ids(request))
+            try:
+                deleted = self.broker.metadata.update(
+                    controller_id=request.controller_id, controller_epoch=request.controller_epoch,
+                    brokers=brokers, partition_states=[_cached(s) for s in wire.partition_states(request, "zk_version")],
+                    topic_ids=wire.topic_ids(request))
+            except KafkaError as exc:
+                self._refuse(request, exc.code, str(exc))
+            self.metadata_received.set()
             if deleted:
                 self.broker.groups.coordinator.on_topics_deleted(deleted, now_ms())
 

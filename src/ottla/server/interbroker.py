@@ -55,6 +55,8 @@ class BrokerConnection:
         self._reader_task: asyncio.Task | None = None
         self._connecting: asyncio.Future | None = None
         self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
+        # Requests whose sender was cancelled: their answers still come, and are dropped.
+        self._abandoned: set[int] = set()
         self._closed = False
 
     @property
@@ -108,6 +110,10 @@ class BrokerConnection:
             self._disconnect(RequestTimedOut(f"no response from broker {self.node_id} in {timeout_s:.3f}s"))
             raise RequestTimedOut(f"{type(request).__name__} to broker {self.node_id} timed out after "
                                   f"{timeout_s:.3f}s") from None
+        except asyncio.CancelledError:
+            if correlation_id in self._pending:
+                self._abandoned.add(correlation_id)
+            raise
         finally:
             self._pending.pop(correlation_id, None)
 
@@ -121,6 +127,9 @@ class BrokerConnection:
                 frame = await reader.readexactly(size)
                 correlation_id = response_correlation_id(frame)
                 pending = self._pending.get(correlation_id)
+                if pending is None and correlation_id in self._abandoned:
+                    self._abandoned.discard(correlation_id)
+                    continue
                 if pending is None:
                     raise ProtocolViolation(f"response to unknown correlation id {correlation_id}")
                 future, api_key, api_version = pending
@@ -144,6 +153,7 @@ class BrokerConnection:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         pending, self._pending = self._pending, {}
+        self._abandoned.clear()
         for future, _, _ in pending.values():
             if not future.done():
                 future.set_exception(error if isinstance(error, BrokerNotAvailable) else BrokerNotAvailable(str(error)))

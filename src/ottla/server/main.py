@@ -102,12 +102,14 @@ def run(args) -> int:
                 membership.close()
             raise
         await broker.start()
-        print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
-              file=sys.stderr, flush=True)
         lag = LoopLag()
         probe = asyncio.get_running_loop().create_task(lag.run())
-        if args.ready_file:
-            _write_ready_file(args.ready_file, broker.host, broker.port)
+        broker.stop_on_signals()
+        if await broker.ready():
+            print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
+                  file=sys.stderr, flush=True)
+            if args.ready_file:
+                _write_ready_file(args.ready_file, broker.host, broker.port)
         await broker.serve_forever()
         probe.cancel()
         logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms, worst CPU between two wake-ups %.0f ms",

@@ -110,6 +110,12 @@ class MetadataCache:
         state = self.partition(topic, partition)
         return self._brokers.get(state.leader) if state is not None else None
 
+    def alive_leader(self, state: PartitionState) -> int:
+        """The leader id clients may be sent to: NO_LEADER when the state names a broker that
+        is not alive (a partition whose replicas are all down keeps its last leader in the
+        controller's state; Kafka answers it LEADER_NOT_AVAILABLE with no leader)."""
+        return state.leader if state.leader in self._brokers else NO_LEADER
+
     def check_leader(self, topic: str, partition: int) -> PartitionState:
         """The partition's state if this broker leads it; raises UNKNOWN_TOPIC_OR_PARTITION or
         NOT_LEADER_OR_FOLLOWER (Kafka's answers to a client that went to the wrong broker)."""

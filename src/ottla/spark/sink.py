@@ -5,10 +5,13 @@ Exactly-once, per write task of micro-batch B (Spark partition P of query Q):
 1. A transactional producer with transactional.id `<prefix><Q>-<P>` calls init_transactions(). Kafka
    bumps the producer epoch, so any earlier attempt of the same task (a zombie: a retried task, a
    stopped query's straggler) is fenced, and its unfinished transaction is aborted or completed.
+   The Python worker keeps the producer for the next micro-batches of P (see `_TransactionalTask`).
 2. The task reads the committed offset of consumer group `<prefix><Q>-<P>` on partition 0 of the
    marker topic. It is B + 1 if a previous attempt already committed batch B: the task writes nothing.
-3. Otherwise it writes its rows and, in the same transaction, commits offset B + 1 for that group
-   (send_offsets_to_transaction), then commits. Rows and marker become visible together or not at all.
+3. Otherwise it begins a transaction, adds offset B + 1 for that group to it first
+   (send_offsets_to_transaction: a kept producer that was fenced meanwhile learns it here, before any
+   row is read, and goes back to step 1 with a new producer), then writes its rows and commits. Rows
+   and marker become visible together or not at all.
 
 Spark re-runs a micro-batch with the same id and the same input offsets after a task retry, a
 failed batch or a restart from the checkpoint, so every replay finds the marker of each task that
@@ -32,6 +35,13 @@ from .options import OptionError, WriteOptions
 
 _BATCH_ID = "streaming.sql.batchId"
 _QUERY_ID = "sql.streaming.queryId"
+
+_LINGER_MS = 100  # the sink's default; option kafka.linger.ms overrides it
+
+# Clients a Python worker keeps between tasks, by client config (and transactional id).
+_IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
+_TRANSACTIONAL: dict[tuple, "_TransactionalTask"] = {}
+_KEEP_AT_MOST = 16  # transactional producers per worker: each holds librdkafka threads and connections
 
 
 @dataclass
@@ -73,54 +83,75 @@ def check_topic_exists(options: WriteOptions) -> None:
         raise OptionError(f"unknown topic(s) {missing}")
 
 
-def _records(batches: Iterator, default_topic: str | None) -> Iterator[tuple]:
-    """(topic, partition, key, value, headers) per row; option `topic` overrides the column, as in Spark."""
-    for batch in batches:
-        columns = {name: batch.column(name).to_pylist() for name in batch.schema.names
-                   if name in ("value", "key", "topic", "partition", "headers")}
-        size = batch.num_rows
-        nones = [None] * size
-        for topic, partition, key, value, headers in zip(
-                [default_topic] * size if default_topic else columns["topic"],
-                columns.get("partition", nones), columns.get("key", nones), columns["value"],
-                columns.get("headers", nones)):
-            if topic is None:
-                raise ValueError("a row has a null 'topic' and no option 'topic' is set")
-            yield topic, partition, key, value, [(h["key"], h["value"]) for h in headers or ()]
-
-
-def _producer_config(options: WriteOptions, **extra) -> dict:
-    # Java clients partition keys with murmur2; match them so keys land where a Java producer puts them.
-    return {"partitioner": "murmur2_random", **options.client, **extra}
-
-
-def _produce_all(producer: Producer, records: Iterator[tuple]) -> tuple[int, list[str]]:
-    """Produce every record; returns the count and a list that collects delivery failures as they arrive."""
-    failures = []
+def _producer_config(options: WriteOptions, failures: list[str], **extra) -> dict:
+    """Java clients partition keys with murmur2; match them so keys land where a Java producer puts them.
+    A task hands its rows over as fast as it can and flushes at the end (flush sends at once, whatever
+    the linger), so a long `linger.ms` costs no latency and makes batches of thousands of records: the
+    broker's cost is per request as much as per record. Only failed deliveries are reported, to one
+    callback per producer: no Python call per delivered row."""
 
     def delivered(err, msg):
-        if err is not None:
-            failures.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
+        failures.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
 
-    count = 0
-    for topic, partition, key, value, headers in records:
+    return {"partitioner": "murmur2_random", "linger.ms": _LINGER_MS, **options.client, **extra,
+            "delivery.report.only.error": True, "on_delivery": delivered}
+
+
+def _rows(batches: Iterator) -> Iterator:
+    """The non-empty Arrow batches of a task's input."""
+    return (batch for batch in batches if batch.num_rows)
+
+
+def _produce_batch(producer: Producer, batch, default_topic: str | None) -> None:
+    """Produce the rows of one Arrow batch, column by column: one produce() call per row and nothing else.
+    Option `topic` overrides the column, as in Spark."""
+    names = set(batch.schema.names)
+    size = batch.num_rows
+    if default_topic:
+        topics = itertools.repeat(default_topic, size)
+    else:
+        if batch.column("topic").null_count:
+            raise ValueError("a row has a null 'topic' and no option 'topic' is set")
+        topics = batch.column("topic").to_pylist()
+    values = batch.column("value").to_pylist()
+    keys = batch.column("key").to_pylist() if "key" in names else itertools.repeat(None, size)
+    partitions = ([-1 if p is None else p for p in batch.column("partition").to_pylist()] if "partition" in names
+                  else itertools.repeat(-1, size))
+    if "headers" in names:
+        headers = [[(h["key"], h["value"]) for h in row] if row else None
+                   for row in batch.column("headers").to_pylist()]
+    else:
+        headers = itertools.repeat(None, size)
+    produce = producer.produce
+    for topic, value, key, partition, header in zip(topics, values, keys, partitions, headers):
         while True:
             try:
-                producer.produce(topic, value, key, -1 if partition is None else partition,
-                                 on_delivery=delivered, headers=headers)
+                produce(topic, value, key, partition, headers=header)
                 break
             except BufferError:
-                producer.poll(0.1)  # local queue full: serve delivery reports until there is room
-        producer.poll(0)
-        count += 1
-    return count, failures
+                producer.poll(0.1)  # local queue full: let deliveries complete until there is room
+
+
+def _idempotent_producer(options: WriteOptions) -> tuple[Producer, list[str]]:
+    """One per worker process and client config, reused by its at-least-once tasks: a task flushes it
+    before it returns, so the next task starts from an empty queue."""
+    key = tuple(sorted(options.client.items()))
+    if key not in _IDEMPOTENT:
+        failures: list[str] = []
+        _IDEMPOTENT[key] = Producer(_producer_config(options, failures, **{"enable.idempotence": True})), failures
+    return _IDEMPOTENT[key]
 
 
 def _write_at_least_once(batches: Iterator, options: WriteOptions) -> TaskResult:
-    producer = Producer(_producer_config(options, **{"enable.idempotence": True}))
-    count, failures = _produce_all(producer, _records(batches, options.topic))
+    producer, failures = _idempotent_producer(options)
+    failures.clear()
+    count = 0
+    for batch in _rows(batches):
+        _produce_batch(producer, batch, options.topic)
+        count += batch.num_rows
     remaining = producer.flush(options.timeout_s)
     if failures or remaining:
+        del _IDEMPOTENT[tuple(sorted(options.client.items()))]
         raise RuntimeError(f"{len(failures)} record(s) failed, {remaining} unacknowledged; first: "
                            f"{failures[:1]}")
     return TaskResult(TaskContext.get().partitionId(), count)
@@ -130,36 +161,95 @@ def _write_exactly_once(batches: Iterator, options: WriteOptions) -> TaskResult:
     context = TaskContext.get()
     partition = context.partitionId()
     batch_id = int(context.getLocalProperty(_BATCH_ID))
-    records = _records(batches, options.topic)
-    first = next(records, None)
+    rows = _rows(batches)
+    first = next(rows, None)
     if first is None:
         return TaskResult(partition, 0)  # nothing to write, nothing to mark: a replay has nothing either
     ident = f"{options.transactional_id_prefix}{context.getLocalProperty(_QUERY_ID)}-{partition}"
-    producer = Producer(_producer_config(options, **{"transactional.id": ident}))
-    producer.init_transactions(options.timeout_s)
-    marker = Consumer({**options.client, "group.id": ident, "enable.auto.commit": False,
-                       "isolation.level": "read_committed"})
+    task = _TransactionalTask.checkout(ident, options)
     try:
-        done = marker.committed([TopicPartition(options.marker_topic, 0)], options.timeout_s)[0].offset
-        if done > batch_id:
+        if not task.begin(batch_id):
             for _ in batches:  # Spark streams the input to the worker; read it all before returning
                 pass
+            task.checkin()
             return TaskResult(partition, 0, already_written=True)
-        producer.begin_transaction()
-        try:
-            count, failures = _produce_all(producer, itertools.chain([first], records))
-            producer.flush(options.timeout_s)
-            if failures:
-                raise RuntimeError(f"{len(failures)} record(s) failed; first: {failures[0]}")
-            producer.send_offsets_to_transaction([TopicPartition(options.marker_topic, 0, batch_id + 1)],
-                                                 marker.consumer_group_metadata(), options.timeout_s)
-            producer.commit_transaction(options.timeout_s)
-        except BaseException:
-            _abort_quietly(producer, options.timeout_s)
-            raise
-        return TaskResult(partition, count)
-    finally:
-        marker.close()
+        count = 0
+        for batch in itertools.chain([first], rows):
+            _produce_batch(task.producer, batch, options.topic)
+            count += batch.num_rows
+        task.producer.flush(options.timeout_s)
+        if task.failures:
+            raise RuntimeError(f"{len(task.failures)} record(s) failed; first: {task.failures[0]}")
+        task.producer.commit_transaction(options.timeout_s)
+    except BaseException:
+        task.discard()
+        raise
+    task.checkin()
+    return TaskResult(partition, count)
+
+
+class _TransactionalTask:
+    """The transactional producer and marker consumer of one transactional id, kept by the worker process
+    between micro-batches (Spark reuses its Python workers) so a task skips the producer's set-up.
+
+    Only a producer whose last transaction committed (or that never began one) is kept. A kept producer
+    may have been fenced since: another worker ran the same Spark partition and called
+    init_transactions(). `begin` finds out from the marker's AddOffsetsToTxn, before any row is read,
+    and then fences that worker in turn with a new producer and reads the marker again.
+    """
+
+    def __init__(self, ident: str, options: WriteOptions):
+        self.ident, self.options = ident, options
+        self.failures: list[str] = []
+        self.marker = Consumer({**options.client, "group.id": ident, "enable.auto.commit": False,
+                                "isolation.level": "read_committed"})
+        self.producer = self._fence()
+        self.kept = False
+
+    def _fence(self) -> Producer:
+        producer = Producer(_producer_config(self.options, self.failures, **{"transactional.id": self.ident}))
+        producer.init_transactions(self.options.timeout_s)  # fences every earlier producer of this id
+        return producer
+
+    @staticmethod
+    def key(ident: str, options: WriteOptions) -> tuple:
+        return ident, tuple(sorted(options.client.items()))
+
+    @classmethod
+    def checkout(cls, ident: str, options: WriteOptions) -> _TransactionalTask:
+        kept = _TRANSACTIONAL.pop(cls.key(ident, options), None)
+        return kept if kept is not None else cls(ident, options)
+
+    def begin(self, batch_id: int) -> bool:
+        """Open the transaction of micro-batch `batch_id` with its marker (offset batch_id + 1) in it;
+        False if an earlier attempt already committed that batch."""
+        while True:
+            marker = TopicPartition(self.options.marker_topic, 0)
+            if self.marker.committed([marker], self.options.timeout_s)[0].offset > batch_id:
+                return False
+            self.failures.clear()
+            self.producer.begin_transaction()
+            try:
+                self.producer.send_offsets_to_transaction([TopicPartition(marker.topic, 0, batch_id + 1)],
+                                                          self.marker.consumer_group_metadata(),
+                                                          self.options.timeout_s)
+                return True
+            except KafkaException:
+                if not self.kept:
+                    raise
+                _abort_quietly(self.producer, self.options.timeout_s)
+                self.producer, self.kept = self._fence(), False  # fenced while kept: fence in turn, look again
+
+    def checkin(self) -> None:
+        self.kept = True
+        _TRANSACTIONAL[self.key(self.ident, self.options)] = self
+        while len(_TRANSACTIONAL) > _KEEP_AT_MOST:  # oldest first: a worker serves many partitions
+            _TRANSACTIONAL.pop(next(iter(_TRANSACTIONAL))).marker.close()
+
+    def discard(self) -> None:
+        """After a failure: abort so the partitions' LSO is not held back, and never reuse this producer."""
+        _abort_quietly(self.producer, self.options.timeout_s)
+        self.marker.close()
 
 
 def _abort_quietly(producer: Producer, timeout_s: float) -> None:

@@ -16,8 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Iterator, Mapping
+
+# Every handle that started a broker, for a test failure report to show the brokers' logs.
+STARTED: "weakref.WeakSet[BrokerProcess]" = weakref.WeakSet()
+
 
 class BrokerProcess:
     def __init__(self, data_dir: str | Path, config: Mapping[str, object] | None = None,
@@ -54,6 +59,7 @@ class BrokerProcess:
         for key, value in self.config.items():
             command += ["--config", f"{key}={value}"]
         stderr = open(self.stderr_path, "ab")
+        STARTED.add(self)
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
                                         env={**os.environ, **self.env})
         stderr.close()

@@ -6,6 +6,8 @@
         c.brokers[3].pause()                           # SIGSTOP (resume() sends SIGCONT)
 
 Broker ids are 1..N. Sessions time out after 6 s (Kafka: 18 s) so expiry tests stay short.
+Brokers log at info level into their `stderr_path` files (never to the console): a failing
+test's report shows their last lines.
 `zookeeper_nodes=3` puts the brokers on a 3-node ensemble (`c.zookeeper.leader().kill()`).
 """
 
@@ -27,7 +29,7 @@ START_TIMEOUT_S = 120.0  # generous: the machine running the tests may be busy
 
 class Cluster:
     def __init__(self, root: Path, zk: ZooKeeperServer | ZooKeeperEnsemble, *, config: Mapping[str, object] | None = None,
-                 session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, log_level: str = "warning"):
+                 session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, log_level: str = "info"):
         self.root = Path(root)
         self.zookeeper = zk
         self.config = dict(config or {})
@@ -73,7 +75,7 @@ class Cluster:
 @contextlib.contextmanager
 def cluster(brokers: int = 3, config: Mapping[str, object] | None = None, *,
             session_timeout_ms: int = TEST_SESSION_TIMEOUT_MS, zookeeper_nodes: int = 1,
-            root: str | Path | None = None, log_level: str = "warning") -> Iterator[Cluster]:
+            root: str | Path | None = None, log_level: str = "info") -> Iterator[Cluster]:
     """ZooKeeper and `brokers` brokers for the duration of the block; all cleaned up after."""
     owned = root is None
     base = Path(tempfile.mkdtemp(prefix="ottla-cluster-")) if owned else Path(root)

@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from ...durability import LogDirOffline, failed_elsewhere
 from ..manager import read_offset_checkpoint, write_offset_checkpoint
 from ..txn_index import AbortedTxn
 from .clean import (
@@ -94,11 +95,7 @@ class LogCleaner:
         self._failpoints = failpoints
         self.threads = config["log.cleaner.threads"]
         self.enabled = config["log.cleaner.enable"] and self.threads > 0
-        self._map_memory = config["log.cleaner.dedupe.buffer.size"] // max(1, self.threads)
-        self._load_factor = config["log.cleaner.io.buffer.load.factor"]
-        self._backoff_s = config["log.cleaner.backoff.ms"] / 1000
-        self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
-        self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
+        self.reconfigure(config)
         self._checkpoint_path = Path(manager.data_dir) / CLEANER_CHECKPOINT_FILE
         self._checkpoints: dict[tuple[str, int], int] = read_offset_checkpoint(self._checkpoint_path)
         self._horizons: dict[tuple[str, int], int] = {}
@@ -110,6 +107,14 @@ class LogCleaner:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
         self.last_results: dict[tuple[str, int], CleanResult] = {}
+
+    def reconfigure(self, config: "BrokerConfig") -> None:
+        """The settings each pass reads (dynamic broker configs): they apply from the next pass."""
+        self._map_memory = config["log.cleaner.dedupe.buffer.size"] // max(1, self.threads)
+        self._load_factor = config["log.cleaner.io.buffer.load.factor"]
+        self._backoff_s = config["log.cleaner.backoff.ms"] / 1000
+        self._io_rate = config["log.cleaner.io.max.bytes.per.second"]
+        self._throttler = Throttler(self._io_rate)  # for passes run in the calling thread
 
     # -- owner thread ------------------------------------------------------------------------
 
@@ -265,6 +270,8 @@ class LogCleaner:
             worker.join()
             receiver.close()
         if not succeeded:
+            if isinstance(outcome, LogDirOffline):  # as if this process's own fsync had failed
+                failed_elsewhere(outcome)
             raise outcome
         return outcome
 

@@ -1,18 +1,22 @@
-"""AlterConfigs (the legacy whole-set form): replaces a topic's overrides."""
+"""AlterConfigs (the legacy whole-set form): replaces a topic's overrides, or the dynamic
+configs of this broker or of the cluster default."""
 
-from ...errors import ErrorCode, KafkaError
 from .describe_configs import TOPIC_RESOURCE
-from .incremental_alter_configs import alter_topic, answer_per_resource
+from .incremental_alter_configs import alter_topic, answer_per_resource, broker_entity
 
 API_KEY = 33
 VERSIONS = (0, 2)
 
 
 async def handle(ctx, request):
-    def alter(resource) -> None:
-        if resource.resource_type != TOPIC_RESOURCE:
-            raise KafkaError(ErrorCode.invalid_request, "only topic configs can be altered")
-        alter_topic(ctx.broker, resource.resource_name, {c.name: c.value for c in resource.configs},
-                    request.validate_only)
+    broker = ctx.broker
 
-    return answer_per_resource(ctx, request.resources, alter)
+    async def alter(resource) -> None:
+        configs = {c.name: c.value for c in resource.configs}
+        if resource.resource_type == TOPIC_RESOURCE:
+            await alter_topic(broker, resource.resource_name, configs, request.validate_only)
+        else:
+            await broker.dynamic_configs.alter_broker(broker_entity(broker, resource.resource_name), configs,
+                                                      request.validate_only)
+
+    return await answer_per_resource(ctx, request.resources, alter)

@@ -1,8 +1,10 @@
 """DescribeConfigs for topics and the broker, with Kafka's config sources and synonyms.
 
 The broker lists every config it has, the static ones fixed at start (listeners, log dirs)
-included; with include_synonyms each entry carries where its value could come from, most
-specific first, as Kafka reports them (topic override, static broker config, default).
+included; "" (the cluster default) lists the dynamic defaults only. With include_synonyms each
+entry carries where its value could come from, most specific first, as Kafka reports them
+(topic override, dynamic per-broker, dynamic default, static broker config, default). In a
+cluster a topic's configs are read from the store, so any broker answers for any topic.
 
 A resource named several times with the same keys is answered once (clients match results
 by resource): one 350 KB request naming the broker 50,000 times would otherwise build a
@@ -12,8 +14,9 @@ response of 111 MB. The loop yields to other connections every `_YIELD_EVERY` re
 import asyncio
 from datetime import timedelta
 
-from ...config import BROKER_CONFIGS, TOPIC_CONFIGS, TOPIC_TO_BROKER_SYNONYM
-from ...errors import ErrorCode
+from ...config import (BROKER_CONFIGS, DYNAMIC_BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, TopicConfig,
+                       broker_synonyms, render)
+from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 
 API_KEY = 32
@@ -21,53 +24,49 @@ VERSIONS = (0, 4)  # v0 (removed in Kafka 4.0, KIP-896) has is_default instead o
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 # Kafka's ConfigSource codes.
-SOURCE_CODES = {"topic": 1, "broker": 4, "default": 5}
-_STATIC_BROKER, _DEFAULT = 4, 5
-_DERIVED_FROM = {"log.retention.ms": "log.retention.hours", "log.roll.ms": "log.roll.hours",
-                 "log.flush.interval.ms": "log.flush.scheduler.interval.ms"}
+SOURCE_CODES = {"topic": 1, "dynamic_broker": 2, "dynamic_default": 3, "broker": 4, "default": 5}
 # Kafka's ConfigType codes (DescribeConfigs v3+).
 _TYPE_CODES = {bool: 1, str: 2, int: 5, float: 6}
 _YIELD_EVERY = 256
 
 
-def _render(value) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
 def topic_config_entries(config) -> list[tuple[str, str | None, str]]:
-    return [(name, _render(config[name]), config.source(name)) for name in sorted(TOPIC_CONFIGS)]
+    return [(name, render(config[name]), config.source(name)) for name in sorted(TOPIC_CONFIGS)]
 
 
-def _topic_synonyms(config, name: str) -> list[tuple[str, str | None, int]]:
-    synonyms = []
-    if name in config.overrides:
-        synonyms.append((name, _render(config.overrides[name]), SOURCE_CODES["topic"]))
-    broker_name = TOPIC_TO_BROKER_SYNONYM.get(name)
-    if broker_name is None:
-        return synonyms + [(name, _render(TOPIC_CONFIGS[name].default), _DEFAULT)]
-    if not config.broker.is_default(broker_name):
-        synonyms.append((broker_name, _render(config.broker[broker_name]), _STATIC_BROKER))
-    # A default derived from another setting is reported under that one, as Kafka does
-    # (retention.ms: log.retention.ms, then log.retention.hours=168).
-    broker_name = _DERIVED_FROM.get(broker_name, broker_name)
-    return synonyms + [(broker_name, _render(BROKER_CONFIGS[broker_name].default), _DEFAULT)]
+async def topic_config(broker, name: str) -> TopicConfig:
+    """A topic's configs as the cluster has them: on a single node the local catalog; in a
+    cluster `/config/topics/<t>` for any topic the metadata knows (as Kafka's ZK mode), so a
+    broker holding no replica answers too. UNKNOWN_TOPIC_OR_PARTITION otherwise."""
+    if broker.membership is None:
+        info = broker.logs.topics.get(name)
+        if info is not None:
+            return info.config
+    elif broker.metadata.has_topic(name):
+        stored = await asyncio.to_thread(broker.membership.store.topic_configs, name)
+        try:
+            return TopicConfig(broker.config, stored)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, f"stored configs of topic {name}: {exc}") from None
+    raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
 
 
-def _broker_entries(broker) -> list[tuple[str, str | None, str, object, list]]:
-    """Every broker config: the ones set or defaulted in BrokerConfig, then the static ones
-    fixed when the broker started (what it listens on and where its log lives)."""
+def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str, object, list, bool]]:
+    """Kafka's createBrokerConfigEntry. This broker (`per_broker`): every config it has, the
+    static ones fixed at start (what it listens on, where its log lives) included; the
+    cluster default (""): only the dynamic defaults, without per-broker synonyms."""
     config = broker.config
     entries = []
-    for name in sorted(BROKER_CONFIGS):
-        value, base = config[name], _DERIVED_FROM.get(name, name)
-        source = "default" if config.is_default(name) else "broker"
-        synonyms = [] if source == "default" else [(name, _render(value), _STATIC_BROKER)]
-        entries.append((name, _render(value), source, value,
-                        synonyms + [(base, _render(BROKER_CONFIGS[base].default), _DEFAULT)]))
+    names = sorted(BROKER_CONFIGS) if per_broker else sorted(config.dynamic_default)
+    for name in names:
+        synonyms = broker_synonyms(config, name)
+        if not per_broker:
+            synonyms = [s for s in synonyms if s[2] != "dynamic_broker"]
+        value = config[name] if per_broker else config.dynamic_default[name]
+        entries.append((name, render(value), synonyms[0][2] if synonyms else "default", value, synonyms,
+                        name not in DYNAMIC_BROKER_CONFIGS))
+    if not per_broker:
+        return entries
     host, port = broker.advertised
     static = {
         "listeners": f"PLAINTEXT://{broker.host}:{broker.port}",
@@ -77,8 +76,20 @@ def _broker_entries(broker) -> list[tuple[str, str | None, str, object, list]]:
         "log.dirs": str(broker.data_dir),
     }
     for name, value in static.items():
-        entries.append((name, value, "broker", value, [(name, value, _STATIC_BROKER)]))
+        entries.append((name, value, "broker", value, [(name, value, "broker")], True))
     return sorted(entries)
+
+
+async def _entries(broker, resource) -> list:
+    if resource.resource_type == TOPIC_RESOURCE:
+        config = await topic_config(broker, resource.resource_name)
+        return [(n, v, s, config[n], config.synonyms(n), False) for n, v, s in topic_config_entries(config)]
+    if resource.resource_type == BROKER_RESOURCE:
+        if resource.resource_name not in ("", str(broker.node_id)):
+            raise KafkaError(ErrorCode.invalid_request, f"Unexpected broker id, expected {broker.node_id} or "
+                                                        f"empty string, but received {resource.resource_name}")
+        return _broker_entries(broker, resource.resource_name != "")
+    raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
 
 
 async def handle(ctx, request):
@@ -97,30 +108,20 @@ async def handle(ctx, request):
         if len(seen) % _YIELD_EVERY == 0:
             await asyncio.sleep(0)
         error, message, entries = ErrorCode.none, None, []
-        if resource.resource_type == TOPIC_RESOURCE:
-            info = broker.logs.topics.get(resource.resource_name)
-            if info is None:
-                error, message = ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist"
-            else:
-                entries = [(n, v, s, info.config[n], _topic_synonyms(info.config, n))
-                           for n, v, s in topic_config_entries(info.config)]
-        elif resource.resource_type == BROKER_RESOURCE:
-            if resource.resource_name not in ("", str(broker.node_id)):
-                error, message = ErrorCode.invalid_request, f"Unexpected broker id {resource.resource_name}"
-            else:
-                entries = _broker_entries(broker)
-        else:
-            error, message = ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}"
+        try:
+            entries = await _entries(broker, resource)
+        except KafkaError as exc:
+            error, message = exc.code, exc.message
         wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
         with_synonyms = getattr(request, "include_synonyms", False)
         configs = tuple(
-            make(entry_type, name=name, value=value, read_only=resource.resource_type == BROKER_RESOURCE,
+            make(entry_type, name=name, value=value, read_only=read_only,
                  config_source=SOURCE_CODES[source], is_sensitive=False,
-                 synonyms=tuple(make(synonym_type, name=n, value=v, source=code) for n, v, code in synonyms)
-                 if with_synonyms else (),
+                 synonyms=tuple(make(synonym_type, name=n, value=v, source=SOURCE_CODES[layer])
+                                for n, v, layer in synonyms) if with_synonyms else (),
                  config_type=_TYPE_CODES.get(type(raw), 0), documentation=None,
                  is_default=source == "default")
-            for name, value, source, raw, synonyms in entries
+            for name, value, source, raw, synonyms, read_only in entries
             if wanted is None or name in wanted
         )
         results.append(make(result_type, error_code=error, error_message=message,

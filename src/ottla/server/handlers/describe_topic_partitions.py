@@ -48,9 +48,10 @@ async def handle(ctx, request):
                 next_cursor = make(cursor_type, topic_name=name, partition_index=index)
                 break
             budget -= 1
+            leader = metadata.alive_leader(state)
             partitions.append(make(
-                partition_type, error_code=ErrorCode.none if state.leader >= 0 else ErrorCode.leader_not_available,
-                partition_index=index, leader_id=state.leader, leader_epoch=state.leader_epoch,
+                partition_type, error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
+                partition_index=index, leader_id=leader, leader_epoch=state.leader_epoch,
                 replica_nodes=tuple(state.replicas), isr_nodes=tuple(state.isr), eligible_leader_replicas=None,
                 last_known_elr=None, offline_replicas=tuple(state.offline_replicas)))
         topics.append(make(topic_type, error_code=ErrorCode.none, name=name, topic_id=info.topic_id,

@@ -1,30 +1,33 @@
-"""IncrementalAlterConfigs for topic configs: SET, DELETE, APPEND and SUBTRACT (list configs)."""
+"""IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT (list configs) on topic configs
+and on dynamic broker configs (KIP-226: a broker id, or "" for the cluster-wide default)."""
 
 from datetime import timedelta
 
-from ...config import ConfigError, validate_topic_configs
+from ...cluster.store import StoreError
+from ...config import BROKER_CONFIGS, ConfigError, render, validate_topic_configs
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
-from .describe_configs import BROKER_RESOURCE, TOPIC_RESOURCE
+from .describe_configs import BROKER_RESOURCE, TOPIC_RESOURCE, topic_config
 
 API_KEY = 44
 VERSIONS = (0, 1)
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_LIST_CONFIGS = frozenset({"cleanup.policy", "log.cleanup.policy"})
 
 
 def _apply(current: dict, changes, effective) -> dict:
-    """The topic's new overrides. APPEND and SUBTRACT start from the config's current
+    """The entity's new settings. APPEND and SUBTRACT start from the config's current
     value, default included (`effective(name)`), as Kafka does: appending compact to a new
     topic gives delete,compact."""
-    updated = {name: str(value) for name, value in current.items()}
+    updated = {name: render(value) for name, value in current.items()}
     for change in changes:
         if change.config_operation == SET:
             updated[change.name] = change.value
         elif change.config_operation == DELETE:
             updated.pop(change.name, None)
         elif change.config_operation in (APPEND, SUBTRACT):
-            if change.name != "cleanup.policy":
+            if change.name not in _LIST_CONFIGS:
                 raise KafkaError(ErrorCode.invalid_config, f"{change.name} is not a list config")
             value = updated[change.name] if change.name in updated else str(effective(change.name))
             items = [i for i in value.split(",") if i]
@@ -39,8 +42,12 @@ def _apply(current: dict, changes, effective) -> dict:
     return updated
 
 
-def alter_topic(broker, name: str, new_configs: dict, validate_only: bool) -> None:
-    """Shared by AlterConfigs and IncrementalAlterConfigs: validate, then store durably."""
+async def alter_topic(broker, name: str, new_configs: dict, validate_only: bool) -> None:
+    """Shared by AlterConfigs and IncrementalAlterConfigs: validate, then store durably (in a
+    cluster in the store, from where every broker holding a replica applies it)."""
+    if broker.membership is not None:
+        await broker.dynamic_configs.alter_topic(name, new_configs, validate_only)
+        return
     if name not in broker.logs.topics:
         raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
     try:
@@ -51,17 +58,36 @@ def alter_topic(broker, name: str, new_configs: dict, validate_only: bool) -> No
         broker.logs.alter_configs(name, configs)
 
 
-def answer_per_resource(ctx, resources, alter):
-    """The response of both AlterConfigs forms: `alter(resource)` for each resource, whose
-    KafkaError becomes that resource's error while the others still go ahead."""
+def broker_entity(broker, name: str) -> int | None:
+    """Kafka's getBrokerId: "" is the cluster default (None); otherwise this broker's own id."""
+    if name == "":
+        return None
+    try:
+        broker_id = int(name)
+    except ValueError:
+        raise KafkaError(ErrorCode.invalid_request, f"Broker id must be an integer, but it is: {name}") from None
+    if broker_id != broker.node_id:
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Unexpected broker id, expected {broker.node_id}, but received {name}")
+    return broker_id
+
+
+async def answer_per_resource(ctx, resources, alter):
+    """The response of both AlterConfigs forms: `await alter(resource)` for each resource,
+    whose KafkaError becomes that resource's error while the others still go ahead."""
     result_type = nested(ctx.response_type, "AlterConfigsResourceResponse")
     results = []
     for resource in resources:
         error, message = ErrorCode.none, None
         try:
-            alter(resource)
+            if resource.resource_type not in (TOPIC_RESOURCE, BROKER_RESOURCE):
+                raise KafkaError(ErrorCode.invalid_request, f"AlterConfigs is only supported for topics and "
+                                                            f"brokers, but resource type is {resource.resource_type}")
+            await alter(resource)
         except KafkaError as exc:
             error, message = exc.code, exc.message
+        except StoreError as exc:
+            error, message = ErrorCode.unknown_server_error, f"the cluster's configs are unreachable: {exc}"
         results.append(make(result_type, error_code=error, error_message=message,
                             resource_type=resource.resource_type, resource_name=resource.resource_name))
     return make(ctx.response_type, throttle_time=timedelta(0), responses=tuple(results))
@@ -70,15 +96,19 @@ def answer_per_resource(ctx, resources, alter):
 async def handle(ctx, request):
     broker = ctx.broker
 
-    def alter(resource) -> None:
+    async def alter(resource) -> None:
+        name = resource.resource_name
         if resource.resource_type == TOPIC_RESOURCE:
-            info = broker.logs.topics.get(resource.resource_name)
-            current, effective = (info.config.overrides, info.config.__getitem__) if info else ({}, lambda _: "")
-            alter_topic(broker, resource.resource_name, _apply(current, resource.configs, effective),
-                        request.validate_only)
-        elif resource.resource_type == BROKER_RESOURCE:
-            raise KafkaError(ErrorCode.invalid_request, "broker configs are static: set them with --config")
+            try:
+                config = await topic_config(broker, name)
+            except KafkaError:
+                raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist") from None
+            new = _apply(config.overrides, resource.configs, lambda n: render(config[n]))
+            await alter_topic(broker, name, new, request.validate_only)
         else:
-            raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+            broker_id = broker_entity(broker, name)
+            current = await broker.dynamic_configs.stored_broker_configs(broker_id)
+            new = _apply(current, resource.configs, lambda n: render(BROKER_CONFIGS[n].default))
+            await broker.dynamic_configs.alter_broker(broker_id, new, request.validate_only)
 
-    return answer_per_resource(ctx, request.resources, alter)
+    return await answer_per_resource(ctx, request.resources, alter)

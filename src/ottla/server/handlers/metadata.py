@@ -77,10 +77,10 @@ async def handle(ctx, request):
                                topic_authorized_operations=NOT_REQUESTED))
             continue
         partitions = tuple(
-            make(partition_type, error_code=ErrorCode.none if state.leader >= 0 else ErrorCode.leader_not_available,
-                 partition_index=index, leader_id=state.leader, leader_epoch=state.leader_epoch,
+            make(partition_type, error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
+                 partition_index=index, leader_id=leader, leader_epoch=state.leader_epoch,
                  replica_nodes=state.replicas, isr_nodes=state.isr, offline_replicas=state.offline_replicas)
-            for index, state in sorted(info.partitions.items())
+            for index, state, leader in ((i, s, metadata.alive_leader(s)) for i, s in sorted(info.partitions.items()))
         )
         topics.append(make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
                            is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,

@@ -8,7 +8,7 @@ otherwise open a transaction in `__consumer_offsets` that nothing ever ends.
 
 from datetime import timedelta
 
-from ...coordinator.group.coordinator import OffsetCommit
+from ...coordinator.group import OffsetCommit
 from .. import txn_verification
 from ..replies import authorized, fencing_as_version_says, reply_future
 from ...errors import ErrorCode

@@ -1,0 +1,193 @@
+"""Configs that change while the broker runs: dynamic broker configs (KIP-226) and, in a
+cluster, topic configs altered on any broker.
+
+Where they live is Kafka's: in a cluster `/config/brokers/<id>`, `/config/brokers/<default>`
+and `/config/topics/<t>` in the store, each change announced by a `/config/changes`
+notification that every broker watches; it then re-reads the entities named by the
+notifications it has not seen (its own or the default broker configs, the topics it holds
+replicas of) and applies them. At start it reads them all. A single node
+keeps its dynamic broker configs in `dynamic-broker-configs.json` in the data dir (Kafka's
+KRaft keeps them in its metadata log), so a restart keeps them.
+
+Applying a change: the broker's config layers are replaced (`BrokerConfig.set_dynamic`),
+every log resolves its settings again, and the cleaner and connection limits re-read theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Mapping
+
+from ..cluster.store import NoSuchTopic, StoreError
+from ..config import ConfigError, coerce_dynamic, render, validate_topic_configs
+from ..errors import ErrorCode, KafkaError
+from ..producer_state._files import atomic_write
+from .clock import now_ms
+
+__all__ = ["DynamicConfigs"]
+
+log = logging.getLogger("ottla.config")
+
+_LOCAL_FILE = "dynamic-broker-configs.json"
+_CHANGE_EXPIRATION_MS = 15 * 60 * 1000  # Kafka's ZkNodeChangeNotificationListener.changeExpirationMs
+DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
+
+
+class DynamicConfigs:
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.membership.store if broker.membership is not None else None
+        self._path = broker.data_dir / _LOCAL_FILE
+        self._changed = asyncio.Event()
+        self._reloading = asyncio.Lock()  # one reload at a time: an older read never lands last
+        self._seen = -1  # the last `/config/changes` sequence number applied
+        self._task: asyncio.Task | None = None
+        if self.store is None:
+            self._apply_broker(*self._read_local())
+
+    # -- where they are kept ------------------------------------------------------------------
+    def _read_local(self) -> tuple[dict, dict]:
+        if not self._path.exists():
+            return {}, {}
+        entities = json.loads(self._path.read_text()).get("brokers", {})
+        return entities.get(str(self.broker.node_id), {}), entities.get(DEFAULT_ENTITY, {})
+
+    def _write_local(self, per_broker: Mapping[str, str], default: Mapping[str, str]) -> None:
+        data = {"version": 1, "brokers": {str(self.broker.node_id): dict(per_broker), DEFAULT_ENTITY: dict(default)}}
+        atomic_write(self._path, json.dumps(data, sort_keys=True).encode())
+
+    async def stored_broker_configs(self, broker_id: int | None) -> dict[str, str]:
+        """The dynamic configs stored for this broker (an id) or the cluster default (None)."""
+        if self.store is not None:
+            return await asyncio.to_thread(self.store.broker_configs, broker_id)
+        per_broker, default = self._read_local()
+        return dict(default if broker_id is None else per_broker)
+
+    # -- changing them ------------------------------------------------------------------------
+    async def alter_broker(self, broker_id: int | None, configs: Mapping[str, str], validate_only: bool) -> None:
+        """Replace the dynamic configs of this broker (its id) or of the cluster (None).
+        INVALID_REQUEST for a config that cannot change at runtime or a bad value, as Kafka."""
+        entity = "" if broker_id is None else str(broker_id)
+        try:
+            coerce_dynamic(configs)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_request, f"Invalid config value for resource ConfigResource("
+                                                        f"type=BROKER, name='{entity}'): {exc}") from None
+        if validate_only:
+            return
+        stored = {name: str(value) for name, value in configs.items()}
+        if self.store is not None:
+            await asyncio.to_thread(self.store.set_broker_configs, broker_id, stored)
+            await self.catch_up()  # this broker sees its own change at once; the others on the notification
+            return
+        per_broker, default = self._read_local()
+        if broker_id is None:
+            default = stored
+        else:
+            per_broker = stored
+        await asyncio.to_thread(self._write_local, per_broker, default)
+        self._apply_broker(per_broker, default)
+
+    async def alter_topic(self, name: str, configs: Mapping[str, str], validate_only: bool) -> None:
+        """A cluster topic's configs: `/config/topics/<t>` and a notification; the brokers
+        holding its replicas apply them when they see it."""
+        try:
+            validate_topic_configs(configs)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+        if not self.broker.metadata.has_topic(name):
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
+        if validate_only:
+            return
+        try:
+            await asyncio.to_thread(self.store.set_topic_configs, name, {k: render(v) for k, v in configs.items()})
+        except NoSuchTopic:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist") from None
+        await self.catch_up()
+
+    # -- applying them ------------------------------------------------------------------------
+    def _apply_broker(self, per_broker: Mapping[str, str], default: Mapping[str, str]) -> None:
+        layers = []
+        for entity, configs in ((self.broker.node_id, per_broker), (DEFAULT_ENTITY, default)):
+            try:
+                layers.append(coerce_dynamic(configs))
+            except ConfigError as exc:
+                # Written by another tool (or a newer broker): keep the rest of the broker going.
+                log.warning("dynamic broker configs of %s not applied: %s", entity, exc)
+                layers.append({})
+        config = self.broker.config
+        if (config.dynamic, config.dynamic_default) == tuple(layers):
+            return
+        config.set_dynamic(*layers)
+        self.broker.logs.refresh_configs()
+        self.broker.cleaner.reconfigure(config)
+        self.broker.connections.reconfigure(config)
+        log.info("dynamic broker configs now %s, cluster defaults %s", layers[0], layers[1])
+
+    async def catch_up(self) -> None:
+        """Apply the changes announced since the last notification seen (Kafka's
+        ZkNodeChangeNotificationListener): re-read only the entities they name."""
+        async with self._reloading:
+            changes = await asyncio.to_thread(self.store.config_changes, self._seen)
+            if not changes:
+                return
+            self._seen = changes[-1][0]
+            entities = {path for _, path in changes}
+            if any(path.startswith("brokers/") for path in entities):
+                await self._reload_broker()
+            names = {path[len("topics/"):] for path in entities if path.startswith("topics/")}
+            await self._reload_topics(sorted(names & set(self.broker.logs.topics)))
+            await asyncio.to_thread(self.store.purge_config_changes, now_ms() - _CHANGE_EXPIRATION_MS)
+
+    async def _reload_broker(self) -> None:
+        per_broker = await asyncio.to_thread(self.store.broker_configs, self.broker.node_id)
+        default = await asyncio.to_thread(self.store.broker_configs, None)
+        self._apply_broker(per_broker, default)
+
+    async def _reload_topics(self, names) -> None:
+        logs = self.broker.logs
+        for name in names:
+            stored = await asyncio.to_thread(self.store.topic_configs, name)
+            info = logs.topics.get(name)
+            if info is None:
+                continue
+            try:
+                wanted = validate_topic_configs(stored)
+            except ConfigError as exc:
+                log.warning("configs of topic %s not applied: %s", name, exc)
+                continue
+            if wanted != info.config.overrides:
+                logs.alter_configs(name, wanted)
+                log.info("topic %s configs now %s", name, wanted)
+
+    # -- lifecycle (cluster) ------------------------------------------------------------------
+    async def start(self) -> None:
+        """Watch `/config/changes`, then read everything once: what changed while this broker
+        was away is in the store, not necessarily in notifications it has not seen."""
+        if self.store is None:
+            return
+        loop = asyncio.get_running_loop()
+        self.store.watch("config_changes", lambda: loop.call_soon_threadsafe(self._changed.set))
+        async with self._reloading:
+            changes = await asyncio.to_thread(self.store.config_changes, self._seen)
+            self._seen = changes[-1][0] if changes else self._seen
+            await self._reload_broker()
+            await self._reload_topics(sorted(self.broker.logs.topics))
+        self._task = loop.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.catch_up()
+            except StoreError as exc:
+                log.warning("config changes not read (%s); retrying in a second", exc)
+                await asyncio.sleep(1.0)
+                self._changed.set()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

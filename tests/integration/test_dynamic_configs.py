@@ -1,0 +1,150 @@
+"""Dynamic broker configs (KIP-226) on a single broker, with real admin clients: what can
+change at runtime changes the running broker and survives a restart; what cannot is refused
+with Kafka's INVALID_REQUEST; DescribeConfigs reports Kafka's sources and synonyms."""
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic
+from confluent_kafka.error import KafkaError as CKError
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+
+from ottla.protocol.build import make, nested
+from tests.wire import roundtrip
+
+INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CONFIGS, BROKER = 44, 32, 4
+
+
+def _admin(bootstrap):
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _set_broker(admin, name, op=AlterConfigOpType.SET, **configs):
+    resource = ConfigResource("BROKER", name, incremental_configs=[
+        ConfigEntry(k.replace("_", "."), v, incremental_operation=op) for k, v in configs.items()])
+    admin.incremental_alter_configs([resource])[resource].result(15)
+
+
+def _alter_raw(sock, name, **configs):
+    """IncrementalAlterConfigs SET on a BROKER resource, straight on the wire: neither
+    confluent-kafka nor kafka-python can name the cluster default "" (both route BROKER
+    resources by an integer id; Java's admin client can) or send to a broker not of that id."""
+    schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    entries = tuple(make(nested(schema, "AlterableConfig"), name=k.replace("_", "."), config_operation=0, value=v)
+                    for k, v in configs.items())
+    _, response = roundtrip(sock, make(schema, validate_only=False, resources=(
+        make(nested(schema, "AlterConfigsResource"), resource_type=BROKER, resource_name=name, configs=entries),)))
+    return response.responses[0]
+
+
+def _synonyms(sock, resource_type, name):
+    """{config: (value, source, [(synonym, value, source)])} straight from the wire:
+    confluent-kafka keeps synonyms in a dict by name, so same-named ones collapse."""
+    schema = load_request_schema(DESCRIBE_CONFIGS, 4)
+    _, response = roundtrip(sock, make(schema, include_synonyms=True, include_documentation=False, resources=(
+        make(nested(schema, "DescribeConfigsResource"), resource_type=resource_type, resource_name=name,
+             configuration_keys=None),)))
+    return {c.name: (c.value, c.config_source, [(s.name, s.value, s.source) for s in c.synonyms])
+            for c in response.results[0].configs}
+
+
+def _describe(admin, rtype, name):
+    resource = ConfigResource(rtype, name)
+    return admin.describe_configs([resource])[resource].result(15)
+
+
+def _produce(bootstrap, topic, size):
+    """The delivery error of one record of `size` bytes (None: delivered)."""
+    errors = []
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 10_000_000, "retries": 0})
+    producer.produce(topic, b"x" * size, on_delivery=lambda err, _msg: errors.append(err))
+    assert producer.flush(30) == 0
+    return errors[0]
+
+
+def test_cluster_default_and_per_broker_configs_apply_at_once_and_survive_a_restart(ottla_broker_factory,
+                                                                                    raw_connection):
+    broker = ottla_broker_factory({"message.max.bytes": 300_000})
+    admin = _admin(broker.bootstrap)
+    admin.create_topics([NewTopic("sized", 1, 1)])["sized"].result(15)
+    assert _produce(broker.bootstrap, "sized", 200_000) is None
+
+    assert _alter_raw(raw_connection(broker.bootstrap), "", message_max_bytes="100000").error_code == ErrorCode.none
+    err = _produce(broker.bootstrap, "sized", 200_000)
+    assert err is not None and err.code() == CKError.MSG_SIZE_TOO_LARGE
+    entry = _describe(admin, "BROKER", "0")["message.max.bytes"]
+    assert (entry.value, entry.source, entry.is_read_only) == ("100000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value, False)
+    sock = raw_connection(broker.bootstrap)
+    # Kafka's order: dynamic per broker, dynamic default, static, default.
+    assert _synonyms(sock, BROKER, "0")["message.max.bytes"] == ("100000", 3, [
+        ("message.max.bytes", "100000", 3), ("message.max.bytes", "300000", 4), ("message.max.bytes", "1048588", 5)])
+    # The cluster default resource lists the dynamic defaults only.
+    assert _synonyms(sock, BROKER, "") == {"message.max.bytes": ("100000", 3, [
+        ("message.max.bytes", "100000", 3), ("message.max.bytes", "300000", 4), ("message.max.bytes", "1048588", 5)])}
+
+    _set_broker(admin, "0", message_max_bytes="400000", log_retention_ms="3600000")
+    assert _produce(broker.bootstrap, "sized", 200_000) is None
+    topic = _synonyms(sock, 2, "sized")
+    assert topic["max.message.bytes"] == ("400000", 2, [("message.max.bytes", "400000", 2),
+                                                        ("message.max.bytes", "100000", 3),
+                                                        ("message.max.bytes", "300000", 4),
+                                                        ("message.max.bytes", "1048588", 5)])
+    assert topic["retention.ms"] == ("3600000", 2, [("log.retention.ms", "3600000", 2),
+                                                    ("log.retention.hours", "168", 5)])
+
+    broker.restart()
+    admin = _admin(broker.bootstrap)
+    configs = _describe(admin, "BROKER", "0")
+    assert (configs["message.max.bytes"].value, configs["log.retention.ms"].value) == ("400000", "3600000")
+    assert _produce(broker.bootstrap, "sized", 200_000) is None
+
+    _set_broker(admin, "0", AlterConfigOpType.DELETE, message_max_bytes="")
+    assert _describe(admin, "BROKER", "0")["message.max.bytes"].value == "100000"  # the cluster default again
+    err = _produce(broker.bootstrap, "sized", 200_000)
+    assert err is not None and err.code() == CKError.MSG_SIZE_TOO_LARGE
+
+
+def test_configs_that_cannot_change_at_runtime_are_refused_as_kafka_refuses_them(ottla_broker, raw_connection):
+    admin = _admin(ottla_broker.bootstrap)
+    resource = ConfigResource("BROKER", "0", incremental_configs=[
+        ConfigEntry("log.dirs", "/elsewhere", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("num.io.threads", "4", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as refused:
+        admin.incremental_alter_configs([resource])[resource].result(15)
+    error = refused.value.args[0]
+    assert error.code() == CKError.INVALID_REQUEST
+    assert "Cannot update these configs dynamically: Set(log.dirs, num.io.threads)" in error.str()
+    sock = raw_connection(ottla_broker.bootstrap)
+    result = _alter_raw(sock, "", log_cleaner_threads="2")
+    assert result.error_code == ErrorCode.invalid_request
+    assert result.error_message.endswith("Cannot update these configs dynamically: Set(log.cleaner.threads)")
+    result = _alter_raw(sock, "7", message_max_bytes="1000")
+    assert (result.error_code, result.error_message) == (ErrorCode.invalid_request,
+                                                         "Unexpected broker id, expected 0, but received 7")
+    assert _alter_raw(sock, "0", message_max_bytes="-5").error_code == ErrorCode.invalid_request
+    configs = _describe(admin, "BROKER", "0")
+    assert configs["log.dirs"].is_read_only and not configs["message.max.bytes"].is_read_only
+    assert configs["message.max.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+
+
+def test_kafka_python_alters_and_describes_dynamic_broker_configs(ottla_broker):
+    """kafka-python checks names against the configs DescribeConfigs reports as not read-only,
+    and its legacy AlterConfigs path re-sends the other modified ones (the whole-set form)."""
+    from kafka.admin import AlterConfigOp
+    from kafka.admin import ConfigResource as KPConfigResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    try:
+        assert admin.alter_configs([KPConfigResource(ConfigResourceType.BROKER, "0", configs={
+            "log.cleaner.backoff.ms": "1000", "log.retention.bytes": "5", "log.cleanup.policy":
+            (AlterConfigOp.APPEND, "compact")})]) == {"broker": {"0": "OK"}}
+        assert admin.alter_configs([KPConfigResource(ConfigResourceType.BROKER, "0", configs={
+            "log.retention.bytes": "7"})], incremental=False) == {"broker": {"0": "OK"}}
+        modified = admin.describe_configs([KPConfigResource(ConfigResourceType.BROKER, "0")])["broker"]["0"]
+    finally:
+        admin.close()
+    assert {name: (c["value"], c["config_source"]) for name, c in modified.items()} == {
+        "log.cleaner.backoff.ms": ("1000", "DYNAMIC_BROKER_CONFIG"),
+        "log.retention.bytes": ("7", "DYNAMIC_BROKER_CONFIG"),
+        "log.cleanup.policy": ("delete,compact", "DYNAMIC_BROKER_CONFIG")}
