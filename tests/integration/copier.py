@@ -8,7 +8,7 @@ are retried, abortable ones abort the transaction and rewind the consumer to its
 offsets, fatal ones end the process with a non-zero status (the test starts a new one, which
 fences this instance).
 
-    python copier.py BOOTSTRAP INPUT OUTPUT --group G --transactional-id T --commit-every N
+    python copier.py BOOTSTRAP INPUT OUTPUT --group G --transactional-id T --commit-every N [--session-timeout-ms MS]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 _TIMEOUT_S = 60
 
@@ -30,6 +30,7 @@ def _retrying(operation, *args):
         except KafkaException as exc:
             if not exc.args[0].retriable() or exc.args[0].fatal() or exc.args[0].txn_requires_abort():
                 raise
+            print(f"copier: retrying {operation.__name__} after {exc.args[0]}", file=sys.stderr, flush=True)
 
 
 class Copier:
@@ -41,7 +42,7 @@ class Copier:
             # Static membership: a restarted copier takes over the dead one's assignment at once
             # instead of waiting for its session to expire.
             "group.instance.id": f"{args.group}-copier",
-            "session.timeout.ms": 6000,
+            "session.timeout.ms": args.session_timeout_ms,
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -70,7 +71,7 @@ class Copier:
                 error = message.error()
                 if error is None:
                     self._produce(message)
-                elif error.fatal():
+                elif error.fatal() or error.code() == KafkaError._FATAL:  # e.g. a fenced static member
                     raise KafkaException(error)
                 else:   # e.g. the broker is down for a moment; librdkafka reconnects by itself
                     print(f"copier: consumer reports {error}", file=sys.stderr, flush=True)
@@ -127,6 +128,11 @@ def main() -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--transactional-id", required=True)
     parser.add_argument("--commit-every", type=int, default=1000)
+    # On a cluster, kill -9 of the group coordinator's broker leaves the group without a
+    # coordinator for a ZooKeeper session timeout and an election; a client session shorter
+    # than that times out, and librdkafka (2.16) then heartbeats with an empty member id and
+    # is fenced for good (FENCED_INSTANCE_ID, librdkafka issue #3437). Kafka's default is 45 s.
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
     copier = Copier(parser.parse_args())
     try:
         copier.run()

@@ -115,6 +115,15 @@ def test_out_of_range_and_unknown_partition(wire_topic):
     assert errors == {0: ErrorCode.offset_out_of_range, 7: ErrorCode.unknown_topic_or_partition}
 
 
+def test_a_partition_with_an_error_carries_empty_records_not_null(wire_topic):
+    """Kafka answers MemoryRecords.EMPTY with every error; librdkafka refuses a null record
+    set ("invalid MessageSetSize -1", a protocol parse failure of the whole response), which
+    after a leader change stalled a consumer's other partitions too."""
+    _, sock = wire_topic
+    response = _fetch(sock, [(0, 5), (7, 0)])
+    assert [p.records for p in response.responses[0].partitions] == [b"", b""]
+
+
 def test_fetch_sessions_are_declined_cleanly(wire_topic):
     broker, sock = wire_topic
     _produce_batches(broker.bootstrap, 0, 1, 10)

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError as CKafkaError
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition
 
-from ottla.records.batch import read_header
 from ottla.testing import cluster
 from ottla.testing.zookeeper import free_port
+from tests.cluster_checks import base_offset, partition_info, segment_batches
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 
@@ -30,45 +29,11 @@ LAG_MS = 3000
 CONFIG = {"replica.lag.time.max.ms": LAG_MS, "replica.fetch.backoff.ms": 200}
 
 
-def partition_info(bootstrap: str, topic: str, partition: int = 0):
-    """(leader, replicas, isr) as Metadata answers, or None."""
-    try:
-        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    except KafkaException:
-        return None
-    info = metadata.topics.get(topic)
-    if info is None or info.error is not None or partition not in info.partitions:
-        return None
-    p = info.partitions[partition]
-    return p.leader, tuple(p.replicas), tuple(sorted(p.isrs))
-
-
 def create_replicated(three, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": three.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
     wait_for(lambda: (lambda i: i is not None and i[0] >= 0 and len(i[2]) == 3)(partition_info(three.bootstrap, topic)),
              what=f"{topic} led with a full ISR")
-
-
-def segment_batches(data_dir: Path, topic: str, below: int) -> list[bytes]:
-    """The batches of the partition's segment files that start below offset `below`, as bytes,
-    in offset order (read while the broker runs: an active segment may be pre-allocated past
-    its last batch, so the walk stops there)."""
-    out = []
-    for segment in sorted((data_dir / f"{topic}-0").glob("*.log")):
-        buf = segment.read_bytes()
-        position = 0
-        while position + 61 <= len(buf):
-            header = read_header(buf, position)
-            if header.batch_length <= 0 or header.base_offset >= below:
-                break
-            out.append(buf[position:position + 12 + header.batch_length])
-            position += 12 + header.batch_length
-    return out
-
-
-def base_offset(batch: bytes) -> int:
-    return int.from_bytes(batch[:8], "big")
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,17 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException,
-                             Producer, TopicPartition)
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.admin_client import AdminProtocolClient
+from tests.transactional_reads import end_offsets, read_all, wait_until_stable
 
 COPIER = Path(__file__).with_name("copier.py")
 COMMIT_EVERY = 500       # the copier's records per transaction: 200 transactions to interrupt
-SETTLE_LIMIT_S = 120     # guards against hangs only; nothing asserts how fast anything is
 
 
 def _create(bootstrap: str, topics: dict[str, int]) -> None:
@@ -38,53 +36,6 @@ def _create(bootstrap: str, topics: dict[str, int]) -> None:
 
 def _partitions(topics: dict[str, int]) -> list[TopicPartition]:
     return [TopicPartition(name, p) for name, count in topics.items() for p in range(count)]
-
-
-def _end_offsets(admin: AdminClient, partitions: list[TopicPartition], isolation: IsolationLevel) -> dict:
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, isolation_level=isolation,
-                                 request_timeout=15)
-    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
-
-
-def _wait_until_stable(bootstrap: str, partitions: list[TopicPartition]) -> dict:
-    """High watermarks, once every partition's last stable offset has reached its high
-    watermark: every transaction that touched them has its marker."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + SETTLE_LIMIT_S
-    while True:
-        try:
-            stable = _end_offsets(admin, partitions, IsolationLevel.READ_COMMITTED)
-            high = _end_offsets(admin, partitions, IsolationLevel.READ_UNCOMMITTED)
-        except KafkaException:
-            stable, high = None, None          # the broker is still starting
-        if stable is not None and stable == high:
-            return high
-        assert time.monotonic() < deadline, f"transactions never completed: LSO {stable} vs HW {high}"
-        time.sleep(0.2)
-
-
-def _read(bootstrap: str, partitions: list[TopicPartition], isolation: str) -> list[tuple[str, int, int, bytes]]:
-    """(topic, partition, offset, value) of everything readable at `isolation`, up to the end
-    of every partition (partition EOF), in offset order per partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": isolation,
-                         "enable.partition.eof": True})
-    consumer.assign([TopicPartition(tp.topic, tp.partition, 0) for tp in partitions])
-    pending = {(tp.topic, tp.partition) for tp in partitions}
-    records = []
-    deadline = time.monotonic() + SETTLE_LIMIT_S
-    while pending:
-        assert time.monotonic() < deadline, f"no end of partition reached on {sorted(pending)}"
-        for message in consumer.consume(1000, 0.5):
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                pending.discard((message.topic(), message.partition()))
-            elif error is not None:
-                raise KafkaException(error)
-            else:
-                records.append((message.topic(), message.partition(), message.offset(), message.value()))
-    consumer.close()
-    return records
 
 
 def _transactional(bootstrap: str, transactional_id: str, **extra) -> Producer:
@@ -114,9 +65,9 @@ def test_transactions_over_several_topics_and_partitions(ottla_broker):
             producer.flush(30)     # the aborted records are really in the log
             producer.abort_transaction(30)
 
-    _wait_until_stable(bootstrap, partitions)
-    seen_committed = _read(bootstrap, partitions, "read_committed")
-    seen_everything = _read(bootstrap, partitions, "read_uncommitted")
+    wait_until_stable(bootstrap, partitions)
+    seen_committed = read_all(bootstrap, partitions, "read_committed")
+    seen_everything = read_all(bootstrap, partitions, "read_uncommitted")
     assert Counter((t, p, v) for t, p, _, v in seen_committed) == Counter(committed)
     assert Counter((t, p, v) for t, p, _, v in seen_everything) == Counter(committed | aborted)
 
@@ -159,9 +110,9 @@ def test_concurrent_transactions_interleaved_on_one_partition(ottla_broker):
     assert not failures, failures
 
     partitions = [TopicPartition(topic, 0)]
-    _wait_until_stable(bootstrap, partitions)
-    everything = _read(bootstrap, partitions, "read_uncommitted")
-    committed = _read(bootstrap, partitions, "read_committed")
+    wait_until_stable(bootstrap, partitions)
+    everything = read_all(bootstrap, partitions, "read_uncommitted")
+    committed = read_all(bootstrap, partitions, "read_committed")
     assert len(everything) == producers * transactions * per_txn
 
     def tag(value: bytes) -> bytes:
@@ -205,7 +156,7 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
     outputs = _partitions({"copy-out": in_partitions})
     # Survives the broker's restart; see copier.py for why librdkafka must not re-bootstrap.
     admin = AdminClient({"bootstrap.servers": bootstrap, "metadata.recovery.strategy": "none"})
-    input_ends = _end_offsets(admin, inputs, IsolationLevel.READ_UNCOMMITTED)
+    input_ends = end_offsets(admin, inputs, IsolationLevel.READ_UNCOMMITTED)
     assert sum(input_ends.values()) == records
 
     seed = int(os.environ.get("OTTLA_TEST_SEED") or random.randrange(1 << 32))
@@ -224,7 +175,7 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
 
     def copied() -> int:
         try:
-            return sum(_end_offsets(admin, outputs, IsolationLevel.READ_UNCOMMITTED).values())
+            return sum(end_offsets(admin, outputs, IsolationLevel.READ_UNCOMMITTED).values())
         except KafkaException:
             return 0
 
@@ -264,8 +215,8 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
         copier.wait()
     assert not kills, f"the copy was done before these kills: {kills}"
 
-    _wait_until_stable(bootstrap, outputs)
-    output = _read(bootstrap, outputs, "read_committed")
+    wait_until_stable(bootstrap, outputs)
+    output = read_all(bootstrap, outputs, "read_committed")
     counts = Counter(value for _, _, _, value in output)
     duplicates = [value for value, count in counts.items() if count > 1]
     missing = [i for i in range(records) if b"copied:%d" % i not in counts]
@@ -273,7 +224,7 @@ def test_copier_is_exactly_once_through_kills_of_itself_and_the_broker(ottla_bro
         f"seed {seed}: {len(duplicates)} duplicated (e.g. {duplicates[:5]}), {len(missing)} missing (e.g. {missing[:5]})")
     assert len(output) == records
     assert committed_offsets() == input_ends
-    written = len(_read(bootstrap, outputs, "read_uncommitted"))
+    written = len(read_all(bootstrap, outputs, "read_uncommitted"))
     print(f"seed {seed}: {restarts} copier starts ({unexpected_exits} after an exit of its own), "
           f"{written - records} output records aborted")
 
@@ -314,12 +265,12 @@ def test_coordinator_killed_between_prepare_commit_and_markers(ottla_broker_fact
     broker.env = {}
     broker.start()
     # Nobody asks: loading __transaction_state finds PrepareCommit and rolls it forward.
-    _wait_until_stable(bootstrap, partitions)
+    wait_until_stable(bootstrap, partitions)
     with AdminProtocolClient(bootstrap) as client:
         _, state = client.describe_transaction("failpoint")
     assert state.transaction_state == "CompleteCommit"
     assert _producer_states(bootstrap, partitions) == {(tp.topic, tp.partition): [] for tp in partitions}
-    seen = _read(bootstrap, partitions, "read_committed")
+    seen = read_all(bootstrap, partitions, "read_committed")
     assert Counter((t, p, v) for t, p, _, v in seen) == Counter(expected)
 
 
@@ -360,10 +311,10 @@ def test_producer_killed_inside_a_transaction_is_aborted_on_timeout(ottla_broker
         follower.produce(topic, value=b"after-%d" % i, partition=i % 2)
     follower.commit_transaction(30)
 
-    _wait_until_stable(bootstrap, partitions)
-    seen = _read(bootstrap, partitions, "read_committed")
+    wait_until_stable(bootstrap, partitions)
+    seen = read_all(bootstrap, partitions, "read_committed")
     assert sorted(v for _, _, _, v in seen) == sorted(b"after-%d" % i for i in range(10))
-    assert len(_read(bootstrap, partitions, "read_uncommitted")) == 110
+    assert len(read_all(bootstrap, partitions, "read_uncommitted")) == 110
     with AdminProtocolClient(bootstrap) as client:
         _, state = client.describe_transaction("doomed")
     assert state.transaction_state == "CompleteAbort"

@@ -83,7 +83,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                 partitions.append(make(partition_type, partition_index=wanted.partition,
                                        error_code=exc.code, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                       preferred_read_replica=-1, records=None))
+                                       preferred_read_replica=-1, records=b""))
                 failed = True
                 continue
             high_watermark = log.high_watermark
