@@ -43,7 +43,9 @@ def fields(text: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
     # No automatic preferred-leader rebalance: the election test must see the one it asks for.
-    with cluster(brokers=3, config={"auto.leader.rebalance.enable": "false"},
+    # A dead follower leaves the ISR at once when the controller sees the death, but after
+    # `replica.lag.time.max.ms` (the leader's shrink) when the dead broker was the controller.
+    with cluster(brokers=3, config={"auto.leader.rebalance.enable": "false", "replica.lag.time.max.ms": 3000},
                  root=tmp_path_factory.mktemp("cli-cluster")) as handle:
         cli = lambda *args: run_cli(handle.brokers[1].bootstrap, *args)  # noqa: E731
         ok(cli("topics", "create", "spread", "-p", "6", "-r", "1"))
@@ -153,10 +155,16 @@ def test_killed_broker_shows_offline_and_under_replicated_partitions(three):
     cli = lambda *args: run_cli(handle.brokers[1].bootstrap, *args)  # noqa: E731
     led = {r["PARTITION"] for r in partitions(cli, "spread") if r["LEADER"] == str(victim)}
     assert len(led) == 2
+    followed = len([r for r in partitions(cli, "wide") if str(victim) in r["REPLICAS"].split(",")])
     handle.brokers[victim].kill()
-    described = wait_for(lambda: (lambda out: out if fields(out)["BROKERS"] == "2" and
-                                  int(fields(out)["OFFLINE"]) >= 2 else None)(ok(cli("cluster", "describe")).out),
-                         timeout=180.0, what="broker 3 gone")
+
+    def victim_gone():
+        out = ok(cli("cluster", "describe")).out
+        if fields(out)["BROKERS"] != "2" or int(fields(out)["OFFLINE"]) < 2:
+            return None
+        under_wide = [r for r in table(out, "TOPIC") if r["TOPIC"] == "wide" and r["STATUS"] == "under-replicated"]
+        return out if len(under_wide) >= followed else None
+    described = wait_for(victim_gone, timeout=180.0, what="broker 3 gone")
     unhealthy = table(described, "TOPIC")
     offline = {r["PARTITION"] for r in unhealthy if r["TOPIC"] == "spread" and r["STATUS"] == "offline"}
     assert offline == led

@@ -135,6 +135,23 @@ def test_controller_failover_moves_the_epoch_and_resends_the_state():
     assert all(sim.state("after", p).leader in (2, 3) for p in range(2))
 
 
+def test_a_broker_that_died_with_the_controller_leaves_every_isr():
+    """The new controller never sees broker 1 die (it died with the old controller): still,
+    its replicas leave the ISR at failover, as Kafka's replica state machine startup does;
+    otherwise a follower with nothing to catch up on would stay in the ISR for good."""
+    sim = Sim()
+    sim.create_topic("t", partitions=3, replication_factor=3)
+    assert all(1 in sim.state("t", p).isr for p in range(3))
+    sim.kill(1)
+    sim.pump()
+    assert sim.controller().broker_id != 1
+    for p in range(3):
+        state = sim.state("t", p)
+        assert 1 not in state.isr and state.leader in (2, 3), state
+        for b in (2, 3):
+            assert 1 not in sim.brokers[b].metadata[("t", p)].isr
+
+
 def test_deposed_controller_cannot_write_and_its_requests_are_refused():
     sim = Sim()
     sim.create_topic("t", partitions=1, assignment={0: (1, 2, 3)})

@@ -36,10 +36,12 @@ class ReplicaStateMachine:
         self.store = store
 
     def startup(self) -> None:
-        """Replicas on live brokers become Online (and hear their role); others are
-        ReplicaDeletionIneligible until their broker returns, as in Kafka."""
+        """Replicas on live brokers become Online (and hear their role); the others are
+        ReplicaDeletionIneligible, then Offline (out of the ISR) unless their topic is being
+        deleted, as Kafka's `ZkReplicaStateMachine.startup`: a broker that died with the
+        previous controller leaves the ISR as if this one had seen it die."""
         ctx = self.ctx
-        online = []
+        online, offline = [], []
         for tp in ctx.partitions():
             for broker_id in ctx.replicas(tp):
                 if ctx.is_online(broker_id, include_shutting_down=True):
@@ -47,7 +49,10 @@ class ReplicaStateMachine:
                     online.append((tp, broker_id))
                 else:
                     ctx.replica_phase[(tp, broker_id)] = P.DELETION_INELIGIBLE
+                    if tp[0] not in ctx.deleting:
+                        offline.append((tp, broker_id))
         self.handle(online, P.ONLINE)
+        self.handle(offline, P.OFFLINE)
 
     def phase(self, replica: Replica) -> ReplicaPhase:
         return self.ctx.replica_phase.get(replica, P.NON_EXISTENT)
