@@ -10,8 +10,13 @@ waits until the cleaner has cleaned up to the active segment (or --settle second
 stops the broker cleanly, counts the records and bytes of the partition, and starts it
 again: "start" is the time from launching `ottla serve` until it answers Metadata, against
 the same for an empty data directory ("baseline"); the difference is loading
-`__consumer_offsets`. A kill -9 restart (the active segment is rescanned) is timed as well.
-With --no-cleaner the storm runs with log.cleaner.enable=false, for comparison.
+`__consumer_offsets`. The group's offsets are loaded on the event loop after the broker starts
+serving, so "offsets" is the time from launching until OffsetFetch for the group answers
+with every committed offset (no COORDINATOR_LOAD_IN_PROGRESS): what a consumer waits for.
+A kill -9 restart (the active segment is rescanned) is timed as well.
+With --no-cleaner the storm runs with log.cleaner.enable=false, for comparison. With
+--data-dir DIR the stormed data directory is DIR and is kept; if DIR already holds a storm,
+the storm is skipped and only the restarts are timed (the same data for before and after).
 
     .venv/bin/python benchmarks/commit_storm.py --commits 1000000
     .venv/bin/python benchmarks/commit_storm.py --commits 200000 --no-cleaner
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -41,6 +47,7 @@ from kio.schema.offset_commit.v8.request import (
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
 )
+from kio.schema.offset_fetch.v6.request import OffsetFetchRequest
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32, i64
 
@@ -95,6 +102,35 @@ def _committer(bootstrap: str, partition: int, count: int, done: list[int]) -> N
             done[partition] = i
 
 
+def offsets_served(bootstrap: str, launched: float, expected: int, timeout: float = 300.0) -> float:
+    """Seconds from `launched` until OffsetFetch v6 for the group answers `expected` offsets."""
+    host, _, port = bootstrap.rpartition(":")
+    schema = load_response_schema(9, 6)
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((host, int(port))) as sock:
+        for correlation_id in range(1, 1 << 30):
+            sock.sendall(_frame(OffsetFetchRequest(group_id="storm", topics=None), correlation_id))
+            frame = _read_frame(sock)
+            header, size = entity_reader(schema.__header_schema__)(frame, 0)
+            body, _ = entity_reader(schema)(frame, size)
+            found = sum(1 for t in body.topics for p in t.partitions if p.committed_offset >= 0)
+            if body.error_code == ErrorCode.none and found == expected:
+                return time.monotonic() - launched
+            if body.error_code not in (ErrorCode.none, ErrorCode.coordinator_load_in_progress):
+                raise RuntimeError(f"OffsetFetch failed: {body.error_code!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the group's offsets were not served within {timeout:.0f}s")
+            time.sleep(0.005)
+    raise AssertionError("unreachable")
+
+
+def timed_start(broker: Ottla, connections: int) -> tuple[float, float]:
+    """(seconds until Metadata answers, seconds until the group's offsets are served)."""
+    launched = time.monotonic()
+    metadata_s = broker.start()
+    return metadata_s, offsets_served(broker.bootstrap, launched, connections)
+
+
 def storm(bootstrap: str, commits: int, connections: int) -> float:
     """`commits` commits over `connections` connections (each its own partition of `input`)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -139,6 +175,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=120.0)
     parser.add_argument("--connections", type=int, default=32, help="committing connections, one partition each")
     parser.add_argument("--no-cleaner", action="store_true")
+    parser.add_argument("--data-dir", type=Path, help="the stormed data dir: kept, and reused if it holds a storm")
     args = parser.parse_args()
     config = {"offsets.topic.num.partitions": "1", "offsets.topic.segment.bytes": str(int(args.segment_mb * 2**20)),
               "log.cleaner.backoff.ms": "1000", "log.cleaner.enable": str(not args.no_cleaner).lower()}
@@ -150,37 +187,49 @@ def main() -> None:
         baseline = Ottla(children, root / "empty", extra)
         baseline_s = baseline.start()
         baseline.stop()
-        broker = Ottla(children, root / "storm", extra + ["--log-level", "info"])
-        broker.start()
-        progress(f"committing {args.commits:,} times")
-        storm_s = storm(broker.bootstrap, args.commits, args.connections)
+        data_dir = args.data_dir or root / "storm"
+        reused = (data_dir / "__consumer_offsets-0").is_dir()
+        broker = Ottla(children, data_dir, extra + ["--log-level", "info"])
+        storm_s = float("nan")
+        if not reused:
+            broker.start()
+            progress(f"committing {args.commits:,} times")
+            storm_s = storm(broker.bootstrap, args.commits, args.connections)
         directory = broker.data_dir / "__consumer_offsets-0"
         deadline = time.monotonic() + args.settle
-        while not args.no_cleaner and time.monotonic() < deadline:
+        while not reused and not args.no_cleaner and time.monotonic() < deadline:
             active = max(int(p.name[:-4]) for p in directory.glob("*.log"))
             if checkpoint(broker.data_dir) >= active:
                 break
             time.sleep(1)
-        broker.stop()
+        if not reused:
+            broker.stop()
         size, records, segments, in_active = partition_stats(directory)
-        start_s = broker.start()
+        if args.data_dir is not None:  # restored at the end: the next run restarts from the same bytes
+            shutil.copytree(data_dir, root / "backup")
+        start_s, offsets_s = timed_start(broker, args.connections)
         os.kill(broker.proc.pid, signal.SIGKILL)
         broker.proc.wait()
-        crash_start_s = broker.start()
+        crash_start_s, crash_offsets_s = timed_start(broker, args.connections)
         broker.stop()
+        if args.data_dir is not None:
+            shutil.rmtree(data_dir)
+            shutil.copytree(root / "backup", data_dir)
     print("| cleaner | commits | commits/s | __consumer_offsets MiB | records | segments | records in active segment "
-          "| start s | kill -9 start s | baseline start s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {'off' if args.no_cleaner else 'on'} | {args.commits:,} | {args.commits / storm_s:,.0f} | "
-          f"{size / 2**20:.1f} | {records:,} | {segments} | {in_active:,} | {start_s:.2f} | {crash_start_s:.2f} | "
-          f"{baseline_s:.2f} |")
+          "| start s | offsets s | kill -9 start s | kill -9 offsets s | baseline start s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rate = "(reused)" if reused else f"{args.commits / storm_s:,.0f}"
+    print(f"| {'off' if args.no_cleaner else 'on'} | {args.commits:,} | {rate} | "
+          f"{size / 2**20:.1f} | {records:,} | {segments} | {in_active:,} | {start_s:.2f} | {offsets_s:.2f} | "
+          f"{crash_start_s:.2f} | {crash_offsets_s:.2f} | {baseline_s:.2f} |")
     print()
     print(f"- 1 group, {args.connections} live offsets (one per committing connection); __consumer_offsets: 1 partition, {args.segment_mb:g} MiB segments")
     print(f"- {os.cpu_count()} CPUs; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"run took {time.monotonic() - started:.0f}s")
     print(f"- command: python benchmarks/commit_storm.py --commits {args.commits} --segment-mb {args.segment_mb:g} "
           f"--connections {args.connections}"
-          + (" --no-cleaner" if args.no_cleaner else ""))
+          + (" --no-cleaner" if args.no_cleaner else "")
+          + (f" --data-dir {args.data_dir}" if args.data_dir else ""))
 
 
 if __name__ == "__main__":

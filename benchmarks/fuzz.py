@@ -4,7 +4,8 @@ valid and damaged, from several connections, next to a bystander producer and co
     .venv/bin/python benchmarks/fuzz.py --frames 100000 --workers 4 --seed 1
 
 Prints a table; exits 1 if the broker died, a connection went silent (no answer and no close
-within --timeout), the bystander's data was not byte-exact or the restart after failed.
+within --timeout), a damaged batch inside a valid Produce was not refused with Kafka's code,
+the bystander's data was not byte-exact or the restart after failed.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> int:
         ("worst event-loop lag, wall clock (ms)", report.worst_lag_ms),
         ("worst event-loop lag, loop's own CPU (ms)", report.worst_lag_cpu_ms),
         ("handler failures (closed, one log line)", sum(report.handler_failures.values())),
+        ("hostile batches not refused as Kafka does", len(report.wrong_batch_answers)),
         ("bystander records", report.bystander_sent),
         ("bystander byte-exact", report.bystander_exact),
         ("bystander", report.bystander_detail),
@@ -48,13 +50,17 @@ def main() -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print("mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(report.kinds.items())))
+    print("hostile batches: " + ", ".join(f"{k} {v}" for k, v in sorted(report.batch_answers.items())))
+    for wrong in report.wrong_batch_answers[:10]:
+        print(f"hostile batch not refused as Kafka does: {wrong}")
     for what, count in report.handler_failures.most_common():
         print(f"handler failure: {what} x{count}")
     for line in report.lag_context:
         print(f"before the worst lag: {line}")
     for frame in report.silent[:10]:
         print(f"silent after: {frame}")
-    ok = (not report.broker_died and not report.silent and report.bystander_exact and report.restarted_cleanly)
+    ok = (not report.broker_died and not report.silent and report.bystander_exact and report.restarted_cleanly
+          and not report.wrong_batch_answers)
     return 0 if ok else 1
 
 

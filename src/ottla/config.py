@@ -313,9 +313,6 @@ class BrokerConfig:
                 return layer[name]
         return self._derived_default(name)
 
-    def is_default(self, name: str) -> bool:
-        return name not in self.overrides and name not in self.dynamic and name not in self.dynamic_default
-
     def set_dynamic(self, per_broker: Mapping[str, Any], default: Mapping[str, Any]) -> None:
         """Replace both dynamic layers with values already checked by `coerce_dynamic`."""
         self.dynamic, self.dynamic_default = dict(per_broker), dict(default)

@@ -7,7 +7,9 @@ fsyncgate). Kafka therefore takes the log directory offline at the first I/O err
 directory, so it does the same in one step: `fsync_failed` logs one error line and halts the
 process at once (exit status 1) -- nothing is acknowledged after the failure, and the next
 start recovers from the recovery point, checking every batch's CRC. Library users (tests,
-embedders) can replace the halt with `on_fsync_failure`.
+embedders) can replace the halt with `on_fsync_failure`. A sync that fails in another process
+(the log cleaner's worker) comes back as its `LogDirOffline` and is handed to
+`failed_elsewhere`, so it takes the directory offline the same way.
 
 `OTTLA_FAILPOINTS=fsync.eio@TEXT` (test only, read at import) makes every sync of a file whose
 path contains TEXT fail with EIO.
@@ -20,7 +22,7 @@ import logging
 import os
 from typing import Callable
 
-__all__ = ["fsync", "fdatasync", "on_fsync_failure", "LogDirOffline"]
+__all__ = ["fsync", "fdatasync", "on_fsync_failure", "failed_elsewhere", "LogDirOffline"]
 
 log = logging.getLogger("ottla.durability")
 
@@ -61,7 +63,13 @@ def _sync(call: Callable[[int], None], fd: int, path) -> None:
         call(fd)
     except OSError as exc:
         _on_failure(str(path), exc)
-        raise LogDirOffline(exc.errno, f"sync of {path} failed: {exc.strerror}") from exc
+        raise LogDirOffline(exc.errno, f"sync of {path} failed: {exc.strerror}", str(path)) from exc
+
+
+def failed_elsewhere(exc: LogDirOffline) -> None:
+    """A sync failed in a worker process whose failure handler let it report back: apply
+    this process's handler (by default, halt)."""
+    _on_failure(exc.filename, OSError(exc.errno, os.strerror(exc.errno)))
 
 
 def fsync(fd: int, path) -> None:

@@ -116,7 +116,11 @@ def as_state(records) -> dict[bytes, tuple[int, bytes | None]]:
 def test_updates_and_tombstones_read_back_as_the_latest_value_per_key(ottla_broker_factory):
     broker = ottla_broker_factory(BROKER)
     topic = "table"
-    create(broker.bootstrap, topic)
+    # The tombstones must outlive the reads below on a loaded machine: with 4 s the resumed
+    # consumer once ended with the tombstoned keys' older values, as if a clean had removed
+    # the tombstones before it got to them (the first half can reach far past offset 50,000,
+    # as the cleaner runs while the updates are produced).
+    create(broker.bootstrap, topic, delete_retention_ms=30_000)
     updates = [(b"key-%04d" % (i % KEYS), b"value-%06d" % i) for i in range(100_000)]
     expected = produce(broker.bootstrap, topic, updates)
     # A consumer half way through the log before anything is cleaned.

@@ -128,3 +128,21 @@ def test_dynamic_broker_default_set_on_one_broker_reaches_the_leader(three, zk, 
     assert json.loads(zk.get("/config/brokers/1")[0])["config"] == {"message.max.bytes": "300000"}
     wait_for(lambda: _delivery_error(three.bootstrap, "dflt", 200_000) is None, what="200 KB accepted again")
     assert _describe(on_2, BROKER, "2")[1]["message.max.bytes"] == ("100000", 3)
+
+
+def test_a_broker_that_was_away_applies_what_changed_meanwhile(three, raw_connection):
+    """Changes made while a replica's broker is stopped reach it when it starts: it reads
+    the store at start, not only the notifications it sees while running."""
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("away", num_partitions=1, replica_assignment=[[3]])])["away"].result(60)
+    on_2 = raw_connection(three.brokers[2].bootstrap)
+    wait_for(lambda: _describe(on_2, TOPIC, "away")[0] == ErrorCode.none, what="away known to broker 2")
+    wait_for(lambda: _local_configs(three.brokers[3], "away") == {}, what="broker 3's replica of away")
+    three.brokers[3].stop(timeout=180)  # controlled shutdown: its RF=1 partition cannot move
+    assert _alter(on_2, TOPIC, "away", retention_ms="7200000").error_code == ErrorCode.none
+    assert _alter(on_2, BROKER, "", log_retention_bytes="123456").error_code == ErrorCode.none
+    three.brokers[3].start()
+    wait_for(lambda: _local_configs(three.brokers[3], "away") == {"retention.ms": 7200000},
+             what="broker 3's catalog to take the change made while it was away")
+    on_3 = raw_connection(three.brokers[3].bootstrap)
+    assert _describe(on_3, BROKER, "3")[1]["log.retention.bytes"] == ("123456", 3)

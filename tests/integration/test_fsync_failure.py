@@ -52,3 +52,20 @@ def test_eio_on_fsync_halts_the_broker_and_acknowledges_nothing_after(ottla_brok
             break
     consumer.close()
     assert message is not None and message.value() == b"acknowledged before"
+
+
+def test_eio_on_a_cleaner_fsync_halts_the_broker_like_any_other(ottla_broker_factory):
+    # The cleaner writes its `.cleaned` files in a worker process; their fsync failing must
+    # take the log directory offline in the broker, not just end the worker's pass.
+    from tests.integration.test_compaction import BROKER, create, produce
+
+    broker = ottla_broker_factory(BROKER, env={"OTTLA_FAILPOINTS": "fsync.eio@.cleaned"})
+    create(broker.bootstrap, "compacted")
+    produce(broker.bootstrap, "compacted", ((b"k%d" % (i % 50), b"v" * 200) for i in range(3000)))
+
+    deadline = time.monotonic() + 120
+    while broker.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not broker.running() and broker.process.returncode == 1, broker.read_stderr()[-2000:]
+    lines = [line for line in broker.read_stderr().splitlines() if "log directory offline" in line]
+    assert len(lines) == 1 and ".cleaned" in lines[0] and "Input/output error" in lines[0], lines

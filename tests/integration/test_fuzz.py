@@ -18,3 +18,6 @@ def test_fuzzed_requests_never_kill_the_broker_or_leave_a_connection_silent():
     assert not report.handler_failures, report.handler_failures  # bad input never reaches a handler as a crash
     assert report.worst_lag_ms is not None
     assert report.restarted_cleanly
+    # Damaged batches inside valid Produce requests: each refused with Kafka's code, connection kept.
+    assert sum(count for kind, count in report.kinds.items() if kind.startswith("batch:")) > 50
+    assert report.wrong_batch_answers == [], report.wrong_batch_answers[:3]

@@ -22,6 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from ottla.records.batch import read_header
 from ottla.testing import cluster
+from ottla.testing.zookeeper import free_port
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 
@@ -165,9 +166,10 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
     topic = "cut"
     with FaultProxy(seed=13) as proxy, cluster(brokers=2, config=CONFIG, root=tmp_path) as two:
         leader = two.add_broker(start=False)
+        leader.port = free_port()  # the proxy leads there before the broker starts: the
+        proxy.upstream = ("127.0.0.1", leader.port)  # controller reaches it only through the proxy
         leader.extra_args += ["--advertised", proxy.address]
         leader.start()
-        proxy.upstream = ("127.0.0.1", leader.port)
         admin = AdminClient({"bootstrap.servers": two.bootstrap})
         admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[3, 1, 2]],
                                       config={"min.insync.replicas": "2"})])[topic].result(60)

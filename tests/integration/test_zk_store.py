@@ -236,6 +236,10 @@ def test_topic_lifecycle_configs_and_watches(stores, connect, raw):
     raw.create(f"/{chroot}/config/changes/config_change_", b'{"version":1,"entity_type":"topics","entity_name":"a"}',
                sequence=True)
     assert [path for _, path in controller.config_changes(changes[-1][0])] == ["topics/a"]
+    controller.purge_config_changes(0)
+    assert len(raw.get_children(f"/{chroot}/config/changes")) == 4
+    controller.purge_config_changes(2**62)
+    assert raw.get_children(f"/{chroot}/config/changes") == [] and controller.config_changes(-1) == []
 
     controller.create_partition_states({("a", 0): LeaderAndIsr(1, 0, (1,), 1),
                                         ("a", 1): LeaderAndIsr(1, 0, (1,), 1)}, epoch)

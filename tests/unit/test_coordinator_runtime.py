@@ -13,6 +13,7 @@ from ottla.errors import ErrorCode
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 from ottla.server.metadata_cache import PartitionState
+from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 CONFIG = {"node.id": 1, "offsets.topic.num.partitions": 2, "transaction.state.log.num.partitions": 2}
@@ -22,6 +23,7 @@ def test_leadership_moves_load_and_unload_the_coordinators(tmp_path):
     async def scenario():
         broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
         await broker.start()
+        await coordinators_loaded(broker)
         try:
             groups, txns = broker.groups.coordinator, broker.transactions.coordinator
             committed = asyncio.get_running_loop().create_future()
@@ -57,7 +59,50 @@ def test_leadership_moves_load_and_unload_the_coordinators(tmp_path):
                 fetched = groups.fetch_offsets(group_id="g", partitions=None)
             assert fetched.error == E.none and fetched.offsets[("t", 0)].offset == 5
             described = txns.describe_transactions(["tx"])[0]
+            while described.error == E.coordinator_load_in_progress:  # loads in steps too
+                await asyncio.sleep(0.01)
+                described = txns.describe_transactions(["tx"])[0]
             assert described.error == E.none and described.state == "Empty"
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_transaction_state_loads_in_steps_through_the_runtime(tmp_path):
+    """A `__transaction_state` partition loads as `__consumer_offsets` does: record set by
+    record set, the event loop running between them and its ids answering
+    COORDINATOR_LOAD_IN_PROGRESS until the last; then every id is back as the log has it."""
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({**CONFIG, "transaction.state.log.num.partitions": 1}), port=0)
+        await broker.start()
+        await coordinators_loaded(broker)
+        try:
+            txns = broker.transactions.coordinator
+            ids = [f"tx-{i}" for i in range(40)]
+            producers = {}
+            for transactional_id in ids:
+                initialized = asyncio.get_running_loop().create_future()
+                txns.init_producer_id(transactional_id, 60_000, None, now_ms(), initialized.set_result)
+                producers[transactional_id] = (await initialized).producer_id
+            broker.coordinator_runtime.load_chunk_bytes = 1024  # a few batches per step
+
+            def move(leader, epoch):
+                broker.replicas.apply_partition_states(
+                    [PartitionState(TRANSACTION_STATE_TOPIC, 0, leader, epoch, (1, 2), (1, 2))])
+
+            move(2, 1)
+            move(1, 2)
+            steps_seen = 0
+            described = txns.describe_transactions(ids)
+            while any(d.error == E.coordinator_load_in_progress for d in described):
+                steps_seen += 1
+                await asyncio.sleep(0)  # one turn of the loop: the load advances by one step
+                described = txns.describe_transactions(ids)
+            assert steps_seen >= 3
+            assert [(d.error, d.state, d.producer_id) for d in described] == [
+                (E.none, "Empty", producers[t]) for t in ids]
         finally:
             await broker.stop()
 

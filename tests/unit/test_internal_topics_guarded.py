@@ -20,6 +20,7 @@ from ottla.protocol.codec import encode_response
 from ottla.server.broker import Broker
 from ottla.server.context import RequestContext
 from ottla.server.handlers import create_partitions, delete_topics, init_producer_id, offset_commit
+from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 # What Kafka answers when a coordinator cannot serve: the client looks for it again and retries.
@@ -31,6 +32,7 @@ async def started(tmp_path) -> Broker:
                                             "transaction.state.log.num.partitions": 2}))
     await broker.groups.start()
     await broker.transactions.start()
+    await coordinators_loaded(broker)
     return broker
 
 

@@ -137,3 +137,9 @@ def test_config_changes_are_numbered_notifications_as_in_zookeeper():
     assert [path for _, path in changes] == ["topics/t", "brokers/<default>", "brokers/2"]
     assert other.config_changes(changes[1][0]) == changes[2:]
     assert len(fired) == 3 and other.topic_configs("t") == {"retention.ms": "5"}
+    other.purge_config_changes(0)  # nothing that old
+    assert other.config_changes(-1) == changes
+    other.purge_config_changes(2**62)
+    assert other.config_changes(-1) == []
+    s.set_broker_configs(1, {})
+    assert other.config_changes(-1) == [(changes[-1][0] + 1, "brokers/1")]  # numbering goes on

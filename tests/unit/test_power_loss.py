@@ -5,6 +5,7 @@ lost and no transaction stays open. In process: real brokers on real files, no s
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 
 import pytest
@@ -30,6 +31,7 @@ from ottla.server.handlers import (
     offset_fetch,
 )
 from powerloss import PowerLoss
+from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1}
@@ -39,6 +41,7 @@ async def start(data_dir) -> Broker:
     broker = Broker(data_dir, BrokerConfig(CONFIG))
     await broker.groups.start()
     await broker.transactions.start()
+    await coordinators_loaded(broker)
     return broker
 
 
@@ -145,15 +148,21 @@ def test_acknowledged_offset_commits_survive_a_power_loss(tmp_path, commits):
         life(tmp_path, second)
 
 
+def _idempotent_appends_across_rolls(broker):
+    broker.create_topic("t", 1, {"segment.bytes": 600})
+    for seq in range(40):
+        broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                          producer_epoch=0, base_sequence=seq), now_ms=now_ms())
+
+
 def test_rolls_and_snapshots_keep_every_flushed_batch(tmp_path):
-    """Idempotent produce across many rolls (each roll fsyncs the old segment and snapshots
-    producer state); after a power loss every batch below the last roll is there and the
-    producer's next sequence is still accepted, its duplicates still recognised."""
+    """Idempotent produce across many rolls (each roll queues the fsync of the old segment
+    and of its producer snapshot in the disk worker, as Kafka's roll schedules its flush);
+    after a power loss every batch below the last roll is there and the producer's next
+    sequence is still accepted, its duplicates still recognised."""
     async def first(broker):
-        broker.create_topic("t", 1, {"segment.bytes": 600})
-        for seq in range(40):
-            broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                              producer_epoch=0, base_sequence=seq), now_ms=now_ms())
+        _idempotent_appends_across_rolls(broker)
+        broker.logs.disk_worker.drain()  # the queued fsyncs ran
 
     with PowerLoss(tmp_path) as power:
         life(tmp_path, first)
@@ -163,11 +172,44 @@ def test_rolls_and_snapshots_keep_every_flushed_batch(tmp_path):
             log = broker.logs.get_log("t", 0)
             rolled_to = log.segments[-1].base_offset
             assert rolled_to > 30 and log.log_end_offset >= rolled_to
-            end = log.log_end_offset
-            duplicate = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                                          producer_epoch=0, base_sequence=end - 1), now_ms=now_ms())
-            assert duplicate.duplicate and duplicate.base_offset == end - 1
-            nxt = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                                    producer_epoch=0, base_sequence=end), now_ms=now_ms())
-            assert nxt.base_offset == end
+            _continues_the_idempotent_producer(broker)
         life(tmp_path, second)
+
+
+def test_a_power_loss_before_the_rolls_fsyncs_ran_recovers_a_consistent_log(tmp_path):
+    """The same, but the power goes before the disk worker got to any roll's fsync: the
+    recovery point never moved past them, so recovery scans those segments, keeps what
+    reached the disk, and the producer's state matches the log that is left."""
+    held = threading.Event()
+
+    async def first(broker):
+        broker.logs.disk_worker.submit("holding the worker", lambda: held.wait(60))
+        _idempotent_appends_across_rolls(broker)
+        assert broker.logs.get_log("t", 0).recovery_point == 0
+        broker.logs.checkpoint(inline=True)  # a checkpoint now must not claim the rolls durable
+
+    with PowerLoss(tmp_path) as power:
+        life(tmp_path, first)
+        lost = power.crash()
+        held.set()
+        assert any(name.startswith("t-0/") for name in lost)  # rolled segments were cut back
+
+        async def second(broker):
+            log = broker.logs.get_log("t", 0)
+            end = log.log_end_offset  # nothing was fsynced: every segment came back empty
+            assert log.read(0, 1 << 20, max_offset=end).records == b""
+            # and the torn snapshots were skipped: the producer starts over, not out of order
+            nxt = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                                    producer_epoch=0, base_sequence=0), now_ms=now_ms())
+            assert nxt.base_offset == end and not nxt.duplicate
+        life(tmp_path, second)
+
+
+def _continues_the_idempotent_producer(broker):
+    end = broker.logs.get_log("t", 0).log_end_offset
+    duplicate = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                                  producer_epoch=0, base_sequence=end - 1), now_ms=now_ms())
+    assert duplicate.duplicate and duplicate.base_offset == end - 1
+    nxt = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                            producer_epoch=0, base_sequence=end), now_ms=now_ms())
+    assert nxt.base_offset == end

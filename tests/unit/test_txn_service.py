@@ -49,6 +49,7 @@ from ottla.server.handlers import (
     txn_offset_commit,
     write_txn_markers,
 )
+from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 
@@ -102,6 +103,7 @@ async def started_node(tmp_path, topics=("t",)) -> Node:
     """A node whose transaction coordinator has loaded, with one-partition `topics`."""
     node = Node(tmp_path, itertools.count(7))
     await node.broker.transactions.start()
+    await coordinators_loaded(node.broker)
     for topic in topics:
         node.broker.create_topic(topic, 1, {})
     return node
@@ -124,6 +126,7 @@ def test_commit_writes_markers_and_moves_the_lso(tmp_path):
     async def scenario():
         node = Node(tmp_path, itertools.count(7))
         await node.broker.transactions.start()
+        await coordinators_loaded(node.broker)
         node.broker.create_topic("t", 2, {})
         init = await node.init()
         assert (init.error_code, init.producer_id, init.producer_epoch) == (E.none, 7, 0)
@@ -194,6 +197,7 @@ def test_restart_rolls_forward_a_decided_commit(tmp_path):
     async def second_life():
         node = Node(tmp_path, itertools.count(100))
         await node.broker.transactions.start()
+        await coordinators_loaded(node.broker)
         await settle()
         assert node.control_batches("t", 0) == [(1, 7, 0, COMMIT_KEY)]
         log = node.broker.logs.get_log("t", 0)
@@ -230,6 +234,7 @@ def test_state_log_is_a_compacted_internal_topic(tmp_path):
     async def scenario():
         node = Node(tmp_path, itertools.count(7))
         await node.broker.transactions.start()
+        await coordinators_loaded(node.broker)
         info = node.broker.logs.topics[TRANSACTION_STATE_TOPIC]
         assert info.partitions == 50
         assert info.config["cleanup.policy"] == "compact"
@@ -259,6 +264,7 @@ def test_offsets_inside_a_transaction(tmp_path):
         groups = node.broker.groups
         await groups.start()
         await node.broker.transactions.start()
+        await coordinators_loaded(node.broker)
         node.broker.create_topic("in", 1, {})
 
         async def commit_offset(offset, epoch=0):

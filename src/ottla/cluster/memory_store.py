@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Callable, Mapping
 
 from .store import (
@@ -45,7 +46,9 @@ class MemoryZooKeeper:
         self.topics: dict[str, TopicAssignment] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
         self.broker_configs: dict[int | None, dict[str, str]] = {}
-        self.config_changes: list[str] = []  # entity paths; the index is the sequence number
+        # (sequence, entity path, created at in wall-clock ms), oldest first
+        self.config_changes: list[tuple[int, str, int]] = []
+        self.next_config_change = 0  # as ZooKeeper's sequence: never reused after a purge
         self.states: dict[TopicPartition, LeaderAndIsr] = {}
         self.deletions: set[str] = set()
         self.isr_changes: list[set[TopicPartition]] = []
@@ -222,14 +225,24 @@ class MemoryStore:
             if name not in self.zk.topics:
                 raise NoSuchTopic(name)
             self.zk.topic_configs[name] = dict(configs)
-            self.zk.config_changes.append(f"topics/{name}")
+            self._announce(f"topics/{name}")
             self.zk.write()
         self.zk.fire("config_changes")
 
     def config_changes(self, after: int) -> list[tuple[int, str]]:
         with self.zk.lock:
             self._check()
-            return [(seq, path) for seq, path in enumerate(self.zk.config_changes) if seq > after]
+            return [(seq, path) for seq, path, _ in self.zk.config_changes if seq > after]
+
+    def purge_config_changes(self, before_ms: int) -> None:
+        with self.zk.lock:
+            self._check()
+            self.zk.config_changes = [c for c in self.zk.config_changes if c[2] >= before_ms]
+
+    def _announce(self, entity_path: str) -> None:
+        """A `/config/changes` notification; the caller holds the lock."""
+        self.zk.config_changes.append((self.zk.next_config_change, entity_path, int(time.time() * 1000)))
+        self.zk.next_config_change += 1
 
     def broker_configs(self, broker_id: int | None) -> dict[str, str]:
         with self.zk.lock:
@@ -240,7 +253,7 @@ class MemoryStore:
         with self.zk.lock:
             self._check()
             self.zk.broker_configs[broker_id] = dict(configs)
-            self.zk.config_changes.append(f"brokers/{'<default>' if broker_id is None else broker_id}")
+            self._announce(f"brokers/{'<default>' if broker_id is None else broker_id}")
             self.zk.write()
         self.zk.fire("config_changes")
 

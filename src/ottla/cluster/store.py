@@ -162,6 +162,10 @@ class ClusterStore(Protocol):
         """The `/config/changes` notifications after sequence number `after`, oldest first:
         (sequence, entity path such as "topics/<t>", "brokers/<id>", "brokers/<default>")."""
 
+    def purge_config_changes(self, before_ms: int) -> None:
+        """Delete the notifications created before `before_ms` (wall clock), as every Kafka
+        broker does with those older than 15 minutes: a broker that starts reads all configs."""
+
     def broker_configs(self, broker_id: int | None) -> dict[str, str]:
         """`/config/brokers/<id>`, or `/config/brokers/<default>` for None (KIP-226)."""
 

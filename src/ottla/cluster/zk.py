@@ -319,6 +319,17 @@ class ZkClusterStore:
         return [(seq, decode_config_change(found[path][0])) for seq, path in paths.items()
                 if found[path] is not None]  # None: purged meanwhile
 
+    def purge_config_changes(self, before_ms: int) -> None:
+        paths = [f"{CONFIG_CHANGES}/{child}" for child in self._children(CONFIG_CHANGES)
+                 if child.startswith(CONFIG_CHANGE_PREFIX)]
+        stats = self._many("exists", paths)
+        for path in paths:
+            if stats[path] is not None and stats[path].ctime < before_ms:
+                try:
+                    self._call("delete", path)
+                except NoNodeError:
+                    pass  # another broker purged it first
+
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         if self._get(topic_path(name)) is None:
             raise NoSuchTopic(name)

@@ -13,8 +13,6 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Protocol
 
 from ..errors import ErrorCode
-from ..records.batch import BatchHeader
-from ..records.records import Record
 
 TopicPartition = tuple[str, int]
 # (error, base offset of the appended batch or -1)
@@ -41,8 +39,16 @@ class CoordinatorRuntime(Protocol):
         """Append a batch as this partition's leader and call `on_durable` once it is durable
         (or with the error that stopped it: NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR, ...)."""
 
-    def read(self, topic: str, partition: int) -> Iterator[tuple[BatchHeader, list[Record]]]:
-        """Every batch of the partition, log start to log end, decoded: what a load replays."""
+    def read(self, topic: str, partition: int) -> Iterator[bytes]:
+        """Every batch of the partition, log start to log end, as record sets of whole batches
+        (opaque bytes, a bounded size each): what a load replays, in one go."""
+
+    def load(self, topic: str, partition: int, replay: Callable[[bytes], None],
+             on_loaded: Callable[[], None]) -> Callable[[], None]:
+        """`read` in steps: hand each record set to `replay`, yielding to the event loop between
+        them so a long partition does not stall the broker, then call `on_loaded`. Returns a
+        function that cancels the load (the partition was given up before it finished); a load
+        that fails is logged and never calls `on_loaded`."""
 
     def close(self, topic: str) -> None:
         """Make what `topic` holds durable and answer its waiting appends; from now on its

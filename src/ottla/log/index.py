@@ -68,18 +68,28 @@ class _Index:
         if self._fd >= 0:
             fsync(self._fd, self.path)
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> int | None:
         """Trim an active index to its real entries and fsync it; release the file either way.
-        A later use reopens it."""
+        A later use reopens it. With `sync=False` the mapping is dropped unflushed (its dirty
+        pages stay in the page cache) and a duplicate descriptor to fsync later is returned."""
         if self._fd < 0:
-            return
-        self._unmap()
+            return None
+        deferred = None
+        if sync:
+            self._unmap()
+        elif self._mm is not None:
+            self._mm.close()
+            self._mm = None
         if self._active:
             os.ftruncate(self._fd, self.entries * self.entry.size)
-            fsync(self._fd, self.path)
+            if sync:
+                fsync(self._fd, self.path)
+            else:
+                deferred = os.dup(self._fd)
         os.close(self._fd)
         self._fd = -1
         self._active = False
+        return deferred
 
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""

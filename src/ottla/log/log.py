@@ -16,10 +16,12 @@ import bisect
 import logging
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
+from ..durability import fsync
 from ..errors import ErrorCode, InvalidRecords, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
@@ -37,6 +39,8 @@ from ..records.records import decode_batch, keys_present, rebuild_batch
 from ..records.validator import check_records, inflate_limit
 from .append_settings import AppendSettings, check_create_times
 from .cleaner.swap import recover_swaps
+from .disk_worker import DiskWorker
+from .file_records import FileRecords
 from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
 from .page_cache import RecentAppends
 from .segment import LogSegment
@@ -46,6 +50,8 @@ __all__ = ["Log", "AppendResult", "FetchData", "OffsetAndTimestamp"]
 
 log = logging.getLogger(__name__)
 
+# A deleted partition's directory, renamed before its removal (Kafka's suffix).
+DELETE_SUFFIX = "-delete"
 _MAX_RELATIVE_OFFSET = 2**32 - 1  # index entries store offsets relative to the segment base as u32
 ORIGINS = ("client", "coordinator", "replication")
 
@@ -59,7 +65,7 @@ class AppendResult(NamedTuple):
 
 
 class FetchData(NamedTuple):
-    records: bytes | memoryview  # whole batches, read from the segment file
+    records: bytes | memoryview | FileRecords  # whole batches of the segment file
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int
@@ -89,12 +95,17 @@ class Log:
         clean_shutdown: bool = False,
         now_ms: int = 0,
         recent_appends: RecentAppends | None = None,
+        disk_worker: DiskWorker | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.log_start_offset = log_start_offset
         self._recent_appends = recent_appends
+        # Rolls and deletions hand their fsyncs and removals to it (without one: done inline).
+        self._disk_worker = disk_worker
+        self._unsynced: list[list[tuple[int, Path]]] = []  # sealed at roll, fsync still queued
+        self._truncations = 0
         self._segments: list[LogSegment] = []
         self._bases: list[int] = []
         self._producer_state: ProducerStateManager | None = None
@@ -429,14 +440,40 @@ class Log:
             self.roll(now_ms)
 
     def roll(self, now_ms: int) -> LogSegment:
-        """Start a new active segment at the log end; the old one is sealed and fsynced."""
-        self.active_segment.seal()
+        """Start a new active segment at the log end; the old one is sealed and fsynced, with
+        the producer snapshot. With a disk worker the fsyncs run there and the recovery point
+        moves once they are done, as Kafka's roll schedules its flush."""
+        worker = self._disk_worker
+        unsynced = self.active_segment.seal(sync=worker is None)
         segment = self._add_segment(self._leo)
         self._segment_created_ms = now_ms
-        self.producer_state.take_snapshot(self._leo)
-        self.recovery_point = self._leo
+        finish_snapshot = self.producer_state.take_snapshot(self._leo, sync=worker is None)
         self._unflushed_messages = 0
+        if worker is None:
+            self.recovery_point = self._leo
+        else:
+            self._sync_later(worker, unsynced, finish_snapshot)
         return segment
+
+    def _sync_later(self, worker: DiskWorker, unsynced: list[tuple[int, Path]], finish_snapshot) -> None:
+        end, truncations = self._leo, self._truncations
+        self._unsynced.append(unsynced)
+
+        def job() -> None:
+            for fd, path in unsynced:
+                fsync(fd, path)
+            try:
+                finish_snapshot()
+            except FileNotFoundError:  # the partition was deleted meanwhile: nothing to keep
+                pass
+
+        def then(succeeded: bool) -> None:
+            self._unsynced.remove(unsynced)
+            for fd, _ in unsynced:
+                os.close(fd)
+            if succeeded and truncations == self._truncations:  # else what is below `end` changed
+                self.recovery_point = max(self.recovery_point, min(end, self._leo))
+        worker.submit(f"fsync of {self.directory.name} rolled at offset {end}", job, then)
 
     # -- read ----------------------------------------------------------------------------
 
@@ -448,10 +485,12 @@ class Log:
         max_offset: int,
         min_one_batch: bool = True,
         with_aborted: bool = False,
+        lazy: bool = False,
     ) -> FetchData:
         """Whole batches from the one holding `fetch_offset`, none reaching `max_offset` (the HW
         or LSO, exclusive); at least one batch even over `max_bytes` when `min_one_batch`.
         `with_aborted` (read_committed) also lists the aborted transactions the data overlaps.
+        `lazy`: large results stay in the file until sent (see file_records.py).
 
         Like Kafka, one fetch reads from one segment; the client asks again for the rest.
         """
@@ -471,7 +510,7 @@ class Log:
                 header = segment.find(fetch_offset)
                 if header is None:
                     continue
-                records = segment.read(header.position, max_bytes, max_offset, min_one_batch)
+                records = segment.read(header.position, max_bytes, max_offset, min_one_batch, lazy)
                 if with_aborted and records:
                     upper = self._bases[j + 1] if j + 1 < len(self._bases) else self._leo
                     aborted = self._collect_aborted(j, fetch_offset, upper)
@@ -604,12 +643,14 @@ class Log:
         self.leader_epoch_cache.truncate_from_end(self._leo)
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
+        self._truncations += 1
         self._reload_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Empty the log and restart it at `offset`: a follower behind its leader's log start."""
         self._truncate_fully(offset)
         self.high_watermark = self.recovery_point = offset
+        self._truncations += 1
         self._reload_producer_state()
 
     def _truncate_fully(self, offset: int) -> None:
@@ -628,24 +669,31 @@ class Log:
             self._producer_state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
 
     def flush(self, now_ms: int | None = None) -> None:
-        """fsync the active segment; the recovery point moves to the log end."""
+        """fsync the active segment (and segments rolled whose fsync is still queued); the
+        recovery point moves to the log end."""
+        for unsynced in self._unsynced:
+            for fd, path in unsynced:
+                fsync(fd, path)
         self.active_segment.flush()
         self.recovery_point = self._leo
         self._unflushed_messages = 0
         if now_ms is not None:
             self._last_flush_ms = now_ms
 
-    def duplicate_data_fd(self) -> int | None:
-        """A duplicate of the active .log's descriptor, for an fdatasync off the event loop that
-        makes every batch appended so far durable (None: the segment has no file open yet).
+    def duplicate_data_fds(self) -> list[int]:
+        """Duplicates of the descriptors whose fdatasync off the event loop makes every batch
+        appended so far durable: the active .log's (if it has a file open yet) and those of
+        segments rolled whose fsync is still queued in the disk worker.
 
         For acknowledging internal-topic writes (offset commits, transaction state), where a
         full `flush` (the .log, then msync and fsync of both indexes) was most of the cost of
         a commit. The recovery point does not move, so after a crash these batches are
         rescanned and their index entries rebuilt; batches in an older segment were fsynced
-        with everything else when it rolled. The caller closes the duplicate.
+        with everything else when it rolled. The caller closes the duplicates.
         """
-        return self.active_segment.duplicate_fd()
+        fds = [os.dup(fd) for unsynced in self._unsynced for fd, _ in unsynced]
+        active = self.active_segment.duplicate_fd()
+        return fds if active is None else fds + [active]
 
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms for a partition that stopped receiving appends; called by the manager's tick."""
@@ -666,8 +714,18 @@ class Log:
             self._producer_state.take_snapshot(self._leo)
 
     def delete(self) -> None:
-        """Remove the partition's directory and everything in it."""
+        """Remove the partition's directory and everything in it. With a disk worker the
+        directory is renamed `<name>.<id>-delete` (as Kafka does) and removed there; a start
+        removes what a crash left."""
+        directory = self.directory
+        if self._disk_worker is not None:
+            directory = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+            os.replace(self.directory, directory)
         for segment in self._segments:
-            segment.delete()
+            segment.delete()  # its files' old names are gone already with a disk worker
         self._segments, self._bases = [], []
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._disk_worker is None:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            self._disk_worker.submit(f"removal of {directory.name}",
+                                     lambda: shutil.rmtree(directory, ignore_errors=True))

@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from ..config import BrokerConfig, TopicConfig
 from ..errors import ConfigError, DataDirError, ErrorCode, KafkaError
-from .log import Log
+from .disk_worker import DiskWorker
+from .log import DELETE_SUFFIX, Log
 from .page_cache import RecentAppends
 from ..durability import fsync
 
@@ -123,13 +124,16 @@ class LogManager:
     """Owns every Log under `data_dir` and the durable topic catalog."""
 
     def __init__(
-        self, data_dir: Path | str, broker_config: BrokerConfig, *, clock: Callable[[], int] = _wall_clock_ms
+        self, data_dir: Path | str, broker_config: BrokerConfig, *, clock: Callable[[], int] = _wall_clock_ms,
+        disk_worker: DiskWorker | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.broker_config = broker_config
         self.topics: dict[str, TopicInfo] = {}
         self.logs: dict[tuple[str, int], Log] = {}
         self._clock = clock
+        # Without one (tools, unit tests) the slow disk work is done inline, as it comes.
+        self.disk_worker = disk_worker
         recent_appends = RecentAppends(broker_config["log.page.cache.max.bytes"])
         self.recent_appends = recent_appends if recent_appends.enabled else None
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
@@ -153,6 +157,9 @@ class LogManager:
             elif entry.name.endswith(".tmp"):
                 os.unlink(entry.path)
         for entry in os.scandir(self.data_dir):
+            if entry.name.endswith(DELETE_SUFFIX) and entry.is_dir():  # its topic's deletion was committed
+                shutil.rmtree(entry.path, ignore_errors=True)
+                continue
             match = _PARTITION_DIR.fullmatch(entry.name)
             if not entry.is_dir() or match is None:
                 continue
@@ -172,6 +179,7 @@ class LogManager:
                     clean_shutdown=clean,
                     now_ms=self._clock(),
                     recent_appends=self.recent_appends,
+                    disk_worker=self.disk_worker,
                 )
                 self.logs[key].update_high_watermark(high_watermarks.get(key, 0))
         if clean:
@@ -211,7 +219,8 @@ class LogManager:
 
     def _new_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
         return Log(
-            self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends
+            self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends,
+            disk_worker=self.disk_worker,
         )
 
     def _new_logs(self, topic: str, partitions: range, config: TopicConfig) -> dict[tuple[str, int], Log]:
@@ -345,24 +354,26 @@ class LogManager:
 
     # -- durability ----------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, inline: bool = False) -> None:
         """Persist every partition's recovery point and log start offset (call periodically:
         log.flush.offset.checkpoint.interval.ms; a crash then rescans only what came after),
-        and the high watermarks."""
-        write_offset_checkpoint(
-            self.data_dir / RECOVERY_POINT_FILE, {k: v.recovery_point for k, v in self.logs.items()}
-        )
-        write_offset_checkpoint(
-            self.data_dir / LOG_START_OFFSET_FILE, {k: v.log_start_offset for k, v in self.logs.items()}
-        )
-        self.checkpoint_high_watermarks()
+        and the high watermarks. The offsets are taken now; the files are written by the disk
+        worker, if there is one and not `inline`."""
+        self._write_checkpoint(RECOVERY_POINT_FILE, {k: v.recovery_point for k, v in self.logs.items()}, inline)
+        self._write_checkpoint(LOG_START_OFFSET_FILE, {k: v.log_start_offset for k, v in self.logs.items()}, inline)
+        self.checkpoint_high_watermarks(inline=inline)
 
-    def checkpoint_high_watermarks(self) -> None:
+    def checkpoint_high_watermarks(self, *, inline: bool = False) -> None:
         """Persist every partition's HW (replica.high.watermark.checkpoint.interval.ms): a
         restarted follower serves consumers only up to it until its leader says more."""
-        write_offset_checkpoint(
-            self.data_dir / HIGH_WATERMARK_FILE, {k: v.high_watermark for k, v in self.logs.items()}
-        )
+        self._write_checkpoint(HIGH_WATERMARK_FILE, {k: v.high_watermark for k, v in self.logs.items()}, inline)
+
+    def _write_checkpoint(self, name: str, offsets: dict[tuple[str, int], int], inline: bool) -> None:
+        path = self.data_dir / name
+        if inline or self.disk_worker is None:
+            write_offset_checkpoint(path, offsets)
+        else:
+            self.disk_worker.submit(f"checkpoint {name}", lambda: write_offset_checkpoint(path, offsets))
 
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point
@@ -371,6 +382,8 @@ class LogManager:
 
         Each partition's duty runs on its own: one that fails is logged (once per distinct
         error) and every other partition, and the checkpoints, still get theirs."""
+        if self.disk_worker is not None:
+            self.disk_worker.complete()  # recovery points of rolls fsynced since the last tick
         self._each("flush", lambda log_: log_.flush_if_due(now_ms))
         if now_ms - self._last_checkpoint_ms >= self.broker_config["log.flush.offset.checkpoint.interval.ms"]:
             self.checkpoint()
@@ -402,7 +415,9 @@ class LogManager:
 
     def close(self) -> None:
         """Clean shutdown: close every log, checkpoint the exact log ends, then drop the marker."""
+        if self.disk_worker is not None:
+            self.disk_worker.close()
         for log_ in self.logs.values():
             log_.close()
-        self.checkpoint()
+        self.checkpoint(inline=True)
         _write_atomically(self.data_dir / CLEAN_SHUTDOWN_FILE, "")

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, compute_crc, read_header
 from . import page_cache
+from .file_records import LAZY_MIN_BYTES, FileRecords
 from .index import OffsetIndex, TimeIndex
 from .txn_index import TransactionIndex, index_path
 from ..durability import fsync
@@ -88,6 +89,9 @@ class LogSegment:
         self._txn_index: TransactionIndex | None = None
         # Where the .log's last writeback started (see page_cache.RecentAppends).
         self.writeback_started_to = 0
+        # Bumped whenever bytes already written may change or vanish (truncation, deletion,
+        # the cleaner's swap): a FileRecords built before can no longer be sent.
+        self.version = 0
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -109,6 +113,10 @@ class LogSegment:
             self._size = self.writeback_started_to = os.fstat(self._fd).st_size
         return self._fd
 
+    def open_for_read(self) -> int:
+        """The .log's descriptor, for a FileRecords read as the socket drains."""
+        return self._open()
+
     def create(self) -> None:
         """Create the .log and empty index files, holding no descriptor: the first append opens
         the .log, and indexes are mapped only once they get entries."""
@@ -127,6 +135,11 @@ class LogSegment:
         self.time_index.close()
         if self._txn_index is not None:
             self._txn_index.close()
+
+    def retire(self) -> None:
+        """The cleaner swapped this segment's files for cleaned ones under the same names."""
+        self.version += 1
+        self.release()
 
     def mark_sealed(self) -> None:
         """A segment below the active one, loaded from disk: read-only from now on."""
@@ -160,7 +173,7 @@ class LogSegment:
             self.time_index.flush()
 
     def duplicate_fd(self) -> int | None:
-        """A duplicate of the .log's descriptor (see Log.duplicate_data_fd)."""
+        """A duplicate of the .log's descriptor (see Log.duplicate_data_fds)."""
         return os.dup(self._fd) if self._fd >= 0 else None
 
     def start_writeback(self, start: int, end: int) -> None:
@@ -183,19 +196,29 @@ class LogSegment:
             finally:
                 os.close(fd)
 
-    def seal(self) -> None:
+    def seal(self, *, sync: bool = True) -> list[tuple[int, Path]]:
         """The segment stops being active: record its final max timestamp, trim and fsync
-        everything, and give the descriptors back."""
+        everything, and give the descriptors back. With `sync=False` nothing is fsynced:
+        the returned duplicate descriptors (with their paths) are, later and elsewhere."""
+        deferred: list[tuple[int, Path]] = []
         if self._fd >= 0:
-            fsync(self._fd, self.log_path)
+            if sync:
+                fsync(self._fd, self.log_path)
+            else:
+                deferred.append((os.dup(self._fd), self.log_path))
         if self._txn_index is not None:
-            self._txn_index.flush()
+            if sync:
+                self._txn_index.flush()
+            elif (fd := self._txn_index.duplicate_fd()) is not None:
+                deferred.append((fd, self._txn_index.path))
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
-        self.offset_index.close()
-        self.time_index.close()
+        for index in (self.offset_index, self.time_index):
+            if (fd := index.close(sync=sync)) is not None:
+                deferred.append((fd, index.path))
         self.sealed = True
         self.release()
+        return deferred
 
     def close(self) -> None:
         self.seal()
@@ -207,6 +230,7 @@ class LogSegment:
             self._fd = -1
 
     def delete(self) -> None:
+        self.version += 1
         _open_sealed.forget(self)
         if self._fd >= 0:
             os.close(self._fd)
@@ -296,39 +320,49 @@ class LogSegment:
                 return header
         return None
 
-    def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool) -> bytes | memoryview:
+    def read(self, position: int, max_bytes: int, max_offset: int, min_one_batch: bool,
+             lazy: bool = False) -> "bytes | memoryview | FileRecords":
         """Whole batches from `position`: at most `max_bytes` (but one batch at least when asked),
         none whose last offset reaches `max_offset`.
 
         The offset index supplies a batch boundary that is both inside the byte limit and below
         `max_offset`; only the batches after it are walked, unpacking just offset and length.
-        Base offsets ascend, so only the last batch kept can straddle `max_offset`.
+        Base offsets ascend, so only the last batch kept can straddle `max_offset`. `lazy`
+        reads only those walked bytes and returns a FileRecords the connection reads as the
+        socket drains (when it is at least LAZY_MIN_BYTES long).
         """
         fd = self._open()
         available = self._size - position
-        data = os.pread(fd, min(max_bytes, available), position)
-        length = len(data)
         boundary = min(
-            self.offset_index.floor_position(position + length),
+            self.offset_index.floor_position(position + min(max_bytes, available)),
             self.offset_index.lookup(max_offset)[1],
         )
+        skip = max(0, boundary - position) if lazy else 0  # data[0] is `skip` bytes after position
+        data = os.pread(fd, max(0, min(max_bytes, available) - skip), position + skip)
+        length = skip + len(data)
         end = max(0, boundary - position)
         last = -1
         while length - end >= HEADER_SIZE:
-            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end)
+            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end - skip)
             size = batch_length + LOG_OVERHEAD
             if base_offset >= max_offset or size < HEADER_SIZE or end + size > length:
                 break
             last = end
             end += size
-        if last >= 0 and _last_offset(data, last) >= max_offset:
+        if last >= 0 and _last_offset(data, last - skip) >= max_offset:
             end = last
-        if end == 0 and min_one_batch and available >= HEADER_SIZE:
+        if end == 0 and min_one_batch and available >= HEADER_SIZE:  # then skip == 0
             first = data if length >= HEADER_SIZE else os.pread(fd, HEADER_SIZE, position)
             if _last_offset(first, 0) >= max_offset:
                 return b""
             size = _BASE_AND_LENGTH.unpack_from(first, 0)[1] + LOG_OVERHEAD
+            if lazy and size >= LAZY_MIN_BYTES:
+                return FileRecords(self, position, size)
             return data[:size] if length >= size else os.pread(fd, size, position)
+        if lazy and end >= LAZY_MIN_BYTES:
+            return FileRecords(self, position, end)
+        if skip:
+            return os.pread(fd, end, position)
         return data if end == length else memoryview(data)[:end]  # no copy of what is kept
 
     # -- truncation and recovery -------------------------------------------------------------
@@ -341,6 +375,7 @@ class LogSegment:
         if header is None:
             return None
         os.ftruncate(self._fd, header.position)
+        self.version += 1
         self._size = header.position
         self.writeback_started_to = min(self.writeback_started_to, self._size)
         self.offset_index.truncate_to(header.base_offset)

@@ -129,6 +129,10 @@ class TransactionIndex:
         if self._file is not None:
             fsync(self._file.fileno(), self.path)
 
+    def duplicate_fd(self) -> int | None:
+        """For an fsync later, off the event loop (a segment sealed at roll)."""
+        return os.dup(self._file.fileno()) if self._file is not None else None
+
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Aborted transactions overlapping [fetch_offset, upper_bound_offset).
 

@@ -326,20 +326,30 @@ class ProducerStateManager:
 
     # -- snapshots and reload ------------------------------------------------------------
 
-    def take_snapshot(self, offset: int) -> None:
+    def take_snapshot(self, offset: int, *, sync: bool = True) -> Callable[[], None] | None:
         """Durably record the state as of `offset`, which must cover everything applied.
 
         Called at segment roll (offset = the new segment's base) and at clean shutdown
-        (offset = log end). Keeps the newest `snapshots_to_keep` files.
+        (offset = log end). Keeps the newest `snapshots_to_keep` files. With `sync=False`
+        the file is written but the fsyncs are left to the returned job, to run off the
+        event loop (Kafka flushes its roll-time snapshot asynchronously too).
         """
         if offset < self._map_end_offset:
             raise ValueError(f"snapshot offset {offset} is below the state's end offset {self._map_end_offset}")
-        snapshot.write_snapshot(self.log_dir, offset, self._producers.values())
+        finish = snapshot.write_snapshot(self.log_dir, offset, self._producers.values(), sync=sync)
         if offset not in self._snapshots:
             self._snapshots.append(offset)
             self._snapshots.sort()
         self._map_end_offset = offset
-        self._delete_snapshots(self._snapshots[: -self.snapshots_to_keep])
+        deleted = self._delete_snapshots(self._snapshots[: -self.snapshots_to_keep], sync=sync)
+        if sync:
+            return None
+
+        def finish_all() -> None:
+            finish()
+            if deleted:
+                fsync_dir(self.log_dir)
+        return finish_all
 
     def truncate_and_reload(
         self,
@@ -384,12 +394,13 @@ class ProducerStateManager:
         self._map_end_offset = log_end_offset
         return completed
 
-    def _delete_snapshots(self, offsets: Iterable[int]) -> None:
+    def _delete_snapshots(self, offsets: Iterable[int], sync: bool = True) -> bool:
         # The directory fsync keeps a deleted snapshot from reappearing after power loss,
         # where it could describe a log that has since been truncated and rewritten.
         offsets = list(offsets)
         for offset in offsets:
             snapshot.snapshot_path(self.log_dir, offset).unlink(missing_ok=True)
             self._snapshots.remove(offset)
-        if offsets:
+        if offsets and sync:
             fsync_dir(self.log_dir)
+        return bool(offsets)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from crc32c import crc32c
@@ -117,11 +117,12 @@ def decode(data: bytes) -> tuple[int, list[ProducerEntry]]:
     return offset, entries
 
 
-def write_snapshot(log_dir: Path, offset: int, entries: Iterable[ProducerEntry]) -> Path:
-    """Durably write the snapshot for `offset` (atomic: temp file, fsync, rename, dir fsync)."""
-    path = snapshot_path(log_dir, offset)
-    atomic_write(path, encode(offset, entries))
-    return path
+def write_snapshot(log_dir: Path, offset: int, entries: Iterable[ProducerEntry], *, sync: bool = True
+                   ) -> Callable[[], None] | None:
+    """Durably write the snapshot for `offset` (atomic: temp file, fsync, rename, dir fsync);
+    with `sync=False`, return the job that does the fsyncs (see _files.atomic_write: a torn
+    snapshot fails its CRC and is skipped)."""
+    return atomic_write(snapshot_path(log_dir, offset), encode(offset, entries), sync=sync)
 
 
 def read_snapshot(log_dir: Path, offset: int) -> list[ProducerEntry]:

@@ -222,7 +222,8 @@ class _FrameChunks:
 
     Small fields accumulate in a bytearray; a value of `_BY_REFERENCE_BYTES` or more becomes
     a chunk of its own, so a fetch response is never copied into one buffer before the
-    socket copies it once more.
+    socket copies it once more. Such a value may be any object with a length that the
+    connection knows how to send (log/file_records.FileRecords: records still in their file).
     """
 
     __slots__ = ("chunks", "_small")

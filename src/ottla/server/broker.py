@@ -26,6 +26,7 @@ from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
 from ..failpoints import from_environment as failpoints_from_environment
 from ..log.cleaner.service import LogCleaner
+from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
@@ -128,7 +129,7 @@ class Broker:
         self.handlers = load_handlers()
         self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
         self.connections = Connections(config)
-        self.logs = LogManager(self.data_dir, config)
+        self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs)
@@ -174,14 +175,19 @@ class Broker:
             self.port = self._server.sockets[0].getsockname()[1]
             self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            cluster = ClusterNode(self)
+            cluster.attach()
             try:
                 await self.membership.start(*self.advertised)
             except StoreError:
+                await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
-            await self.dynamic_configs.start()
-            self.cluster = ClusterNode(self)
+            self.cluster = cluster
             await self.cluster.start()
+            # Once registered, the controller's requests may arrive at any await: logs created
+            # meanwhile take the dynamic configs read on the next line.
+            await self.dynamic_configs.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
         self.cleaner.start(_runner_on(loop))

@@ -45,12 +45,16 @@ class ClusterNode:
         self.fetchers = ReplicaFetcherManager(broker, self.fetcher_client)
         self.isr_updates = IsrUpdates(broker.replicas, self.store)
 
-    async def start(self) -> None:
-        # Replication first: the controller's first LeaderAndIsr may follow at once.
+    def attach(self) -> None:
+        """Answer the controller before registering: its first UpdateMetadata and LeaderAndIsr
+        follow the registration at once, and one refused for want of a link is not resent."""
         self.broker.replicas.fetchers = self.fetchers
         self.isr_updates.start()
         self.broker.controller_link = self.link
         self.broker.controller_service = self.service
+
+    async def start(self) -> None:
+        """Once registered: stand for controller."""
         await self.service.start()
 
     async def _send(self, request: ControllerRequest):
@@ -95,8 +99,8 @@ class ClusterNode:
         log.warning("Proceeding to do an unclean shutdown as all the controlled shutdown attempts failed")
         return False
 
-    async def stop(self) -> None:
-        if self.broker.config["controlled.shutdown.enable"]:
+    async def stop(self, *, registered: bool = True) -> None:
+        if registered and self.broker.config["controlled.shutdown.enable"]:
             await self.controlled_shutdown()
         await self.service.stop()
         self.broker.replicas.fetchers = None

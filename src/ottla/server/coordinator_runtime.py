@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+import struct
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from kio.schema.write_txn_markers.v1.request import (
     WritableTxnMarker,
@@ -27,8 +28,7 @@ from ..coordinator.group.records import OFFSETS_TOPIC
 from ..coordinator.runtime import OnDurable, OnLeadership, TopicPartition
 from ..coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ..errors import ErrorCode, KafkaError
-from ..records.batch import BatchHeader
-from ..records.records import Record, iter_batches
+from ..records.batch import LOG_OVERHEAD
 from .clock import now_ms
 from .context import RequestContext
 from .data_sync import DataSync
@@ -40,12 +40,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ottla.coordinator")
 
-_LOAD_CHUNK_BYTES = 1 << 20
+_BASE_AND_LENGTH = struct.Struct(">qi")
+_I32 = struct.Struct(">i")
+_LAST_OFFSET_DELTA = 23  # where a v2 batch header keeps last_offset_delta
 _REPLICATION_FACTOR = {OFFSETS_TOPIC: "offsets.topic.replication.factor",
                        TRANSACTION_STATE_TOPIC: "transaction.state.log.replication.factor"}
 
 
 class BrokerCoordinatorRuntime:
+    # Record-set size a load reads and replays between two yields to the event loop.
+    load_chunk_bytes = 256 * 1024
+
     def __init__(self, broker: "Broker"):
         self._broker = broker
         self._syncs: dict[str, DataSync] = {}
@@ -157,17 +162,33 @@ class BrokerCoordinatorRuntime:
             sync = self._syncs[topic] = DataSync(self._broker.logs, topic)
         sync.after_sync(partition, synced)
 
-    def read(self, topic: str, partition: int) -> Iterator[tuple[BatchHeader, list[Record]]]:
+    def read(self, topic: str, partition: int) -> Iterator[bytes]:
         partition_log = self._broker.logs.get_log(topic, partition)
         end = partition_log.log_end_offset
         offset = partition_log.log_start_offset
         while offset < end:
-            batches = list(iter_batches(partition_log.read(offset, _LOAD_CHUNK_BYTES, max_offset=end).records))
-            if not batches:
+            records = bytes(partition_log.read(offset, self.load_chunk_bytes, max_offset=end).records)
+            if not records:
                 return
-            for header, records in batches:
-                yield header, records
-                offset = header.last_offset + 1
+            yield records
+            offset = _next_offset(records)
+
+    def load(self, topic: str, partition: int, replay: Callable[[bytes], None],
+             on_loaded: Callable[[], None]) -> Callable[[], None]:
+        task = asyncio.get_running_loop().create_task(self._load(topic, partition, replay, on_loaded))
+        return task.cancel
+
+    async def _load(self, topic: str, partition: int, replay: Callable[[bytes], None],
+                    on_loaded: Callable[[], None]) -> None:
+        try:
+            for records in self.read(topic, partition):
+                replay(records)
+                await asyncio.sleep(0)
+            on_loaded()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loading %s-%d failed", topic, partition)
 
     def close(self, topic: str) -> None:
         sync = self._syncs.pop(topic, None)
@@ -219,6 +240,18 @@ class BrokerMarkerChannel:
             log.info("WriteTxnMarkers to broker %d failed: %s", leader.node_id, exc)
             error = ErrorCode.request_timed_out if isinstance(exc, RequestTimedOut) else ErrorCode.network_exception
             outcomes.update({(t, p): error for t, indexes in topics.items() for p in indexes})
+
+
+def _next_offset(records: bytes) -> int:
+    """The offset after the last batch of `records` (whole batches, as `Log.read` returns them)."""
+    position = last = 0
+    end = len(records)
+    unpack = _BASE_AND_LENGTH.unpack_from
+    while position < end:
+        last = position
+        position += unpack(records, position)[1] + LOG_OVERHEAD
+    base_offset = unpack(records, last)[0]
+    return base_offset + _I32.unpack_from(records, last + _LAST_OFFSET_DELTA)[0] + 1
 
 
 def _collect(outcomes: dict[TopicPartition, ErrorCode], response) -> None:

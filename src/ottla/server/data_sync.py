@@ -24,18 +24,20 @@ log = logging.getLogger("ottla.sync")
 OnSynced = Callable[[ErrorCode], None]
 
 
-def _fdatasync_all(fds: dict, name: Callable[[object], str]) -> dict:
-    """fdatasync and close each duplicated descriptor; runs in a worker thread. A failure
-    takes the log directory offline (ottla.durability: by default the broker halts)."""
+def _fdatasync_all(fds: dict[object, list[int]], name: Callable[[object], str]) -> dict:
+    """fdatasync and close each partition's duplicated descriptors; runs in a worker thread.
+    A failure takes the log directory offline (ottla.durability: by default the broker halts)."""
     errors = {}
-    for partition, fd in fds.items():
+    for partition, partition_fds in fds.items():
         try:
-            fdatasync(fd, name(partition))
+            for fd in partition_fds:
+                fdatasync(fd, name(partition))
         except OSError as exc:
             log.error("fdatasync of partition %s failed: %s", partition, exc)
             errors[partition] = ErrorCode.kafka_storage_error
         finally:
-            os.close(fd)
+            for fd in partition_fds:
+                os.close(fd)
     return errors
 
 
@@ -54,15 +56,15 @@ async def sync_partitions(logs: LogManager, partitions) -> dict[tuple[str, int],
     fds, errors = {}, {}
     for key in partitions:
         try:
-            fd = logs.get_log(*key).duplicate_data_fd()
+            duplicates = logs.get_log(*key).duplicate_data_fds()
         except KafkaError as exc:
             errors[key] = exc.code
         except OSError:
             log.exception("cannot sync %s-%d", *key)
             errors[key] = ErrorCode.kafka_storage_error
         else:
-            if fd is not None:
-                fds[key] = fd
+            if duplicates:
+                fds[key] = duplicates
     if fds:
         errors |= await asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, _pair_name)
     return errors
@@ -73,7 +75,8 @@ class DataSync:
 
     One round of syncs is in flight at a time; it works on duplicates of the active
     segments' descriptors, so a segment that rolls (and is closed) meanwhile cannot turn
-    the number into another file's. A roll fsyncs the old segment itself.
+    the number into another file's. A segment rolled whose own fsync is still queued in
+    the disk worker is synced by the round too (Log.duplicate_data_fds).
     """
 
     def __init__(self, logs: LogManager, topic: str):
@@ -94,19 +97,19 @@ class DataSync:
             # call_soon: every append of this turn of the loop joins the same round.
             asyncio.get_running_loop().call_soon(self._start_round)
 
-    def _duplicate_fds(self, partitions) -> tuple[dict[int, int], dict[int, ErrorCode]]:
+    def _duplicate_fds(self, partitions) -> tuple[dict[int, list[int]], dict[int, ErrorCode]]:
         fds, errors = {}, {}
         for partition in partitions:
             try:
-                fd = self._logs.get_log(self._topic, partition).duplicate_data_fd()
+                duplicates = self._logs.get_log(self._topic, partition).duplicate_data_fds()
             except KafkaError as exc:
                 errors[partition] = exc.code
             except OSError:
                 log.exception("cannot sync %s-%d", self._topic, partition)
                 errors[partition] = ErrorCode.kafka_storage_error
             else:
-                if fd is not None:
-                    fds[partition] = fd
+                if duplicates:
+                    fds[partition] = duplicates
         return fds, errors
 
     def _start_round(self) -> None:

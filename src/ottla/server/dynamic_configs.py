@@ -24,12 +24,14 @@ from ..cluster.store import NoSuchTopic, StoreError
 from ..config import ConfigError, coerce_dynamic, render, validate_topic_configs
 from ..errors import ErrorCode, KafkaError
 from ..producer_state._files import atomic_write
+from .clock import now_ms
 
 __all__ = ["DynamicConfigs"]
 
 log = logging.getLogger("ottla.config")
 
 _LOCAL_FILE = "dynamic-broker-configs.json"
+_CHANGE_EXPIRATION_MS = 15 * 60 * 1000  # Kafka's ZkNodeChangeNotificationListener.changeExpirationMs
 DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
 
 
@@ -137,6 +139,7 @@ class DynamicConfigs:
                 await self._reload_broker()
             names = {path[len("topics/"):] for path in entities if path.startswith("topics/")}
             await self._reload_topics(sorted(names & set(self.broker.logs.topics)))
+            await asyncio.to_thread(self.store.purge_config_changes, now_ms() - _CHANGE_EXPIRATION_MS)
 
     async def _reload_broker(self) -> None:
         per_broker = await asyncio.to_thread(self.store.broker_configs, self.broker.node_id)

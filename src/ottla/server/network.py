@@ -18,6 +18,7 @@ from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
+from ..log.file_records import FileRecords, RecordsGone
 from ..protocol.codec import (
     API_VERSIONS_KEY,
     FrameDecoder,
@@ -221,19 +222,30 @@ class Connection(asyncio.BufferedProtocol):
             return
         await self._send(chunks)
 
-    async def _send(self, chunks: list[bytes | bytearray | memoryview]):
+    async def _send(self, chunks: list):
         """Write a response a slice at a time, waiting for the transport to drain between slices.
 
         asyncio's transport (3.11) keeps what the socket did not take in one bytearray and cuts
         the sent part off its front after every send: a fetch response of tens of MB handed to
-        it whole is copied and moved again for every few hundred KB the socket takes.
+        it whole is copied and moved again for every few hundred KB the socket takes. Fetched
+        records kept in their file (FileRecords) are read a slice at a time, only once the
+        socket took the previous one, so an unread response holds one slice of memory.
         """
         for chunk in chunks:
-            view = memoryview(chunk)
+            in_file = isinstance(chunk, FileRecords)
+            view = chunk if in_file else memoryview(chunk)
             for start in range(0, len(view), _WRITE_SLICE_BYTES):
                 if self.closed or self.transport.is_closing():
                     return  # the peer is gone: connection_lost has only been scheduled yet
-                self.transport.write(view[start : start + _WRITE_SLICE_BYTES])
+                if in_file:
+                    try:
+                        piece = chunk.read(start, min(_WRITE_SLICE_BYTES, len(chunk) - start))
+                    except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
+                        self.close(f"response cut short: {exc}")
+                        return
+                else:
+                    piece = view[start : start + _WRITE_SLICE_BYTES]
+                self.transport.write(piece)
                 self.last_active = time.monotonic()
                 if not self.writable.is_set():
                     await self.writable.wait()

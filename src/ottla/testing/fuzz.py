@@ -3,7 +3,9 @@
 `valid_request(api_key, version, rng)` builds a request from kio's schema classes with small
 values (names from `names`, so some requests touch real topics and groups); `mutate`
 damages its bytes the way a hostile or broken client would (lying lengths and counts,
-varints, truncation, bit flips, unknown keys and versions, tagged-field garbage).
+varints, truncation, bit flips, unknown keys and versions, tagged-field garbage), and
+`fuzz_batches` damages the record batches inside otherwise valid Produce requests, whose
+only right answer is CORRUPT_MESSAGE or INVALID_RECORD.
 `run` drives a real broker with them from several connections at once, next to a
 bystander producer and consumer (`benchmarks/fuzz.py`, `tests/integration/test_fuzz.py`).
 """
@@ -28,6 +30,7 @@ from datetime import timedelta
 from kio.serial import entity_writer
 
 from ..protocol.schemas import request_schema
+from . import fuzz_batches
 
 _SIZE = struct.Struct(">i")
 
@@ -181,6 +184,8 @@ class FuzzReport:
     restarted_cleanly: bool = False
     seconds: float = 0.0
     kinds: Counter = field(default_factory=Counter)
+    batch_answers: Counter = field(default_factory=Counter)  # "count_over: CORRUPT_MESSAGE" -> count
+    wrong_batch_answers: list[str] = field(default_factory=list)  # hostile batches not refused as Kafka does
 
 
 def hostile_batches() -> tuple[bytes, ...]:
@@ -200,9 +205,12 @@ class _Prober:
         self.timeout_s = timeout_s
         self.sock: socket.socket | None = None
         self.probe_id = _PROBE_IDS
+        self.kept: bytes | None = None
 
-    def send(self, frame: bytes) -> str:
-        """"answered", "closed" or "silent"."""
+    def send(self, frame: bytes, keep: int | None = None) -> str:
+        """"answered", "closed" or "silent"; the response with correlation id `keep`, if any,
+        is left in `kept`."""
+        self.kept = None
         if self.sock is None:
             self.sock = socket.create_connection(self.address, timeout=self.timeout_s)
         self.probe_id += 1
@@ -215,6 +223,8 @@ class _Prober:
                     return self._drop("closed")
                 if len(response) >= 4 and _SIZE.unpack_from(response, 0)[0] == self.probe_id:
                     return "answered"
+                if keep is not None and len(response) >= 4 and _SIZE.unpack_from(response, 0)[0] == keep:
+                    self.kept = response
         except socket.timeout:
             return self._drop("silent")
         except (ConnectionError, OSError):
@@ -323,6 +333,53 @@ class _Bystander:
         return not self.failed and self.received == expected
 
 
+_HOSTILE_BATCH_SHARE = 0.1
+_BATCH_TOPIC = "hostile-batches"  # no fuzzed request names it, so none deletes it
+
+
+def _send_request(prober: _Prober, rng: random.Random, factory: RequestFactory, apis, correlation_id: int,
+                  report: FuzzReport, lock: threading.Lock) -> None:
+    """A valid request of any API and version, damaged three times out of four."""
+    api_key, version = rng.choice(apis)
+    frame = encode(factory.request(api_key, version), correlation_id)
+    kind = "valid"
+    if rng.random() < 0.75:
+        kind, frame = mutate(frame, rng)
+    outcome = prober.send(frame)
+    with lock:
+        report.frames += 1
+        report.kinds[kind] += 1
+        if outcome == "answered":
+            report.answered += 1
+        elif outcome == "closed":
+            report.closed += 1
+        else:
+            report.silent.append(frame.hex())
+
+
+def _send_hostile_batch(prober: _Prober, rng: random.Random, correlation_id: int, batches, versions,
+                        report: FuzzReport, lock: threading.Lock) -> None:
+    """A valid Produce of one damaged batch: the partition must be refused, the connection kept."""
+    kind, batch = fuzz_batches.mutate(rng.choice(batches), rng)
+    version = rng.choice(versions)
+    outcome = prober.send(encode(fuzz_batches.produce_request(batch, version, _BATCH_TOPIC), correlation_id),
+                          keep=correlation_id)
+    answer = "no answer" if prober.kept is None else fuzz_batches.partition_error(prober.kept, version).name
+    with lock:
+        report.frames += 1
+        report.kinds[f"batch:{kind}"] += 1
+        report.batch_answers[f"{kind}: {answer}"] += 1
+        if outcome == "answered":
+            report.answered += 1
+        elif outcome == "closed":
+            report.closed += 1
+        else:
+            report.silent.append(batch.hex())
+        if outcome != "answered" or answer not in {code.name for code in fuzz_batches.refused(kind)}:
+            report.wrong_batch_answers.append(f"Produce v{version} {kind}: {answer}, connection {outcome}, "
+                                              f"batch {batch.hex()}")
+
+
 def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0,
         config: dict | None = None, progress=None) -> FuzzReport:
     """Fuzz a fresh broker with `frames` requests; returns what happened (see FuzzReport)."""
@@ -334,7 +391,8 @@ def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0
     started = time.monotonic()
     with start_broker(config, log_level="info") as handle:
         admin = AdminClient({"bootstrap.servers": handle.bootstrap})
-        for future in admin.create_topics([NewTopic(BYSTANDER_TOPIC, 1, 1), NewTopic("fuzz", 2, 1)]).values():
+        for future in admin.create_topics([NewTopic(BYSTANDER_TOPIC, 1, 1), NewTopic("fuzz", 2, 1),
+                                                          NewTopic(_BATCH_TOPIC, 1, 1)]).values():
             future.result(60)
         del admin
         address = (handle.host, handle.port)
@@ -343,29 +401,20 @@ def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0
         lock = threading.Lock()
         counter = iter(range(frames))
         records = hostile_batches()
+        batches = fuzz_batches.valid_batches()
+        produce_versions = [v for k, v in apis if k == 0 and v in (3, 9)]
 
         def work(worker: int):
             rng = random.Random(seed * 1000 + worker)
             factory = RequestFactory(rng, names=("fuzz", "fuzz-2", "bystander-x", ""), records=records)
             prober = _Prober(address, timeout_s)
             for number in counter:
-                api_key, version = rng.choice(apis)
-                frame = encode(factory.request(api_key, version), number + 1)
-                kind = "valid"
-                if rng.random() < 0.75:
-                    kind, frame = mutate(frame, rng)
-                outcome = prober.send(frame)
-                with lock:
-                    report.frames += 1
-                    report.kinds[kind] += 1
-                    if outcome == "answered":
-                        report.answered += 1
-                    elif outcome == "closed":
-                        report.closed += 1
-                    else:
-                        report.silent.append(frame.hex())
-                    if progress and report.frames % 5000 == 0:
-                        progress(f"{report.frames} frames, {len(report.silent)} silent")
+                if rng.random() < _HOSTILE_BATCH_SHARE:
+                    _send_hostile_batch(prober, rng, number + 1, batches, produce_versions, report, lock)
+                else:
+                    _send_request(prober, rng, factory, apis, number + 1, report, lock)
+                if progress and number % 5000 == 0:
+                    progress(f"{report.frames} frames, {len(report.silent)} silent")
                 if not handle.running():
                     report.broker_died = True
                     return

@@ -58,8 +58,9 @@ class OffsetsStore(Protocol):
         once the batch is durable, or on_durable(error, -1) if it failed.
         """
 
-    def load(self, partition: int) -> Iterable[StoredRecord | StoredTxnMarker]:
-        """The partition's records and transaction markers in log order."""
+    def load(self, partition: int) -> Iterable[StoredRecord | StoredTxnMarker | bytes]:
+        """The partition in log order: records and transaction markers, or record sets of
+        whole batches as the log holds them (the broker's store)."""
 
 
 # --- requests and results ---------------------------------------------------------------

@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 
 from ...errors import ErrorCode
+from ...records.batch import CONTROL_BIT, TRANSACTIONAL_BIT
+from ...records.control import ABORT, COMMIT, control_type
+from ...records.scan import scan_batches
 from .api import JoinResult, StoredRecord, StoredTxnMarker, SyncResult
 from .core import CoordinatorCore
 from .group import Group, GroupState, Member, OffsetAndMetadata, TopicPartition
@@ -94,52 +97,107 @@ class Loading(CoordinatorCore):
 class PartitionLoader:
     """Replays one `__consumer_offsets` partition into groups, the way Kafka loads it.
 
+    Records are replayed by key, as bytes: a later record of a key replaces the earlier one
+    there and then, and only each key's last record is decoded, when the load finishes (a
+    commit storm writes the same few keys over and over). Record sets straight from the log
+    (`replay` of bytes) are walked without building an object per field.
     Transactional offset commits are held per producer until that producer's marker: a
     COMMIT applies them (unless a later record in the log overrode the offset), an ABORT
-    drops them, and what is still open at the end stays pending in the group.
+    drops them, and what is still open at the end stays pending in the group. A key whose
+    last record does not parse is skipped with one error line.
     """
 
     def __init__(self, coordinator: Loading, partition: int):
         self._coordinator = coordinator
         self.partition = partition
+        # key -> (log offset, value or None) of its last record
+        self._latest: dict[bytes, tuple[int, bytes | None]] = {}
+        self._staged: dict[int, dict[bytes, tuple[int, bytes]]] = {}  # producer id -> its open commits
         self.groups: dict[str, GroupMetadataValue | None] = {}
         self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         self.pending: dict[int, dict[str, dict[TopicPartition, OffsetAndMetadata]]] = {}
 
-    def replay(self, item: StoredRecord | StoredTxnMarker) -> None:
-        if isinstance(item, StoredTxnMarker):
-            staged = self.pending.pop(item.producer_id, {})
-            if item.commit:
-                for group_id, offsets in staged.items():
-                    current = self.offsets.setdefault(group_id, {})
-                    for tp, committed in offsets.items():
-                        if tp not in current or current[tp].older_than(committed):
-                            current[tp] = committed
-            return
-        try:
-            key = decode_key(item.key)
-            if isinstance(key, OffsetCommitKey):
-                self._replay_offset(key, item)
-            elif isinstance(key, GroupMetadataKey):
-                self.groups[key.group] = None if item.value is None else decode_group_metadata_value(item.value)
-        except (RecordFormatError, UnicodeDecodeError) as exc:
-            log.error("skipping unreadable record at offset %d of __consumer_offsets-%d: %s",
-                      item.offset, self.partition, exc)
-
-    def _replay_offset(self, key: OffsetCommitKey, item: StoredRecord) -> None:
-        tp = (key.topic, key.partition)
-        if item.producer_id >= 0:
-            offsets = self.pending.setdefault(item.producer_id, {}).setdefault(key.group, {})
+    def replay(self, item: StoredRecord | StoredTxnMarker | bytes) -> None:
+        """One record or marker, or a record set of whole batches as the log holds them."""
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            self._replay_record_set(bytes(item))
+        elif isinstance(item, StoredTxnMarker):
+            self._end_txn(item.producer_id, item.commit)
         else:
-            offsets = self.offsets.setdefault(key.group, {})
-        if item.value is None:
-            offsets.pop(tp, None)
-            return
-        value = decode_offset_commit_value(item.value)
-        offsets[tp] = OffsetAndMetadata(
-            value.offset, value.leader_epoch, value.metadata, value.commit_timestamp,
-            value.expire_timestamp if value.expire_timestamp >= 0 else None, item.offset,
-        )
+            self._replay_record(item.offset, item.key, item.value, item.producer_id)
+
+    def _replay_record_set(self, data: bytes) -> None:
+        latest = self._latest
+        for _, _, attributes, producer_id, records in scan_batches(data):
+            if attributes & CONTROL_BIT:
+                kind = control_type(records[0][1]) if records else None
+                if kind in (ABORT, COMMIT):
+                    self._end_txn(producer_id, kind == COMMIT)
+            elif attributes & TRANSACTIONAL_BIT:
+                for offset, key, value in records:
+                    if key is not None:
+                        self._replay_record(offset, key, value, producer_id)
+            else:
+                for offset, key, value in records:  # the hot loop of a load: plain commits
+                    if key is not None:
+                        latest[key] = (offset, value)
+
+    def _replay_record(self, offset: int, key: bytes, value: bytes | None, producer_id: int) -> None:
+        if producer_id >= 0 and _is_offset_commit_key(key):
+            staged = self._staged.setdefault(producer_id, {})
+            staged.pop(key, None)  # a staged tombstone just drops the staged commit
+            if value is not None:
+                staged[key] = (offset, value)
+        else:
+            self._latest[key] = (offset, value)
+
+    def _end_txn(self, producer_id: int, commit: bool) -> None:
+        staged = self._staged.pop(producer_id, {})
+        if commit:
+            latest = self._latest
+            for key, (offset, value) in staged.items():
+                current = latest.get(key)
+                if current is None or current[1] is None or current[0] < offset:
+                    latest[key] = (offset, value)
 
     def finish(self, now_ms: int) -> None:
+        # In log order, so two spellings of one key (OffsetCommitKey v0 and v1) end as the log says.
+        for key, (offset, value) in sorted(self._latest.items(), key=_log_order):
+            self._decode(key, offset, value, self.offsets)
+        for producer_id, staged in self._staged.items():
+            pending: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+            for key, (offset, value) in sorted(staged.items(), key=_log_order):
+                self._decode(key, offset, value, pending)
+            self.pending[producer_id] = pending
+        self._latest.clear()
+        self._staged.clear()
         self._coordinator._install(self, now_ms)
+
+    def _decode(self, key: bytes, offset: int, value: bytes | None,
+                offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]]) -> None:
+        try:
+            decoded = decode_key(key)
+            if isinstance(decoded, OffsetCommitKey):
+                group_offsets = offsets.setdefault(decoded.group, {})
+                tp = (decoded.topic, decoded.partition)
+                if value is None:
+                    group_offsets.pop(tp, None)
+                    return
+                commit = decode_offset_commit_value(value)
+                group_offsets[tp] = OffsetAndMetadata(
+                    commit.offset, commit.leader_epoch, commit.metadata, commit.commit_timestamp,
+                    commit.expire_timestamp if commit.expire_timestamp >= 0 else None, offset,
+                )
+            elif isinstance(decoded, GroupMetadataKey):
+                self.groups[decoded.group] = None if value is None else decode_group_metadata_value(value)
+        except (RecordFormatError, UnicodeDecodeError) as exc:
+            log.error("skipping unreadable record at offset %d of __consumer_offsets-%d: %s",
+                      offset, self.partition, exc)
+
+
+def _log_order(item: tuple[bytes, tuple[int, bytes | None]]) -> int:
+    return item[1][0]
+
+
+def _is_offset_commit_key(key: bytes) -> bool:
+    return len(key) >= 2 and key[0] == 0 and key[1] in (0, 1)

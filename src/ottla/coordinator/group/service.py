@@ -14,10 +14,9 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from ...records.control import ABORT, COMMIT, control_type
 from ...records.records import Record, build_batch
 from ..runtime import CoordinatorRuntime
-from .api import OnDurable, StoredRecord, StoredTxnMarker
+from .api import OnDurable
 from .coordinator import GroupCoordinator
 from .records import OFFSETS_TOPIC
 
@@ -39,21 +38,9 @@ class OffsetsLogStore:
                             producer_epoch=producer_epoch, is_transactional=producer_id >= 0, now_ms=now)
         self._runtime.append(OFFSETS_TOPIC, partition, batch, on_durable)
 
-    def load(self, partition: int) -> Iterator[StoredRecord | StoredTxnMarker]:
-        for header, records in self._runtime.read(OFFSETS_TOPIC, partition):
-            if header.is_control:
-                kind = control_type(records[0].key) if records else None
-                if kind in (ABORT, COMMIT):
-                    yield StoredTxnMarker(header.base_offset, header.producer_id, kind == COMMIT)
-            else:
-                producer_id = header.producer_id if header.is_transactional else -1
-                for record in records:
-                    if record.key is not None:
-                        yield StoredRecord(record.offset, record.key, record.value, producer_id)
-
-
-# Records replayed between two yields to the event loop while a partition loads.
-_LOAD_STEP = 1000
+    def load(self, partition: int) -> Iterator[bytes]:
+        """The partition's record sets as the log holds them; the loader walks the batches."""
+        return self._runtime.read(OFFSETS_TOPIC, partition)
 
 
 class GroupService:
@@ -71,7 +58,7 @@ class GroupService:
         self._timer: asyncio.TimerHandle | None = None
         self._armed_for: int | None = None
         self._loaded: set[int] = set()
-        self._loads: dict[int, asyncio.Task] = {}
+        self._loads: dict[int, Callable[[], None]] = {}  # partition -> cancels its load
 
     async def start(self) -> None:
         config = self._config
@@ -114,30 +101,22 @@ class GroupService:
         if self._loop is None:
             self.coordinator.load_partition(partition, self._clock())
             return
-        # In steps, yielding to the event loop between them, so a long partition does not stall
-        # the broker; its groups answer COORDINATOR_LOAD_IN_PROGRESS until the load finishes.
-        self._loads[partition] = self._loop.create_task(self._load(partition, self.coordinator.begin_load(partition)))
+        # In steps, through the runtime, so a long partition does not stall the broker; its
+        # groups answer COORDINATOR_LOAD_IN_PROGRESS until the load finishes.
+        loader = self.coordinator.begin_load(partition)
 
-    async def _load(self, partition: int, loader) -> None:
-        try:
-            for count, item in enumerate(self.coordinator.store.load(partition), 1):
-                loader.replay(item)
-                if count % _LOAD_STEP == 0:
-                    await asyncio.sleep(0)
-            loader.finish(self._clock())
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("loading %s-%d failed", OFFSETS_TOPIC, partition)
-        finally:
+        def loaded() -> None:
             self._loads.pop(partition, None)
+            loader.finish(self._clock())
+
+        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded)
 
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:
             self._loaded.discard(partition)
-            load = self._loads.pop(partition, None)
-            if load is not None:
-                load.cancel()  # unload_partition drops what it replayed so far
+            cancel = self._loads.pop(partition, None)
+            if cancel is not None:
+                cancel()  # unload_partition drops what it replayed so far
             self.coordinator.unload_partition(partition, self._clock())
 
     def complete_txn(self, producer_id: int, commit: bool, partitions: Iterable[int]) -> None:

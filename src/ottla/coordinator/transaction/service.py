@@ -16,7 +16,9 @@ import signal
 from typing import Any, Callable, Mapping
 
 from ...errors import DataDirError, ErrorCode
+from ...records.batch import CONTROL_BIT
 from ...records.records import Record, build_batch
+from ...records.scan import scan_batches
 from ..runtime import CoordinatorRuntime, MarkerChannel
 from .coordinator import Records, TransactionCoordinator
 from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition
@@ -47,6 +49,7 @@ class TransactionLogStore:
     def __init__(self, runtime: CoordinatorRuntime, clock: Callable[[], int]):
         self._runtime = runtime
         self._clock = clock
+        self._loads: dict[int, Callable[[], None]] = {}  # partition -> cancels its load
 
     def append(self, partition: int, key: bytes, value: bytes | None,
                on_durable: Callable[[ErrorCode], None]) -> None:
@@ -55,8 +58,30 @@ class TransactionLogStore:
         self._runtime.append(TRANSACTION_STATE_TOPIC, partition, batch, lambda error, _offset: on_durable(error))
 
     def load(self, partition: int, on_loaded: Callable[[Records], None]) -> None:
-        on_loaded([(r.key, r.value) for header, batch_records in self._runtime.read(TRANSACTION_STATE_TOPIC, partition)
-                   if not header.is_control for r in batch_records if r.key is not None])
+        """Through the runtime, in steps (requests meanwhile get COORDINATOR_LOAD_IN_PROGRESS):
+        only each key's last record is kept, as bytes, and handed over at the end. A load
+        still running for the partition (an earlier leader epoch) is cancelled."""
+        self.cancel_load(partition)
+        latest: dict[bytes, bytes | None] = {}
+
+        def replay(records: bytes) -> None:
+            for _, _, attributes, _, batch in scan_batches(records):
+                if not attributes & CONTROL_BIT:
+                    for _, key, value in batch:
+                        if key is not None:
+                            latest.pop(key, None)  # keeps the keys in the order of their last record
+                            latest[key] = value
+
+        def loaded() -> None:
+            self._loads.pop(partition, None)
+            on_loaded(list(latest.items()))
+
+        self._loads[partition] = self._runtime.load(TRANSACTION_STATE_TOPIC, partition, replay, loaded)
+
+    def cancel_load(self, partition: int) -> None:
+        cancel = self._loads.pop(partition, None)
+        if cancel is not None:
+            cancel()
 
 
 class MarkerSender:
@@ -120,8 +145,8 @@ class TransactionService:
         self._config = config
         self._clock = clock
         self.markers = MarkerSender(channel, runtime, _failpoints())
-        self.coordinator = TransactionCoordinator(config, TransactionLogStore(runtime, clock), self.markers,
-                                                  next_producer_id)
+        self._store = TransactionLogStore(runtime, clock)
+        self.coordinator = TransactionCoordinator(config, self._store, self.markers, next_producer_id)
         self._timer: asyncio.Task | None = None
         self._loaded: set[int] = set()
 
@@ -148,6 +173,7 @@ class TransactionService:
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:
             self._loaded.discard(partition)
+            self._store.cancel_load(partition)
             self.coordinator.unload_partition(partition)
 
     async def _run_timer(self) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ...durability import fsync, on_fsync_failure
 from ...records.batch import HEADER_SIZE, BatchHeader, read_header
 from ...records.control import parse_control_batch
 from ..index import OffsetIndex, TimeIndex
@@ -254,7 +255,7 @@ class _GroupWriter:
                     position += len(out)
             if max_ts[0] >= 0:
                 time_index.maybe_append(*max_ts)
-            os.fsync(fd)
+            fsync(fd, log_path)
         finally:
             os.close(fd)
             offset_index.close()
@@ -280,7 +281,7 @@ def _write_fsynced(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        fsync(fd, path)
     finally:
         os.close(fd)
 
@@ -311,12 +312,18 @@ _PR_SET_PDEATHSIG = 1
 _WORKER_NICENESS = 10
 
 
+def _report_to_broker(path: str, exc: OSError) -> None:
+    """A failed fsync in the worker raises LogDirOffline, which goes back to the broker
+    (durability.failed_elsewhere): the broker, not the worker, must go offline."""
+
+
 def init_worker() -> None:
     """Set up a cleaner worker process. The worker dies with a broker killed with -9, or it could
     go on writing `.cleaned` files next to the restarted broker's (Linux prctl); and it runs
     at a lower CPU priority, so on a busy machine produce and fetch get the CPU first."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.nice(_WORKER_NICENESS)
+    on_fsync_failure(_report_to_broker)
 
 
 def run_in_worker(sender, task: CleanTask, map_memory: int, load_factor: float, io_bytes_per_second: float) -> None:

@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from ...durability import LogDirOffline, failed_elsewhere
 from ..manager import read_offset_checkpoint, write_offset_checkpoint
 from ..txn_index import AbortedTxn
 from .clean import (
@@ -269,6 +270,8 @@ class LogCleaner:
             worker.join()
             receiver.close()
         if not succeeded:
+            if isinstance(outcome, LogDirOffline):  # as if this process's own fsync had failed
+                failed_elsewhere(outcome)
             raise outcome
         return outcome
 

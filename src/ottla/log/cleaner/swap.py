@@ -26,6 +26,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from ...durability import fsync
 from ...records.batch import HEADER_SIZE, read_header
 from ..segment import segment_name
 from .clean import CLEANED, RANGE, CleanedGroup, CleaningAborted
@@ -57,7 +58,7 @@ def crash_at(name: str, failpoints: frozenset[str]) -> None:
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync(fd, directory)
     finally:
         os.close(fd)
 
@@ -90,7 +91,7 @@ def commit_swap(log_: "Log", expected: dict[int, "LogSegment"], groups: list[Cle
     leftovers = []
     for group in groups:
         for base in group.replaced:
-            expected[base].release()
+            expected[base].retire()
             name = segment_name(base)
             for ext in _SEGMENT_FILES:
                 target = directory / f"{name}{ext}{DELETED}"

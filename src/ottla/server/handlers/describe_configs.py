@@ -1,8 +1,10 @@
 """DescribeConfigs for topics and the broker, with Kafka's config sources and synonyms.
 
 The broker lists every config it has, the static ones fixed at start (listeners, log dirs)
-included; with include_synonyms each entry carries where its value could come from, most
-specific first, as Kafka reports them (topic override, static broker config, default).
+included; "" (the cluster default) lists the dynamic defaults only. With include_synonyms each
+entry carries where its value could come from, most specific first, as Kafka reports them
+(topic override, dynamic per-broker, dynamic default, static broker config, default). In a
+cluster a topic's configs are read from the store, so any broker answers for any topic.
 
 A resource named several times with the same keys is answered once (clients match results
 by resource): one 350 KB request naming the broker 50,000 times would otherwise build a

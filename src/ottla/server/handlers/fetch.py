@@ -6,7 +6,9 @@ cache is full: session id 0, so clients keep sending full fetch requests.
 As in Kafka, the partitions asked for become a map (a partition named twice is read once,
 with the last entry's offset and size, in the place of its first mention), and the
 response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
-batch that must always be returned.
+batch that must always be returned. Large record sets stay in the segment file until the
+socket takes them (`log/file_records.py`), so a consumer that does not read costs one write
+slice, not its whole response.
 
 A Fetch with `replica_id` >= 0 comes from a follower (up to v12 the id is a top-level field;
 v15 moved it into `replica_state`, which Ottla does not serve yet): it reads up to the
@@ -107,6 +109,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                                     else stable if read_committed else high_watermark),
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
+                        lazy=ctx.api_version >= 4,  # older versions are down-converted in memory
                     )
                     records = data.records
                     if ctx.api_version < 4:

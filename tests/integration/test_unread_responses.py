@@ -1,0 +1,123 @@
+"""Consumers that never read their responses (issue 11, load test): 200 of them held 1.6 GB
+when every Fetch response was read into memory whole. A connection handles one request at a
+time, and fetched records stay in the segment file until the socket takes them, so each
+unread response holds at most one write slice in the broker."""
+
+import fcntl
+import socket
+import struct
+import termios
+from datetime import timedelta
+
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+from ottla.server.network import _WRITE_SLICE_BYTES
+from tests.waiting import wait_for
+from tests.wire import decode_response, encode_request, read_frame, roundtrip
+
+TOPIC = "unread"
+CONSUMERS = 200
+BATCHES = 40  # of ~100 KB: a 4 MB log, every byte of it in each consumer's response
+# What one unread response may hold in the broker: one slice read from the file, what the
+# transport keeps before pausing (its 64 KiB high-water mark plus the last slice written)
+# and the frame's small fields; rounded up to 1 MiB for allocator slack.
+PER_CONNECTION_BOUND = max(1 << 20, 3 * _WRITE_SLICE_BYTES)
+
+
+def _rss(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")
+
+
+def _batch(i: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 22)
+    for r in range(100):
+        builder.append(r, timestamp=None, key=None, value=bytes([i % 256, r % 256]) * 500, headers=[])
+    return bytes(builder.build())
+
+
+def _fetch_request(max_bytes: int = 2**31 - 1) -> FetchRequest:
+    return FetchRequest(max_wait=timedelta(0), min_bytes=0, max_bytes=max_bytes, topics=(
+        FetchTopic(topic=TOPIC, partitions=(
+            FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=max_bytes),)),),
+        forgotten_topics_data=())
+
+
+def _records(frame: bytes) -> bytes:
+    _, response = decode_response(frame, 1, 11)
+    partition = response.responses[0].partitions[0]
+    assert partition.error_code == ErrorCode.none
+    return partition.records
+
+
+def _batches(records: bytes):
+    reader = MemoryRecords(records)
+    while (batch := reader.next_batch()) is not None:
+        yield list(batch)
+
+
+def _unread_bytes(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw_connection):
+    broker = ottla_broker_factory()
+    host, _, port = broker.bootstrap.rpartition(":")
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    producer = raw_connection(broker.bootstrap, timeout=60)
+    for i in range(BATCHES):
+        _, response = roundtrip(producer, ProduceRequest(transactional_id=None, acks=-1, timeout=timedelta(seconds=30),
+                                topic_data=(TopicProduceData(name=TOPIC, partition_data=(
+                                    PartitionProduceData(index=0, records=_batch(i)),)),)))
+        assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
+    log_bytes = BATCHES * len(_batch(0))
+    before = _rss(broker.pid, "VmRSS")
+
+    requests = b"".join(encode_request(_fetch_request(), correlation_id=c) for c in range(5))
+    stuck = []
+    for _ in range(CONSUMERS):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(requests)  # five pipelined Fetches of everything, never read
+        stuck.append(sock)
+    try:
+        # Every stuck consumer has the start of its first response waiting in its socket:
+        # the broker has built all 200 responses and is blocked writing them.
+        wait_for(lambda: all(_unread_bytes(sock) > 0 for sock in stuck), timeout=300,
+                 what="the broker writing to every stuck consumer")
+        # Another client is still answered, and gets the whole log byte for byte.
+        bystander = raw_connection(broker.bootstrap, timeout=120)
+        _, versions = roundtrip(bystander, ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+        assert versions.error_code == ErrorCode.none
+        bystander.sendall(encode_request(_fetch_request(), correlation_id=7))
+        fetched = _records(read_frame(bystander))
+        assert len(fetched) == log_bytes
+        values = [record.value for batch in _batches(fetched) for record in batch]
+        assert values == [bytes([i % 256, r % 256]) * 500 for i in range(BATCHES) for r in range(100)]
+
+        grown = _rss(broker.pid, "VmHWM") - before
+        bound = CONSUMERS * PER_CONNECTION_BOUND
+        assert grown < bound, (f"{CONSUMERS} unread responses of {log_bytes >> 20} MiB took {grown >> 20} MiB "
+                               f"(bound {bound >> 20} MiB)")
+
+        # A stuck consumer that starts reading gets its five responses whole and exact.
+        late = stuck[0]
+        late.settimeout(120)
+        for _ in range(5):
+            assert _records(read_frame(late)) == fetched
+    finally:
+        for sock in stuck:
+            sock.close()
+    assert broker.running()

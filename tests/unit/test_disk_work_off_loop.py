@@ -1,0 +1,83 @@
+"""Slow disk work stays off the event loop (issue 11): the fsyncs of a rolled segment and of
+its producer snapshot, the offset checkpoints and the removal of a deleted topic's files run
+in the log layer's disk worker, so they cannot stall every client. In process: a real
+broker on real files; os.fsync and shutil.rmtree are observed, not replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+
+from ottla.config import BrokerConfig
+from ottla.records.records import Record, build_batch
+from ottla.server.broker import Broker
+from ottla.server.clock import now_ms
+
+
+def _observe(monkeypatch, loop_thread: int, seen: list[str]) -> None:
+    """Record what the loop's thread syncs (the file's path) or removes; then do it."""
+    def wrap(real, what):
+        def call(target, *args, **kwargs):
+            if threading.get_ident() == loop_thread:
+                seen.append(f"{what} {os.readlink(f'/proc/self/fd/{target}') if what != 'rmtree' else target}")
+            return real(target, *args, **kwargs)
+        return call
+    monkeypatch.setattr(os, "fsync", wrap(os.fsync, "fsync"))
+    monkeypatch.setattr(os, "fdatasync", wrap(os.fdatasync, "fdatasync"))
+    monkeypatch.setattr(shutil, "rmtree", wrap(shutil.rmtree, "rmtree"))
+
+
+def test_rolls_checkpoints_and_topic_deletion_leave_their_disk_work_to_the_worker(tmp_path, monkeypatch):
+    seen: list[str] = []
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}))
+        try:
+            broker.create_topic("t", 1, {"segment.bytes": 600})
+            _observe(monkeypatch, threading.get_ident(), seen)
+            for seq in range(40):  # an idempotent producer: each roll snapshots its state
+                broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                                  producer_epoch=0, base_sequence=seq), now_ms=now_ms())
+            log = broker.logs.get_log("t", 0)
+            assert len(log.segments) > 10
+            broker.logs.checkpoint()
+            data_dir = log.directory
+            broker.delete_topic("t")
+            assert not data_dir.exists()  # renamed away at once; removed by the worker
+            await asyncio.to_thread(broker.logs.disk_worker.drain)
+            assert not [p for p in tmp_path.iterdir() if p.name.startswith("t-0")]
+            assert (tmp_path / "recovery-point-offset-checkpoint").exists()
+        finally:
+            monkeypatch.undo()
+            broker.logs.close()
+            broker.release_data_dir()
+
+    asyncio.run(scenario())
+    seen = [what.replace(str(tmp_path), "DATA") for what in seen]
+    on_partition_files = [what for what in seen if "DATA/t-0" in what or "-checkpoint" in what or "rmtree" in what]
+    # The deletion's commit point (the topic file's removal, fsynced directory) stays synchronous.
+    assert on_partition_files == [], on_partition_files[:10]
+
+
+def test_the_recovery_point_moves_once_a_rolls_fsync_is_done(tmp_path):
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}))
+        try:
+            broker.create_topic("t", 1, {"segment.bytes": 600})
+            held = threading.Event()
+            broker.logs.disk_worker.submit("holding the worker", lambda: held.wait(60))
+            for _ in range(10):
+                broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())]), now_ms=now_ms())
+            log = broker.logs.get_log("t", 0)
+            rolled_to = log.segments[-1].base_offset
+            assert rolled_to > 0 and log.recovery_point == 0  # nothing fsynced yet
+            held.set()
+            await asyncio.to_thread(broker.logs.disk_worker.drain)
+            assert log.recovery_point == rolled_to
+        finally:
+            broker.logs.close()
+            broker.release_data_dir()
+
+    asyncio.run(scenario())

@@ -1,0 +1,69 @@
+"""`scan_batches`, the lean walk the coordinators load with, reads what `iter_batches` reads
+(offset, key, value; batch offsets, attributes, producer id) and refuses what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ottla.errors import ErrorCode, KafkaError
+from ottla.records.batch import HEADER_SIZE
+from ottla.records.records import Record, build_batch, iter_batches
+from ottla.records.scan import scan_batches
+
+_record = st.tuples(st.one_of(st.none(), st.binary(max_size=80), st.binary(min_size=200, max_size=400)),
+                    st.one_of(st.none(), st.binary(max_size=10), st.binary(min_size=60, max_size=3000)),
+                    st.lists(st.tuples(st.text(max_size=3), st.one_of(st.none(), st.binary(max_size=5))), max_size=2))
+_batch = st.tuples(st.lists(_record, min_size=1, max_size=20), st.sampled_from(["uncompressed", "gzip", "zstd"]),
+                   st.booleans(), st.integers(-1, 1 << 40))
+
+
+def _record_set(batches) -> bytes:
+    out, offset = b"", 0
+    for records, codec, transactional, producer_id in batches:
+        out += build_batch([Record(k, v, tuple(h), 1_000 + i * 1_000_003) for i, (k, v, h) in enumerate(records)],
+                           base_offset=offset, compression=codec, is_transactional=transactional,
+                           producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1)
+        offset += len(records) + 3
+    return out
+
+
+def _decoded(data: bytes):
+    return [(h.base_offset, h.last_offset, h.attributes, h.producer_id, [(r.offset, r.key, r.value) for r in records])
+            for h, records in iter_batches(data)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_batch, min_size=1, max_size=6), st.integers(0, 200))
+def test_scan_reads_what_iter_batches_reads(batches, torn):
+    data = _record_set(batches)
+    assert list(scan_batches(data)) == _decoded(data)
+    # A torn tail (a log read cut mid-batch) is ignored by both.
+    cut = data[:max(len(data) - torn, 0)]
+    assert list(scan_batches(cut)) == _decoded(cut)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=8), st.data())
+def test_a_malformed_record_is_corrupt_message_for_both(records, data):
+    batch = bytearray(_record_set([(records, "uncompressed", False, -1)]))
+    position = data.draw(st.integers(HEADER_SIZE, len(batch) - 1))
+    batch[position] = data.draw(st.integers(0, 255))
+    try:
+        expected = _decoded(bytes(batch))
+    except KafkaError as exc:
+        assert exc.code == ErrorCode.corrupt_message
+        with pytest.raises(KafkaError) as refused:
+            list(scan_batches(bytes(batch)))
+        assert refused.value.code == ErrorCode.corrupt_message
+    else:
+        assert list(scan_batches(bytes(batch))) == expected
+
+
+def test_a_record_past_its_batch_is_corrupt_message():
+    batch = bytearray(build_batch([Record(b"k", b"v" * 10, (), 1)]))
+    batch[HEADER_SIZE] = 0x7E  # record length 63: past the end of the batch
+    with pytest.raises(KafkaError) as refused:
+        list(scan_batches(bytes(batch)))
+    assert refused.value.code == ErrorCode.corrupt_message
