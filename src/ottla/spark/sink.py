@@ -146,14 +146,19 @@ def _write_at_least_once(batches: Iterator, options: WriteOptions) -> TaskResult
     producer, failures = _idempotent_producer(options)
     failures.clear()
     count = 0
-    for batch in _rows(batches):
-        _produce_batch(producer, batch, options.topic)
-        count += batch.num_rows
-    remaining = producer.flush(options.timeout_s)
-    if failures or remaining:
+    try:
+        for batch in _rows(batches):
+            _produce_batch(producer, batch, options.topic)
+            count += batch.num_rows
+        remaining = producer.flush(options.timeout_s)
+        if failures or remaining:
+            raise RuntimeError(f"{len(failures)} record(s) failed, {remaining} unacknowledged; first: "
+                               f"{failures[:1]}")
+    except BaseException:
+        # A failed task's producer is not reused: what it still holds must not go out with the next task.
         del _IDEMPOTENT[tuple(sorted(options.client.items()))]
-        raise RuntimeError(f"{len(failures)} record(s) failed, {remaining} unacknowledged; first: "
-                           f"{failures[:1]}")
+        producer.purge()
+        raise
     return TaskResult(TaskContext.get().partitionId(), count)
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _ROWS_PER_ARROW_BATCH = 4096
 _METADATA_TIMEOUT_S = 30.0
+_CONSUME_TIMEOUT_S = 0.05
 _CONSUMERS: dict[tuple, Consumer] = {}  # kept by a Python worker between tasks, by client config
 
 
@@ -158,9 +159,11 @@ def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> It
         while position < rng.end:
             before = position
             # Ask for no more than the range still holds: consume() returns as soon as it has that many.
+            # It has fewer when markers or aborted records fill the range's end: then it returns at the
+            # timeout, and the position says the range is done, so the timeout is short.
             wanted = min(_ROWS_PER_ARROW_BATCH, rng.end - position)
             records = []
-            for msg in consumer.consume(num_messages=wanted, timeout=0.5):
+            for msg in consumer.consume(num_messages=wanted, timeout=_CONSUME_TIMEOUT_S):
                 error = msg.error()
                 if error is None:
                     records.append(msg)
