@@ -12,6 +12,7 @@ from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
 
 from tests.pagecache import resident_bytes
+from tests.waiting import wait_for
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -123,7 +124,11 @@ def test_list_offsets_by_timestamp_and_describe_and_delete(ottla_broker):
 
     admin.delete_topics([topic])[topic].result(10)
     assert topic not in admin.list_topics(timeout=10).topics
-    assert not any(p.name.startswith(f"{topic}-") for p in ottla_broker.data_dir.iterdir())
+    # The partition directories go at once (renamed `<name>.<id>-delete`, as Kafka does), and
+    # the renamed ones soon after, in the disk worker.
+    leftovers = lambda: [p.name for p in ottla_broker.data_dir.iterdir() if p.name.startswith(f"{topic}-")]  # noqa: E731
+    assert all(name.endswith("-delete") for name in leftovers())
+    wait_for(lambda: not leftovers(), what="the deleted partitions' directories to be removed")
 
 
 def test_alter_configs_both_forms_answer_each_resource(ottla_broker):
