@@ -212,6 +212,8 @@ def _decode_records(data: bytes, header: BatchHeader) -> list[Record]:
         key, position = _decode_bytes(data, position)
         value, position = _decode_bytes(data, position)
         header_count, position = decode_varint(data, position)
+        if header_count < 0:  # Kafka: "Found invalid number of record headers"
+            raise ValueError("negative header count")
         headers = []
         for _ in range(header_count):
             name, position = _decode_bytes(data, position)
