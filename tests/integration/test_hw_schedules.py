@@ -63,8 +63,9 @@ def isr_full(bootstrap: str) -> bool:
 
 
 def produce(bootstrap: str, value: bytes) -> int:
-    """One acks=all record; returns its offset once acknowledged."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+    """One acks=all record; returns its offset once acknowledged (idempotent, so a retry
+    after a leader change cannot write it twice)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 0, "message.timeout.ms": 60000})
     outcome = []
     producer.produce(TOPIC, value, partition=0, on_delivery=lambda err, msg: outcome.append((err, msg.offset())))
