@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..log import Log
     from ..segment import LogSegment
 
-__all__ = ["FAILPOINTS", "commit_swap", "crash_at", "recover_swaps", "remove_files"]
+__all__ = ["FAILPOINTS", "commit_swap", "recover_swaps", "remove_files"]
 
 log = logging.getLogger(__name__)
 
