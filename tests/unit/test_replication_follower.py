@@ -67,6 +67,20 @@ def test_fetch_response_sets_the_followers_high_watermark_and_log_start(tmp_path
     assert (follower_log.high_watermark, follower_log.log_start_offset) == (3, 2)  # the leader's, as Kafka
 
 
+def test_the_failpoint_hook_runs_between_the_append_and_a_higher_hw(tmp_path):
+    """Seed 001's follower crash point: records appended, the HW the answer carries not yet
+    taken; an answer that does not raise the HW passes it by."""
+    leader = log_with(tmp_path / "l", [0] * 2)
+    follower_log = Log(tmp_path / "f", config())
+    seen = []
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=0, before_high_watermark_moves=lambda: seen.append(
+        (follower_log.log_end_offset, follower_log.high_watermark)))
+    state.on_fetch_response(ErrorCode.none, bytes(leader.read(0, 1 << 20, max_offset=2).records), 0, 0, now_ms=0)
+    assert seen == [] and follower_log.log_end_offset == 2  # HW 0 in the answer that brought the records
+    state.on_fetch_response(ErrorCode.none, b"", 2, 0, now_ms=0)
+    assert seen == [(2, 0)] and follower_log.high_watermark == 2
+
+
 def test_fenced_and_unknown_leader_epochs(tmp_path):
     follower_log = log_with(tmp_path / "f", [0])
     state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=2, backoff_ms=1_000)
