@@ -7,6 +7,7 @@ from ottla.errors import ErrorCode, KafkaError
 from ottla.log import Log
 from ottla.replication.epochs import check_current_leader_epoch, diverging_epoch, epoch_end_offset
 from ottla.replication.follower import FetchPhase, FollowerFetchState, Truncation, truncation_for
+from ottla.replication.leader import become_leader
 from tests.unit.test_log import batch, config
 
 
@@ -130,3 +131,20 @@ def test_a_diverging_epoch_answer_truncates_the_follower(tmp_path):
     assert state.on_diverging_epoch(found.leader_epoch, found.end_offset, now_ms=0) == Truncation(8, True)
     assert state.phase is FetchPhase.FETCHING and follower_log.log_end_offset == 8
     assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+
+
+def test_a_former_leader_drops_the_epoch_it_never_wrote_in(tmp_path):
+    """Back-to-back elections: B led epoch 3 without writing (its cache says epoch 3 starts at
+    its log end), then A led epoch 4. B's epoch 3 must go when it truncates to where epoch 1
+    ends on A, which is its own log end (Kafka truncates the epoch cache even when the log
+    has nothing past the point, KAFKA-7415): else every Fetch names epoch 3 and gets the same
+    diverging-epoch answer again, and B never fetches anything."""
+    leader = log_with(tmp_path / "a", [0, 1])
+    become_leader(leader, 4)
+    follower_log = log_with(tmp_path / "b", [0, 1])
+    become_leader(follower_log, 3)
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=4)
+    assert ask(state, leader, 4) == Truncation(2, True)
+    assert state.phase is FetchPhase.FETCHING and state.latest_epoch() == 1
+    assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+    assert follower_log.leader_epoch_cache.entries == [(0, 0), (1, 1)]
