@@ -132,9 +132,10 @@ class _Fetcher:
             if not ready:
                 delays = [s.delayed_until_ms - now for s in self.states.values() if s.phase is not FetchPhase.FENCED]
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), max(min(delays), 1) / 1000 if delays else None)
-                except asyncio.TimeoutError:
+                try:  # not wait_for: it can lose the cancellation that stops this task
+                    async with asyncio.timeout(max(min(delays), 1) / 1000 if delays else None):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
                 continue
             endpoint = self._manager.endpoint(self.source_id)
