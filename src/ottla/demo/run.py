@@ -6,9 +6,9 @@
    writes the result exactly-once to `payments-enriched`;
 4. part-way through, the query is killed with SIGKILL (driver, JVM and Python workers) in the middle of
    a micro-batch and restarted from its checkpoint; later the broker is killed with SIGKILL and
-   restarted on the same port, and any query that fails because of it is restarted too;
-   With `--brokers N` (N >= 3) the demo runs on ZooKeeper and N brokers with replication factor 3
-   instead, and the broker it kills is the leader of an input partition (`brokers.py`);
+   restarted on the same port, and any query that fails because of it is restarted too. With
+   `--brokers N` (N >= 3) the demo runs on ZooKeeper and N brokers with replication factor 3 instead,
+   and the broker it kills is the leader of an input partition (`brokers.py`);
 5. the verifier reads both topics with plain read_committed consumers and compares the output with the
    enrichment it computes itself. Exit status 0 only if the output is exact.
 """
