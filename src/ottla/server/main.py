@@ -13,7 +13,7 @@ from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
 from ..config import BrokerConfig, ConfigError, report_not_applied_broker_configs
 from .broker import Broker
-from .loop_lag import LoopLag
+from .loop_lag import LoopLag, steps_summary
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -114,6 +114,7 @@ def run(args) -> int:
         probe.cancel()
         logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms, worst CPU between two wake-ups %.0f ms",
                                              lag.worst_ms, lag.worst_cpu_ms)
+        logging.getLogger("ottla.loop").info("event loop: longest single steps: %s", steps_summary())
 
     try:
         asyncio.run(main())
