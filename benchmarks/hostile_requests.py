@@ -75,8 +75,10 @@ def main() -> int:
         handle.stop()
         lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", handle.read_stderr())
         rows.append(("broker's worst event-loop lag over the run: wall / own CPU (ms)", " / ".join(lag[-1])))
-        steps = re.findall(r"event loop: longest single steps: (.*)", handle.read_stderr())
-        rows.append(("longest single steps, by request (broker CPU)", steps[-1]))
+        steps = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)",
+                           handle.read_stderr())
+        rows.append(("longest single steps, by request (broker CPU)", steps[-1][0]))
+        rows.append(("longest garbage collections", steps[-1][1]))
         handle.start()
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -52,9 +52,10 @@ def _delete(names):
         make(nested(request_schema(20, 6), "DeleteTopicState"), name=n, topic_id=None) for n in names))
 
 
-def _steps(text: str) -> dict[str, float]:
-    found = re.findall(r"event loop: longest single steps: (.*)", text)
-    return {what: float(ms) for what, ms in re.findall(r"(\w+ v\d+) (\d+) ms", found[-1])} if found else {}
+def _steps(text: str) -> tuple[dict[str, float], str]:
+    found = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", text)
+    steps, collections = found[-1]
+    return {what: float(ms) for what, ms in re.findall(r"(\w+ v\d+) (\d+) ms", steps)}, collections
 
 
 def main() -> int:
@@ -78,10 +79,11 @@ def main() -> int:
         handle.stop()
         log = handle.read_stderr()
         lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
-    steps = _steps(log)
+    steps, collections = _steps(log)
     for api in ("Metadata v12", "CreateTopics v7", "DeleteTopics v6"):
         rows.append((f"{api}: longest single step, broker CPU (ms)", f"{steps.get(api, 0):.0f}"))
     rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
+    rows.append(("longest garbage collections", collections))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

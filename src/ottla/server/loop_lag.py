@@ -16,6 +16,8 @@ freezes every client for 400 ms. Two measures:
   "took" 186 ms). A step of 100 ms of CPU or more is logged at INFO with its request; the
   longest step per API is logged at shutdown (`steps_summary`). Cost: two reads of the thread
   CPU clock per step (a system call each, 0.3-1.5 us).
+- `GcPauses`, a `gc.callbacks` hook: the longest garbage collection per generation, which
+  lands in whatever step allocates at that moment (logged at shutdown).
 """
 
 from __future__ import annotations
@@ -97,6 +99,25 @@ class _Timed:
 def timed(coro: Coroutine, label: Callable[[], str]) -> _Timed:
     """Await `coro`, attributing its longest synchronous step to `label()` (read at the end)."""
     return _Timed(coro, label)
+
+
+class GcPauses:
+    """The longest garbage collection (ms, per generation): a full collection runs inside
+    whichever step allocates at that moment and holds the loop like any other work."""
+
+    def __init__(self):
+        self.worst_ms = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            generation = info["generation"]
+            self.worst_ms[generation] = max(self.worst_ms[generation], (time.perf_counter() - self._started) * 1000)
+
+    def summary(self) -> str:
+        return ", ".join(f"generation {g} {ms:.0f} ms" for g, ms in enumerate(self.worst_ms))
 
 
 def steps_summary(top: int = 8) -> str:
