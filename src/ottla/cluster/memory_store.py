@@ -419,6 +419,10 @@ class MemoryStore:
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         self.session_lost.append(callback)
 
+    @property
+    def connected(self) -> bool:
+        return not self.closed and not self.zk.unavailable
+
     def close(self) -> None:
         """A clean close ends the session: its ephemeral nodes go at once."""
         with self.zk.lock:

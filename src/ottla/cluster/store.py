@@ -240,5 +240,10 @@ class ClusterStore(Protocol):
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         """Called when the session expires: ephemeral nodes (registration, controller) are gone."""
 
+    @property
+    def connected(self) -> bool:
+        """Whether the store answers now (a call made while it does not blocks until it does,
+        up to the connection timeout)."""
+
     def close(self) -> None:
         ...

@@ -569,6 +569,10 @@ class ZkClusterStore:
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         self._session_lost.append(callback)
 
+    @property
+    def connected(self) -> bool:
+        return self._zk.connected
+
     def close(self) -> None:
         self._closing = True
         try:
