@@ -14,8 +14,10 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import ElectionType
 from confluent_kafka import KafkaError as CKafkaError
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition
 
@@ -29,11 +31,12 @@ LAG_MS = 3000
 CONFIG = {"replica.lag.time.max.ms": LAG_MS, "replica.fetch.backoff.ms": 200}
 
 
-def create_replicated(three, topic: str) -> None:
+def create_replicated(three, topic: str, partitions: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": three.bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
-    wait_for(lambda: (lambda i: i is not None and i[0] >= 0 and len(i[2]) == 3)(partition_info(three.bootstrap, topic)),
-             what=f"{topic} led with a full ISR")
+    admin.create_topics([NewTopic(topic, partitions, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
+    for p in range(partitions):
+        wait_for(lambda: (lambda i: i is not None and i[0] >= 0 and len(i[2]) == 3)(
+            partition_info(three.bootstrap, topic, p)), what=f"{topic}-{p} led with a full ISR")
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +179,116 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
         assert [e.code() if e is not None else None for e in outcome] == [CKafkaError.NOT_ENOUGH_REPLICAS]
         proxy.clear_faults()
         wait_for(lambda: isr() == (1, 2, 3), what="both followers back in the ISR")
+
+
+class SpreadProducer(SteadyProducer):
+    """SteadyProducer over every partition of a topic: partition p gets 0, 1, 2, ... of its
+    own, at most 50 in flight each, so a partition without a leader holds up only itself.
+    Remembers when each record was sent and acknowledged, for the failover times."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int):
+        super().__init__(bootstrap, topic)
+        self.sent: list[list[float]] = [[] for _ in range(partitions)]   # per partition: send time of record n
+        self.acks: list[list[tuple[int, float]]] = [[] for _ in range(partitions)]  # (n, ack time)
+
+    def _delivered(self, err, msg):
+        if err is None:
+            self.acks[msg.partition()].append((int(msg.value()), time.monotonic()))
+        else:
+            self.errors.append(f"{msg.partition()}: {err}")
+
+    def _run(self):
+        while not self._stop.is_set():
+            for p, sent in enumerate(self.sent):
+                if len(sent) - len(self.acks[p]) < 50:
+                    self.producer.produce(self.topic, str(len(sent)).encode(), partition=p,
+                                          on_delivery=self._delivered)
+                    sent.append(time.monotonic())
+            self.producer.poll(0.005)
+
+    def first_ack_sent_after(self, partition: int, moment: float) -> float | None:
+        """When the first record produced after `moment` was acknowledged: only a new leader can have."""
+        sent = self.sent[partition]
+        return next((at for n, at in self.acks[partition] if sent[n] > moment), None)
+
+
+def leaders_and_controller(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {p: info.leader for p, info in metadata.topics[topic].partitions.items()}, metadata.controller_id
+
+
+def all_in_sync(three, topic: str, partitions: int) -> bool:
+    infos = [partition_info(three.bootstrap, topic, p) for p in range(partitions)]
+    return all(i is not None and i[0] > 0 and len(i[2]) == 3 for i in infos)
+
+
+def elect_preferred(bootstrap: str, topic: str, partitions: int) -> bool:
+    """ElectLeaders(PREFERRED) through a new client, which finds the current controller;
+    False when the controller moved meanwhile (NOT_CONTROLLER), to be tried again."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        admin.elect_leaders(ElectionType.PREFERRED, [CKTopicPartition(topic, p) for p in range(partitions)]).result(30)
+    except KafkaException as e:
+        if e.args[0].code() == CKafkaError.NOT_CONTROLLER:
+            return False
+        raise
+    return True
+
+
+BOUNCES = 10
+
+
+def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
+    """kill -9 of a partition's leader, again and again, every third time the controller's own
+    partition; each round first moves leadership back to the preferred replicas (ElectLeaders),
+    so that every broker leads one partition and the target is always a leader."""
+    topic, partitions = "bounced", 3
+    create_replicated(three, topic, partitions)
+    killed, failovers = [], []
+    with SpreadProducer(three.bootstrap, topic, partitions) as producer:
+        for round_ in range(BOUNCES):
+            wait_for(lambda: all_in_sync(three, topic, partitions), what="every replica in sync")
+            wait_for(lambda: elect_preferred(three.bootstrap, topic, partitions), what="a preferred election")
+            leaders, controller = wait_for(lambda: (lambda lc: lc if sorted(lc[0].values()) == [1, 2, 3] else None)(
+                leaders_and_controller(three.bootstrap, topic)), what="one partition led by each broker")
+            others = sorted(set(three.brokers) - {controller})
+            target = controller if round_ % 3 == 0 else others[round_ % 2]
+            partition = next(p for p, leader in leaders.items() if leader == target)
+            wait_for(lambda: all(len(a) >= 20 * (round_ + 1) for a in producer.acks),
+                     what="records acknowledged on every partition")
+            three.brokers[target].kill()
+            at_kill = time.monotonic()
+            acked_at = wait_for(lambda: producer.first_ack_sent_after(partition, at_kill),
+                                what=f"an acknowledgement from {topic}-{partition}'s new leader")
+            killed.append((target, target == controller))
+            failovers.append(acked_at - at_kill)
+            print(f"bounce {round_ + 1}: broker {target}{' (controller)' if target == controller else ''}, "
+                  f"leader of {topic}-{partition}: next acknowledged produce after {acked_at - at_kill:.2f} s")
+            three.brokers[target].start()
+        wait_for(lambda: all_in_sync(three, topic, partitions), what="every replica back in sync")
+        assert producer.stop() == 0
+    assert producer.errors == []
+    assert {b for b, _ in killed} == set(three.brokers) and sum(c for _, c in killed) >= 2
+    print(f"failover over {len(failovers)} bounces: min {min(failovers):.2f} s, "
+          f"median {sorted(failovers)[len(failovers) // 2]:.2f} s, max {max(failovers):.2f} s")
+
+    consumer = KafkaConsumer(bootstrap_servers=three.bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=10000)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    high_watermarks = consumer.end_offsets(tps)
+    values = {p: [] for p in range(partitions)}
+    for message in consumer:
+        values[message.partition].append(int(message.value))
+    consumer.close()
+    for p in range(partitions):
+        # Every record was acknowledged (flush left nothing, no errors): each partition holds
+        # exactly the numbers it was sent, each once, in order.
+        assert sorted(n for n, _ in producer.acks[p]) == list(range(len(producer.sent[p])))
+        assert values[p] == list(range(len(producer.sent[p]))) == list(range(high_watermarks[tps[p]]))
+        logs = {i: segment_batches(h.data_dir, topic, high_watermarks[tps[p]], p) for i, h in three.brokers.items()}
+        reference = logs[1]
+        last = reference[-1]
+        assert base_offset(last) + int.from_bytes(last[23:27], "big") + 1 == high_watermarks[tps[p]]
+        for broker_id, batches in logs.items():
+            assert batches == reference, f"broker {broker_id}'s log of {topic}-{p} differs"
