@@ -292,3 +292,50 @@ def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
         assert base_offset(last) + int.from_bytes(last[23:27], "big") + 1 == high_watermarks[tps[p]]
         for broker_id, batches in logs.items():
             assert batches == reference, f"broker {broker_id}'s log of {topic}-{p} differs"
+
+
+def test_follower_that_lost_its_unflushed_tail_is_repaired_from_the_leader(three):
+    """A follower's disk loses its last writes (its newest segment cut at restart, as after a
+    power loss): once torn mid-batch, losing whole batches behind the tear, once at a batch
+    boundary, losing whole batches only. Each time it rejoins the ISR and ends up with the
+    leader's log batch by batch."""
+    topic = "torn"
+    create_replicated(three, topic)
+    producer = Producer({"bootstrap.servers": three.bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 0})
+    sent = 0
+
+    def produce(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):  # one flush per record: one batch per record
+            producer.produce(topic, str(sent).encode())
+            sent += 1
+            assert producer.flush(60) == 0
+
+    produce(40)
+    leader = partition_info(three.bootstrap, topic)[0]
+    for follower, cut in zip(sorted(set(three.brokers) - {leader}), ("mid-batch", "batch boundary")):
+        three.brokers[follower].kill()
+        segment = max((three.brokers[follower].data_dir / f"{topic}-0").glob("*.log"))
+        batches = segment_batches(three.brokers[follower].data_dir, topic, sent)
+        assert len(batches) >= 10
+        kept = sum(map(len, batches[:-6]))  # the last six batches go
+        with open(segment, "r+b") as f:
+            f.truncate(kept + (len(batches[-6]) // 2 if cut == "mid-batch" else 0))
+        produce(10)  # acknowledged by the two others meanwhile
+        three.brokers[follower].start()
+        wait_for(lambda: (lambda i: i is not None and len(i[2]) == 3)(partition_info(three.bootstrap, topic)),
+                 what=f"broker {follower} back in the ISR")
+        produce(10)
+
+    consumer = KafkaConsumer(bootstrap_servers=three.bootstrap, enable_auto_commit=False, consumer_timeout_ms=10000)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    high_watermark = consumer.end_offsets([tp])[tp]
+    assert [int(m.value) for m in consumer] == list(range(sent)) and high_watermark == sent
+    consumer.close()
+    logs = {i: segment_batches(h.data_dir, topic, high_watermark) for i, h in three.brokers.items()}
+    assert len(logs[leader]) == sent
+    for broker_id, batches in logs.items():
+        assert batches == logs[leader], f"broker {broker_id}'s log differs from the leader's"
