@@ -14,12 +14,13 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import ElectionType
+from confluent_kafka import Consumer, ElectionType
 from confluent_kafka import KafkaError as CKafkaError
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import LogTruncationError
 
 from ottla.testing import cluster
 from ottla.testing.zookeeper import free_port
@@ -339,3 +340,72 @@ def test_follower_that_lost_its_unflushed_tail_is_repaired_from_the_leader(three
     assert len(logs[leader]) == sent
     for broker_id, batches in logs.items():
         assert batches == logs[leader], f"broker {broker_id}'s log differs from the leader's"
+
+
+def test_consumers_detect_truncation_by_an_unclean_election(three):
+    """KIP-320 with real consumers: both read offsets 0-19 from leader A while follower B is
+    down; A dies, B (which has only 0-9) is elected uncleanly and takes 10-24. A consumer at
+    20 that went on fetching would miss the new 10-19 without noticing; with its leader epoch
+    it asks OffsetsForLeaderEpoch, learns that its epoch ends at 10 on B, and says so."""
+    topic = "diverged"
+    controller = AdminClient({"bootstrap.servers": three.bootstrap}).list_topics(timeout=10).controller_id
+    a, b = sorted(set(three.brokers) - {controller})
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[a, b]], config={
+        "min.insync.replicas": "1", "unclean.leader.election.enable": "true"})])[topic].result(60)
+    wait_for(lambda: partition_info(three.bootstrap, topic) == (a, (a, b), (a, b)), what=f"{topic} led by {a}")
+    producer = Producer({"bootstrap.servers": three.bootstrap, "acks": "all", "linger.ms": 0})
+
+    def produce(prefix: str, offsets: range) -> None:
+        for offset in offsets:
+            producer.produce(topic, f"{prefix}-{offset}".encode())
+        assert producer.flush(60) == 0
+
+    produce("old", range(10))
+    three.brokers[b].kill()
+    wait_for(lambda: partition_info(three.bootstrap, topic) == (a, (a, b), (a,)), what=f"{b} out of the ISR")
+    produce("old", range(10, 20))
+
+    tp = TopicPartition(topic, 0)
+    # kafka-python 3.0 drops the position's leader epoch when an empty fetch answers (it then
+    # has nothing to validate), so its next fetch long-polls and is still waiting when A dies.
+    python_consumer = KafkaConsumer(bootstrap_servers=three.bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="none", fetch_max_wait_ms=30000, request_timeout_ms=45000)
+    python_consumer.assign([tp])
+    python_consumer.seek(tp, 0)
+    old = [f"old-{i}".encode() for i in range(20)]
+    python_values = []
+    while len(python_values) < 20:
+        python_values += [m.value for m in python_consumer.poll(timeout_ms=1000).get(tp, [])]
+    assert python_values == old
+    rd_consumer = Consumer({"bootstrap.servers": three.bootstrap, "group.id": "kip-320", "enable.auto.commit": False,
+                            "auto.offset.reset": "error"})
+    rd_consumer.assign([CKTopicPartition(topic, 0, 0)])
+    rd_values = [rd_consumer.poll(30) for _ in range(20)]
+    assert [m.value() for m in rd_values if m is not None and m.error() is None] == old
+
+    three.brokers[a].kill()
+    three.brokers[b].start()  # the only live replica; unclean.leader.election.enable elects it
+    wait_for(lambda: (partition_info(three.brokers[b].bootstrap, topic) or [None])[0] == b, what=f"{b} leading")
+    produce("new", range(10, 25))
+
+    with pytest.raises(LogTruncationError) as truncation:
+        wait_for(lambda: python_consumer.poll(timeout_ms=1000) and None, timeout=60, what="kafka-python's validation")
+    assert {tp: o.offset for tp, o in truncation.value.divergent_offsets.items()} == {tp: 10}
+    python_consumer.close()
+    rd_seen = []
+    while not any(m.error() is not None for m in rd_seen):
+        message = rd_consumer.poll(60)
+        assert message is not None, f"librdkafka saw no truncation, only {rd_seen}"
+        rd_seen.append(message)
+    assert [m.value() for m in rd_seen[:-1]] == []  # nothing read past the divergence
+    # auto.offset.reset=error: librdkafka reports the truncation instead of resetting.
+    error = rd_seen[-1].error()
+    assert error.code() == CKafkaError._AUTO_OFFSET_RESET and "log truncation detected" in error.str(), error
+    assert "broker end offset is 10 " in error.str(), error
+    rd_consumer.close()
+
+    # The old leader comes back as a follower, cuts its log where it diverged and repairs it.
+    three.brokers[a].start()
+    wait_for(lambda: partition_info(three.bootstrap, topic) == (b, (a, b), (a, b)), what=f"{a} back in the ISR")
+    assert segment_batches(three.brokers[a].data_dir, topic, 25) == segment_batches(three.brokers[b].data_dir, topic, 25)
