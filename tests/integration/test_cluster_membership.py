@@ -233,3 +233,13 @@ def test_a_broker_is_ready_only_once_a_controller_told_it_the_cluster(tmp_path):
             metadata = AdminClient({"bootstrap.servers": newcomer.bootstrap}).list_topics(timeout=20)
         assert (metadata.controller_id, sorted(metadata.brokers)) == (1, [1, 2])
         assert not ready_without_controller
+
+
+def test_sigterm_stops_a_broker_whose_zookeeper_is_gone(tmp_path):
+    """The controlled shutdown needs ZooKeeper (the controller writes the leadership moves
+    there): without it the broker skips it and stops cleanly, instead of hanging in it."""
+    with cluster(brokers=2, root=tmp_path) as two:
+        two.zookeeper.kill()
+        for handle in two.brokers.values():
+            assert handle.stop() == 0  # raises if the broker ignores SIGTERM
+            assert "stopped cleanly" in handle.read_stderr()

@@ -185,13 +185,16 @@ def test_controlled_shutdown_moves_leadership_and_leaves_the_isr():
     sim = Sim()
     sim.create_topic("t", partitions=3, replication_factor=3)
     sim.create_topic("single", partitions=1, assignment={0: (2,)})
+    sim.create_topic("stuck", partitions=1, assignment={0: (2, 4)})  # broker 4 never started
     controller = sim.controller().controller
     led = [p for p in range(3) if sim.state("t", p).leader == 2]
     assert led
     error, remaining, requests = controller.controlled_shutdown(2, sim.brokers[2].epoch, sim.now)
     sim.deliver(requests)
     assert error == E.none
-    assert remaining == {("single", 0)}  # nowhere to move a single replica
+    # A replicated partition with no other live replica is still led by 2; a single replica
+    # has nowhere to go and is not waited for (Kafka's replicatedPartitionsBrokerLeads).
+    assert remaining == {("stuck", 0)}
     for p in range(3):
         state = sim.state("t", p)
         assert state.leader != 2 and 2 not in state.isr
