@@ -205,13 +205,21 @@ class SpreadProducer(SteadyProducer):
             self.errors.append(f"{msg.partition()}: {err}")
 
     def _run(self):
-        while not self._stop.is_set():
-            for p, sent in enumerate(self.sent):
-                if len(sent) - len(self.acks[p]) < 50:
-                    self.producer.produce(self.topic, str(len(sent)).encode(), partition=p,
-                                          on_delivery=self._delivered)
-                    sent.append(time.monotonic())
-            self.producer.poll(0.005)
+        try:
+            while not self._stop.is_set():
+                for p, sent in enumerate(self.sent):
+                    if len(sent) - len(self.acks[p]) < 50:
+                        self.producer.produce(self.topic, str(len(sent)).encode(), partition=p,
+                                              on_delivery=self._delivered)
+                        sent.append(time.monotonic())
+                self.producer.poll(0.005)
+        except KafkaException as e:  # a fatal error: the idempotent producer gave up
+            self.errors.append(str(e))
+
+    def next_ack_after(self, partition: int, moment: float) -> float | None:
+        """`first_ack_sent_after`, failing at once if the producer has failed."""
+        assert self.errors == [], self.errors
+        return self.first_ack_sent_after(partition, moment)
 
     def first_ack_sent_after(self, partition: int, moment: float) -> float | None:
         """When the first record produced after `moment` was acknowledged: only a new leader can have."""
@@ -269,7 +277,7 @@ def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
             wait_for(lambda: (partition_info(survivors, topic, partition) or [-1])[0] not in (-1, target),
                      interval=0.1, what=f"a new leader of {topic}-{partition}")
             elected = time.monotonic() - at_kill  # to within the 0.1 s polling interval
-            acked_at = wait_for(lambda: producer.first_ack_sent_after(partition, at_kill),
+            acked_at = wait_for(lambda: producer.next_ack_after(partition, at_kill),
                                 what=f"an acknowledgement from {topic}-{partition}'s new leader")
             killed.append((target, target == controller))
             failovers.append((elected, acked_at - at_kill))
