@@ -5,7 +5,8 @@
 
 Creates --topics one-partition topics, then sends, one at a time: Metadata for all topics,
 Metadata auto-creating --batch new topics, CreateTopics of --batch topics, DeleteTopics of
---batch topics. Prints each request's round trip and the longest single step the broker
+--batch topics, DescribeLogDirs of everything, ListOffsets and OffsetCommit naming every
+topic's partition, OffsetFetch of all the group's offsets. Prints each request's round trip and the longest single step the broker
 measured for it (its own CPU between two awaits, `server/loop_lag.py`), then the broker's
 worst event-loop lag over the run (wall clock and the loop's own CPU).
 """
@@ -52,6 +53,32 @@ def _delete(names):
         make(nested(request_schema(20, 6), "DeleteTopicState"), name=n, topic_id=None) for n in names))
 
 
+def _describe_log_dirs():
+    return make(request_schema(35, 4), topics=None)
+
+
+def _list_offsets(count):
+    schema = request_schema(2, 8)
+    return make(schema, replica_id=-1, isolation_level=0, topics=tuple(
+        make(nested(schema, "ListOffsetsTopic"), name=f"t{i}", partitions=(
+            make(nested(schema, "ListOffsetsPartition"), partition_index=0, current_leader_epoch=-1, timestamp=-1),))
+        for i in range(count)))
+
+
+def _offset_commit(count):
+    schema = request_schema(8, 8)
+    return make(schema, group_id="holds", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+                topics=tuple(make(nested(schema, "OffsetCommitRequestTopic"), name=f"t{i}", partitions=(
+                    make(nested(schema, "OffsetCommitRequestPartition"), partition_index=0, committed_offset=0,
+                         committed_leader_epoch=-1, committed_metadata=""),)) for i in range(count)))
+
+
+def _offset_fetch_all():
+    schema = request_schema(9, 8)
+    return make(schema, require_stable=False, groups=(
+        make(nested(schema, "OffsetFetchRequestGroup"), group_id="holds", topics=None),))
+
+
 def _steps(text: str) -> tuple[dict[str, float], str]:
     found = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", text)
     steps, collections = found[-1]
@@ -73,14 +100,19 @@ def main() -> int:
         cases = [("Metadata v12, all topics", _metadata(None)),
                  (f"Metadata v12 auto-creating {args.batch} topics", _metadata([f"m{i}" for i in range(args.batch)])),
                  (f"CreateTopics v7, {args.batch} topics", _create([f"c{i}" for i in range(args.batch)])),
-                 (f"DeleteTopics v6, {args.batch} topics", _delete([f"c{i}" for i in range(args.batch)]))]
+                 (f"DeleteTopics v6, {args.batch} topics", _delete([f"c{i}" for i in range(args.batch)])),
+                 ("DescribeLogDirs v4, all topics", _describe_log_dirs()),
+                 ("ListOffsets v8, every topic's partition", _list_offsets(args.topics)),
+                 ("OffsetCommit v8, every topic's partition", _offset_commit(args.topics)),
+                 ("OffsetFetch v8, every offset of the group", _offset_fetch_all())]
         for name, request in cases:
             rows.append((f"{name}: round trip (ms)", f"{_roundtrip(address, request) * 1000:.0f}"))
         handle.stop()
         log = handle.read_stderr()
         lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
     steps, collections = _steps(log)
-    for api in ("Metadata v12", "CreateTopics v7", "DeleteTopics v6"):
+    for api in ("Metadata v12", "CreateTopics v7", "DeleteTopics v6", "DescribeLogDirs v4", "ListOffsets v8",
+                "OffsetCommit v8", "OffsetFetch v8"):
         rows.append((f"{api}: longest single step, broker CPU (ms)", f"{steps.get(api, 0):.0f}"))
     rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
     rows.append(("longest garbage collections", collections))
