@@ -7,6 +7,7 @@ from ottla.errors import ErrorCode, KafkaError
 from ottla.log import Log
 from ottla.replication.epochs import check_current_leader_epoch, diverging_epoch, epoch_end_offset
 from ottla.replication.follower import FetchPhase, FollowerFetchState, Truncation, truncation_for
+from ottla.replication.leader import become_leader
 from tests.unit.test_log import batch, config
 
 
@@ -130,3 +131,20 @@ def test_a_diverging_epoch_answer_truncates_the_follower(tmp_path):
     assert state.on_diverging_epoch(found.leader_epoch, found.end_offset, now_ms=0) == Truncation(8, True)
     assert state.phase is FetchPhase.FETCHING and follower_log.log_end_offset == 8
     assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+
+
+def test_a_leader_that_wrote_nothing_in_its_epoch_drops_that_epoch_when_it_follows(tmp_path):
+    """Leader of epoch 2 at offset 3 with no append in it, then follower of epoch 3 on a
+    leader that never had epoch 2 (leader: 0 [0,1), 1 [1,3), 3 [3,...)). The truncation to
+    3 leaves the log as it is, but must drop epoch 2 from the cache, as Kafka's truncateTo
+    always does: kept, every fetch sent last_fetched_epoch 2, the leader answered diverging
+    (1, 3) and the follower truncated to 3 again, forever (the copier test's follower spun
+    on it and never rejoined the ISR)."""
+    follower_log = log_with(tmp_path / "f", [0, 1, 1])
+    become_leader(follower_log, 2)
+    leader = log_with(tmp_path / "l", [0, 1, 1])
+    become_leader(leader, 3)
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=3)
+    assert ask(state, leader, 3) == Truncation(3, True)
+    assert state.phase is FetchPhase.FETCHING and state.latest_epoch() == 1
+    assert diverging_epoch(leader, 3, state.latest_epoch(), state.fetch_offset) is None

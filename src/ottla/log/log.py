@@ -624,6 +624,11 @@ class Log:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of
         the batch holding `offset`), e.g. when a follower diverged or a write must be undone."""
         if offset >= self._leo:
+            # Kafka's truncateTo drops epochs starting at the log end even then: a leader that
+            # assigned its epoch on election and wrote nothing in it must not keep that epoch
+            # as a follower (its fetches would name it, and the leader would answer diverging
+            # at this same offset again and again).
+            self.leader_epoch_cache.truncate_from_end(self._leo)
             return
         if offset <= self.log_start_offset:
             self._truncate_fully(offset)
