@@ -64,11 +64,11 @@ class OffsetMap:
         return hashlib.md5(key, usedforsecurity=False).digest()
 
     def put(self, key: bytes, offset: int) -> None:
-        self._offsets[self._digest(key)] = offset
+        self._offsets[key if len(key) < 16 else self._digest(key)] = offset  # _digest inline: the hot path
         self.latest_offset = offset
 
     def get(self, key: bytes) -> int:
-        return self._offsets.get(self._digest(key), -1)
+        return self._offsets.get(key if len(key) < 16 else self._digest(key), -1)
 
 
 @dataclass
@@ -193,7 +193,8 @@ def _kept(body, header: BatchHeader, survivors: list[int]) -> list[_Record]:
 
 def _keys(data, header: BatchHeader) -> list[tuple[int, bytes | None, bool]]:
     """(offset, key, has a value) of each record: all that deciding what survives needs, read
-    without building a record. One-byte varints, nearly all of them, are decoded inline."""
+    without building a record. The usual varints (one byte; two for a record length) are
+    decoded inline."""
     out = []
     append = out.append
     base = header.base_offset
@@ -201,12 +202,16 @@ def _keys(data, header: BatchHeader) -> list[tuple[int, bytes | None, bool]]:
     for _ in range(header.records_count):
         byte = data[position]
         if byte < 0x80:
-            end = position + 1 + ((byte >> 1) ^ -(byte & 1))
+            cursor = position + 1
+            end = cursor + ((byte >> 1) ^ -(byte & 1))
+        elif data[position + 1] < 0x80:  # records of 64 to 8,191 bytes
+            raw = (byte & 0x7F) | (data[position + 1] << 7)
+            cursor = position + 2
+            end = cursor + ((raw >> 1) ^ -(raw & 1))
         else:
-            length, position = _varint(data, position)
-            end = position + length
-            position -= 1
-        cursor = position + 2  # past the length and the attributes
+            length, cursor = _varint(data, position)
+            end = cursor + length
+        cursor += 1  # the attributes
         if data[cursor] >= 0x80:  # timestamp delta, not needed
             cursor = _varint(data, cursor)[1]
         else:
