@@ -7,6 +7,7 @@ from ottla.errors import ErrorCode, KafkaError
 from ottla.log import Log
 from ottla.replication.epochs import check_current_leader_epoch, diverging_epoch, epoch_end_offset
 from ottla.replication.follower import FetchPhase, FollowerFetchState, Truncation, truncation_for
+from ottla.replication.leader import become_leader
 from tests.unit.test_log import batch, config
 
 
@@ -64,6 +65,20 @@ def test_fetch_response_sets_the_followers_high_watermark_and_log_start(tmp_path
     assert (follower_log.log_end_offset, follower_log.high_watermark) == (4, 4)  # capped at its own end
     state.on_fetch_response(ErrorCode.none, b"", 3, 2, now_ms=0)
     assert (follower_log.high_watermark, follower_log.log_start_offset) == (3, 2)  # the leader's, as Kafka
+
+
+def test_the_failpoint_hook_runs_between_the_append_and_a_higher_hw(tmp_path):
+    """Seed 001's follower crash point: records appended, the HW the answer carries not yet
+    taken; an answer that does not raise the HW passes it by."""
+    leader = log_with(tmp_path / "l", [0] * 2)
+    follower_log = Log(tmp_path / "f", config())
+    seen = []
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=0, before_high_watermark_moves=lambda: seen.append(
+        (follower_log.log_end_offset, follower_log.high_watermark)))
+    state.on_fetch_response(ErrorCode.none, bytes(leader.read(0, 1 << 20, max_offset=2).records), 0, 0, now_ms=0)
+    assert seen == [] and follower_log.log_end_offset == 2  # HW 0 in the answer that brought the records
+    state.on_fetch_response(ErrorCode.none, b"", 2, 0, now_ms=0)
+    assert seen == [(2, 0)] and follower_log.high_watermark == 2
 
 
 def test_fenced_and_unknown_leader_epochs(tmp_path):
@@ -130,3 +145,20 @@ def test_a_diverging_epoch_answer_truncates_the_follower(tmp_path):
     assert state.on_diverging_epoch(found.leader_epoch, found.end_offset, now_ms=0) == Truncation(8, True)
     assert state.phase is FetchPhase.FETCHING and follower_log.log_end_offset == 8
     assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+
+
+def test_a_former_leader_drops_the_epoch_it_never_wrote_in(tmp_path):
+    """Back-to-back elections: B led epoch 3 without writing (its cache says epoch 3 starts at
+    its log end), then A led epoch 4. B's epoch 3 must go when it truncates to where epoch 1
+    ends on A, which is its own log end (Kafka truncates the epoch cache even when the log
+    has nothing past the point, KAFKA-7415): else every Fetch names epoch 3 and gets the same
+    diverging-epoch answer again, and B never fetches anything."""
+    leader = log_with(tmp_path / "a", [0, 1])
+    become_leader(leader, 4)
+    follower_log = log_with(tmp_path / "b", [0, 1])
+    become_leader(follower_log, 3)
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=4)
+    assert ask(state, leader, 4) == Truncation(2, True)
+    assert state.phase is FetchPhase.FETCHING and state.latest_epoch() == 1
+    assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+    assert follower_log.leader_epoch_cache.entries == [(0, 0), (1, 1)]

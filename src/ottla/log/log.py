@@ -622,8 +622,12 @@ class Log:
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of
-        the batch holding `offset`), e.g. when a follower diverged or a write must be undone."""
+        the batch holding `offset`), e.g. when a follower diverged or a write must be undone.
+        With nothing at or after `offset`, only the leader epoch cache is cut at the log end:
+        a former leader's epoch that starts there but holds no batch (assigned on election,
+        never written in) is not the new leader's, as Kafka's truncateTo does (KAFKA-7415)."""
         if offset >= self._leo:
+            self.leader_epoch_cache.truncate_from_end(self._leo)
             return
         if offset <= self.log_start_offset:
             self._truncate_fully(offset)
