@@ -205,8 +205,12 @@ class Broker:
             return  # a second SIGTERM while stopping
         self._stopping = True
         if self.cluster is not None:
-            # Still serving: the controller moves leadership away (controlled shutdown).
-            await self.cluster.stop()
+            # Still serving: the controller moves leadership away (controlled shutdown). A
+            # failure there must not leave the broker running (Kafka swallows it too).
+            try:
+                await self.cluster.stop()
+            except Exception:
+                log.exception("broker %d: stopping its cluster roles failed; stopping anyway", self.node_id)
         if self._server is not None:
             self._server.close()
         for task in self._duties:
