@@ -9,7 +9,6 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from confluent_kafka.error import KafkaError as CKError
-from kazoo.client import KazooClient
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
@@ -28,12 +27,8 @@ def three(tmp_path_factory):
 
 
 @pytest.fixture
-def zk(three):
-    client = KazooClient(hosts=three.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def zk(three, zk_client):
+    return zk_client(three.connect)
 
 
 def _alter(sock, resource_type, name, **configs):

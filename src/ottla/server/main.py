@@ -9,6 +9,7 @@ import logging
 import os
 import resource
 import sys
+import time
 
 from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
@@ -63,6 +64,17 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
+def seconds_since_process_start() -> float | None:
+    """Since the kernel started this process: interpreter start and imports included, which a
+    clock read in `main` would miss. None where /proc is not Linux's."""
+    try:
+        fields = open("/proc/self/stat").read().rpartition(")")[2].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22 of proc(5)
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def configure_logging(level: str) -> None:
     """One line per event, key=value friendly, on stderr; quiet (WARNING) by default."""
     logging.basicConfig(
@@ -113,8 +125,9 @@ def run(args) -> int:
             # as long as the broker: out of the collector's reach, a full collection no longer
             # walks it while a request waits (fuzzing saw 371 ms full collections).
             gc.freeze()
-            print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}",
-                  file=sys.stderr, flush=True)
+            started = seconds_since_process_start()
+            print(f"ottla: broker {broker.node_id} serving on {broker.host}:{broker.port}, data in {broker.data_dir}"
+                  + ("" if started is None else f" (started in {started:.2f} s)"), file=sys.stderr, flush=True)
             if args.ready_file:
                 _write_ready_file(args.ready_file, broker.host, broker.port)
         await broker.serve_forever()
