@@ -159,6 +159,31 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("group.min.session.timeout.ms", _int, 6000),
         ConfigDef("group.max.session.timeout.ms", _int, 1800000),
         ConfigDef("group.max.size", _int, 2**31 - 1, 1),
+        # KIP-848 consumer, share and streams groups (Kafka 4.1's GroupCoordinatorConfig and
+        # ShareGroupConfig): the defaults and bounds of the GROUP configs (group_config.py).
+        ConfigDef("group.consumer.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.consumer.min.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.consumer.max.session.timeout.ms", _int, 60000, 1),
+        ConfigDef("group.consumer.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.consumer.min.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.consumer.max.heartbeat.interval.ms", _int, 15000, 1),
+        ConfigDef("group.share.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.share.min.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.share.max.session.timeout.ms", _int, 60000, 1),
+        ConfigDef("group.share.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.share.min.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.share.max.heartbeat.interval.ms", _int, 15000, 1),
+        ConfigDef("group.share.record.lock.duration.ms", _int, 30000, 1000),
+        ConfigDef("group.share.min.record.lock.duration.ms", _int, 15000, 1000),
+        ConfigDef("group.share.max.record.lock.duration.ms", _int, 60000, 1000),
+        ConfigDef("group.streams.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.streams.min.session.timeout.ms", _int, 45000, 1),
+        ConfigDef("group.streams.max.session.timeout.ms", _int, 60000, 1),
+        ConfigDef("group.streams.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.streams.min.heartbeat.interval.ms", _int, 5000, 1),
+        ConfigDef("group.streams.max.heartbeat.interval.ms", _int, 15000, 1),
+        ConfigDef("group.streams.num.standby.replicas", _int, 0, 0),
+        ConfigDef("group.streams.max.standby.replicas", _int, 2, 0),
         ConfigDef("transaction.state.log.num.partitions", _int, 50, 1),
         ConfigDef("transaction.state.log.replication.factor", _int, 3, 1),
         ConfigDef("transaction.state.log.segment.bytes", _int, 104857600, 1),
@@ -225,7 +250,14 @@ _NOT_APPLIED = [
 # set; topic ones when a topic sets them (`report_not_applied`).
 # (min.insync.replicas, fetch.max.bytes and the internal topics' replication factors left it
 # once replication, the fetch bounds and the coordinators on the cluster landed.)
-NOT_APPLIED_BROKER_CONFIGS: dict[str, str] = {}
+_NO_KIP848 = ("Ottla runs classic groups only (no consumer, share or streams groups); it is only the default "
+              "DescribeConfigs reports for the group config of that name")
+NOT_APPLIED_BROKER_CONFIGS: dict[str, str] = {
+    name: _NO_KIP848 for name in (
+        "group.consumer.session.timeout.ms", "group.consumer.heartbeat.interval.ms",
+        "group.share.session.timeout.ms", "group.share.heartbeat.interval.ms", "group.share.record.lock.duration.ms",
+        "group.streams.session.timeout.ms", "group.streams.heartbeat.interval.ms",
+        "group.streams.num.standby.replicas")}
 NOT_APPLIED_TOPIC_CONFIGS = frozenset(d.name for d in _NOT_APPLIED if d.name not in TOPIC_CONFIGS) | {
     "file.delete.delay.ms",  # deleted segments go at once
 }

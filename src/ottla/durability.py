@@ -22,6 +22,8 @@ import logging
 import os
 from typing import Callable
 
+from .failpoints import from_environment as failpoints_from_environment
+
 __all__ = ["fsync", "fdatasync", "on_fsync_failure", "failed_elsewhere", "LogDirOffline"]
 
 log = logging.getLogger("ottla.durability")
@@ -49,8 +51,7 @@ def on_fsync_failure(handler: Callable[[str, OSError], None]) -> Callable[[str, 
 
 
 def _failing_paths() -> tuple[str, ...]:
-    names = (n.strip() for n in os.environ.get("OTTLA_FAILPOINTS", "").split(","))
-    return tuple(n[len("fsync.eio@"):] for n in names if n.startswith("fsync.eio@"))
+    return tuple(n[len("fsync.eio@"):] for n in failpoints_from_environment() if n.startswith("fsync.eio@"))
 
 
 _FAILING = _failing_paths()

@@ -9,7 +9,6 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from confluent_kafka.error import KafkaError as CKError
-from kazoo.client import KazooClient
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
@@ -18,7 +17,7 @@ from ottla.testing import cluster
 from tests.waiting import wait_for
 from tests.wire import roundtrip
 
-INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CONFIGS, TOPIC, BROKER = 44, 32, 2, 4
+INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CONFIGS, TOPIC, BROKER, GROUP = 44, 32, 2, 4, 32
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +27,8 @@ def three(tmp_path_factory):
 
 
 @pytest.fixture
-def zk(three):
-    client = KazooClient(hosts=three.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def zk(three, zk_client):
+    return zk_client(three.connect)
 
 
 def _alter(sock, resource_type, name, **configs):
@@ -146,3 +141,15 @@ def test_a_broker_that_was_away_applies_what_changed_meanwhile(three, raw_connec
              what="broker 3's catalog to take the change made while it was away")
     on_3 = raw_connection(three.brokers[3].bootstrap)
     assert _describe(on_3, BROKER, "3")[1]["log.retention.bytes"] == ("123456", 3)
+
+
+def test_group_configs_set_on_one_broker_are_described_by_another(three, zk, raw_connection):
+    """GROUP configs (KIP-848) are cluster-wide, as in Kafka 4's metadata log: `/config/groups/<g>`
+    written by one broker, read by any, whether or not the group exists anywhere."""
+    on_1, on_3 = raw_connection(three.brokers[1].bootstrap), raw_connection(three.brokers[3].bootstrap)
+    assert _alter(on_1, GROUP, "billing", consumer_heartbeat_interval_ms="6000").error_code == ErrorCode.none
+    assert json.loads(zk.get("/config/groups/billing")[0]) == {
+        "version": 1, "config": {"consumer.heartbeat.interval.ms": "6000"}}
+    assert _describe(on_3, GROUP, "billing")[1]["consumer.heartbeat.interval.ms"] == ("6000", 8)  # GROUP_CONFIG
+    assert _describe(on_3, GROUP, "payroll")[1]["consumer.heartbeat.interval.ms"] == ("5000", 5)  # DEFAULT_CONFIG
+    assert _alter(on_3, GROUP, "billing", consumer_heartbeat_interval_ms="16000").error_code == ErrorCode.invalid_config

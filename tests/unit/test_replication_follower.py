@@ -67,6 +67,20 @@ def test_fetch_response_sets_the_followers_high_watermark_and_log_start(tmp_path
     assert (follower_log.high_watermark, follower_log.log_start_offset) == (3, 2)  # the leader's, as Kafka
 
 
+def test_the_failpoint_hook_runs_between_the_append_and_a_higher_hw(tmp_path):
+    """Seed 001's follower crash point: records appended, the HW the answer carries not yet
+    taken; an answer that does not raise the HW passes it by."""
+    leader = log_with(tmp_path / "l", [0] * 2)
+    follower_log = Log(tmp_path / "f", config())
+    seen = []
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=0, before_high_watermark_moves=lambda: seen.append(
+        (follower_log.log_end_offset, follower_log.high_watermark)))
+    state.on_fetch_response(ErrorCode.none, bytes(leader.read(0, 1 << 20, max_offset=2).records), 0, 0, now_ms=0)
+    assert seen == [] and follower_log.log_end_offset == 2  # HW 0 in the answer that brought the records
+    state.on_fetch_response(ErrorCode.none, b"", 2, 0, now_ms=0)
+    assert seen == [(2, 0)] and follower_log.high_watermark == 2
+
+
 def test_fenced_and_unknown_leader_epochs(tmp_path):
     follower_log = log_with(tmp_path / "f", [0])
     state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=2, backoff_ms=1_000)
@@ -133,18 +147,18 @@ def test_a_diverging_epoch_answer_truncates_the_follower(tmp_path):
     assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
 
 
-def test_a_leader_that_wrote_nothing_in_its_epoch_drops_that_epoch_when_it_follows(tmp_path):
-    """Leader of epoch 2 at offset 3 with no append in it, then follower of epoch 3 on a
-    leader that never had epoch 2 (leader: 0 [0,1), 1 [1,3), 3 [3,...)). The truncation to
-    3 leaves the log as it is, but must drop epoch 2 from the cache, as Kafka's truncateTo
-    always does: kept, every fetch sent last_fetched_epoch 2, the leader answered diverging
-    (1, 3) and the follower truncated to 3 again, forever (the copier test's follower spun
-    on it and never rejoined the ISR)."""
-    follower_log = log_with(tmp_path / "f", [0, 1, 1])
-    become_leader(follower_log, 2)
-    leader = log_with(tmp_path / "l", [0, 1, 1])
-    become_leader(leader, 3)
-    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=3)
-    assert ask(state, leader, 3) == Truncation(3, True)
+def test_a_former_leader_drops_the_epoch_it_never_wrote_in(tmp_path):
+    """Back-to-back elections: B led epoch 3 without writing (its cache says epoch 3 starts at
+    its log end), then A led epoch 4. B's epoch 3 must go when it truncates to where epoch 1
+    ends on A, which is its own log end (Kafka truncates the epoch cache even when the log
+    has nothing past the point, KAFKA-7415): else every Fetch names epoch 3 and gets the same
+    diverging-epoch answer again, and B never fetches anything."""
+    leader = log_with(tmp_path / "a", [0, 1])
+    become_leader(leader, 4)
+    follower_log = log_with(tmp_path / "b", [0, 1])
+    become_leader(follower_log, 3)
+    state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=4)
+    assert ask(state, leader, 4) == Truncation(2, True)
     assert state.phase is FetchPhase.FETCHING and state.latest_epoch() == 1
-    assert diverging_epoch(leader, 3, state.latest_epoch(), state.fetch_offset) is None
+    assert diverging_epoch(leader, 4, state.latest_epoch(), state.fetch_offset) is None
+    assert follower_log.leader_epoch_cache.entries == [(0, 0), (1, 1)]

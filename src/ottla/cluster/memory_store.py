@@ -46,6 +46,7 @@ class MemoryZooKeeper:
         self.topics: dict[str, TopicAssignment] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
         self.broker_configs: dict[int | None, dict[str, str]] = {}
+        self.group_configs: dict[str, dict[str, str]] = {}
         # (sequence, entity path, created at in wall-clock ms), oldest first
         self.config_changes: list[tuple[int, str, int]] = []
         self.next_config_change = 0  # as ZooKeeper's sequence: never reused after a purge
@@ -257,6 +258,24 @@ class MemoryStore:
             self.zk.write()
         self.zk.fire("config_changes")
 
+    def group_configs(self, name: str) -> dict[str, str]:
+        with self.zk.lock:
+            self._check()
+            return dict(self.zk.group_configs.get(name, {}))
+
+    def group_config_names(self) -> list[str]:
+        with self.zk.lock:
+            self._check()
+            return sorted(self.zk.group_configs)
+
+    def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        with self.zk.lock:
+            self._check()
+            self.zk.group_configs[name] = dict(configs)
+            self._announce(f"groups/{name}")
+            self.zk.write()
+        self.zk.fire("config_changes")
+
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
         with self.zk.lock:
@@ -399,6 +418,10 @@ class MemoryStore:
 
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         self.session_lost.append(callback)
+
+    @property
+    def connected(self) -> bool:
+        return not self.closed and not self.zk.unavailable
 
     def close(self) -> None:
         """A clean close ends the session: its ephemeral nodes go at once."""

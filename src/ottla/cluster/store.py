@@ -172,6 +172,15 @@ class ClusterStore(Protocol):
     def set_broker_configs(self, broker_id: int | None, configs: Mapping[str, str]) -> None:
         ...
 
+    def group_configs(self, name: str) -> dict[str, str]:
+        """`/config/groups/<g>` (KIP-848 group configs)."""
+
+    def group_config_names(self) -> list[str]:
+        """The groups that have a `/config/groups/<g>`."""
+
+    def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """`/config/groups/<g>` plus a `/config/changes` notification."""
+
     # -- partition state -----------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
         ...
@@ -230,6 +239,11 @@ class ClusterStore(Protocol):
 
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         """Called when the session expires: ephemeral nodes (registration, controller) are gone."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the store answers now (a call made while it does not blocks until it does,
+        up to the connection timeout)."""
 
     def close(self) -> None:
         ...

@@ -342,6 +342,15 @@ class ZkClusterStore:
         entity = "<default>" if broker_id is None else str(broker_id)
         self._set_configs(f"/config/brokers/{entity}", f"brokers/{entity}", configs)
 
+    def group_configs(self, name: str) -> dict[str, str]:
+        return self._configs(f"/config/groups/{name}")
+
+    def group_config_names(self) -> list[str]:
+        return self._children("/config/groups")
+
+    def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        self._set_configs(f"/config/groups/{name}", f"groups/{name}", configs)
+
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
         partitions = [int(child) for child in self._children(f"{TOPICS}/{topic}/partitions")]
@@ -559,6 +568,10 @@ class ZkClusterStore:
 
     def on_session_lost(self, callback: Callable[[], None]) -> None:
         self._session_lost.append(callback)
+
+    @property
+    def connected(self) -> bool:
+        return self._zk.connected
 
     def close(self) -> None:
         self._closing = True

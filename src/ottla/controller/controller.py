@@ -239,8 +239,7 @@ class Controller:
     def _take_isr_changes(self) -> None:
         ctx = self.ctx
         changed = [tp for tp in sorted(self.store.take_isr_changes()) if tp[0] in ctx.topics]
-        for tp in changed:
-            self.partitions.refresh(tp)
+        self.partitions.refresh(changed)
         ctx.send_update_metadata(ctx.brokers, changed)
         for tp in changed:
             self.reassignments.maybe_complete(tp)
@@ -354,7 +353,9 @@ class Controller:
     def controlled_shutdown(self, broker_id: int, broker_epoch: int,
                             now_ms: int) -> tuple[ErrorCode, set[TopicPartition], list[ControllerRequest]]:
         """ControlledShutdown: move leadership off `broker_id`, take it out of the ISRs it
-        follows; returns the partitions it still leads (it retries until none)."""
+        follows; returns the replicated partitions it still leads (it retries until none). A
+        partition with one replica has nowhere to go and is not counted, as in Kafka
+        (`replicatedPartitionsBrokerLeads`): it would only make the broker retry in vain."""
         if self.ctx is None:
             return ErrorCode.not_controller, set(), []
         ctx = self.ctx
@@ -379,4 +380,5 @@ class Controller:
         followed = [tp for tp in act_on if ctx.leader(tp) != broker_id]
         self.partitions.handle(led, PartitionPhase.ONLINE, elections.CONTROLLED_SHUTDOWN)
         self.replicas.handle([(tp, broker_id) for tp in followed], ReplicaPhase.OFFLINE)
-        return {tp for tp in ctx.partitions() if ctx.leader(tp) == broker_id}
+        return {tp for tp in ctx.partitions()
+                if ctx.leader(tp) == broker_id and len(ctx.replicas(tp)) > 1 and tp[0] not in ctx.deleting}

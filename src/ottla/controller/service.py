@@ -87,7 +87,7 @@ class ControllerService:
         for task in self._tasks + [t for t, _ in self._outboxes.values()]:
             task.cancel()
         await asyncio.gather(*self._tasks, *[t for t, _ in self._outboxes.values()], return_exceptions=True)
-        if self.controller.active:
+        if self.controller.active and self.store.connected:  # else the session's end removes /controller
             try:
                 await self._call(self.controller.resign)
             except StoreError as exc:

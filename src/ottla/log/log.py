@@ -622,12 +622,11 @@ class Log:
 
     def truncate_to(self, offset: int) -> None:
         """Drop every batch at or after `offset` (whole batches: the log end becomes the start of
-        the batch holding `offset`), e.g. when a follower diverged or a write must be undone."""
+        the batch holding `offset`), e.g. when a follower diverged or a write must be undone.
+        With nothing at or after `offset`, only the leader epoch cache is cut at the log end:
+        a former leader's epoch that starts there but holds no batch (assigned on election,
+        never written in) is not the new leader's, as Kafka's truncateTo does (KAFKA-7415)."""
         if offset >= self._leo:
-            # Kafka's truncateTo drops epochs starting at the log end even then: a leader that
-            # assigned its epoch on election and wrote nothing in it must not keep that epoch
-            # as a follower (its fetches would name it, and the leader would answer diverging
-            # at this same offset again and again).
             self.leader_epoch_cache.truncate_from_end(self._leo)
             return
         if offset <= self.log_start_offset:

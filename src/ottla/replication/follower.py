@@ -15,7 +15,7 @@ asks for and hands the answers back with `now_ms`. The log is the partition's
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..errors import ErrorCode
 from ..log.leader_epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -73,12 +73,16 @@ class FollowerFetchState:
     - `FENCED`: nothing until `become_follower` with a newer epoch.
 
     `ready(now_ms)` says whether a request may go now (after an error it backs off
-    replica.fetch.backoff.ms).
+    replica.fetch.backoff.ms). `before_high_watermark_moves`, if given, runs after a Fetch
+    answer's records are appended and before the HW it carries is taken, when that HW is
+    higher: seed 001's follower that crashes right there (a failpoint).
     """
 
-    def __init__(self, log, leader_id: int, leader_epoch: int, *, backoff_ms: int = REPLICA_FETCH_BACKOFF_MS):
+    def __init__(self, log, leader_id: int, leader_epoch: int, *, backoff_ms: int = REPLICA_FETCH_BACKOFF_MS,
+                 before_high_watermark_moves: Callable[[], None] | None = None):
         self.log = log
         self.backoff_ms = backoff_ms
+        self.before_high_watermark_moves = before_high_watermark_moves
         self.delayed_until_ms = 0
         self.become_follower(leader_id, leader_epoch)
 
@@ -143,6 +147,8 @@ class FollowerFetchState:
         log = self.log
         if records:
             log.append(records, now_ms=now_ms, origin="replication")
+        if self.before_high_watermark_moves is not None and min(high_watermark, log.log_end_offset) > log.high_watermark:
+            self.before_high_watermark_moves()
         log.update_high_watermark(high_watermark)
         if log_start_offset > log.log_start_offset and log_start_offset <= log.high_watermark:
             log.delete_records_before(log_start_offset)

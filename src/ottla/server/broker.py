@@ -288,19 +288,24 @@ class Broker:
         self.replicas.apply_partition_states(
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
+    def _publish_local_topic(self, info: TopicInfo) -> None:
+        """Single node: one topic's partitions, led here at epoch 0 (`_publish_local_metadata`
+        for one topic: the cost of a creation does not grow with the topics that exist)."""
+        self.replicas.apply_partition_states(self.metadata.local_put(info.name, info.topic_id, info.partitions))
+
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
         """Single node only: a cluster creates topics through the store (`cluster_admin`)."""
         info = self.logs.create_topic(name, partitions, configs)
-        self._publish_local_metadata()
+        self._publish_local_topic(info)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
         info = self.logs.add_partitions(name, total)
-        self._publish_local_metadata()
+        self._publish_local_topic(info)
         return info
 
     def delete_topic(self, name: str) -> None:
         partitions = self.logs.topics[name].partitions
         self.replicas.remove_partitions([(name, p) for p in range(partitions)])
         self.logs.delete_topic(name)
-        self._publish_local_metadata()
+        self.metadata.local_remove(name)

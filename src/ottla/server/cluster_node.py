@@ -8,7 +8,10 @@ controller read from `/brokers/ids` (the service keeps them in order per broker)
 SIGTERM with `controlled.shutdown.enable` the broker first asks the controller to move its
 leadership away (ControlledShutdown), up to `controlled.shutdown.max.retries` times,
 `controlled.shutdown.retry.backoff.ms` apart, as Kafka's `KafkaServer.controlledShutdown`
-does; then it stops.
+does; then it stops. The controller is found in the metadata cache, as Kafka finds it, not
+in ZooKeeper: a broker whose ZooKeeper is unreachable stops promptly, skipping the
+controlled shutdown (the controller moves leadership by writing to ZooKeeper, and will see
+this broker gone when its session ends).
 """
 
 from __future__ import annotations
@@ -78,9 +81,8 @@ class ClusterNode:
         backoff_s = config["controlled.shutdown.retry.backoff.ms"] / 1000
         for attempt in range(retries):
             try:
-                controller_id = await asyncio.to_thread(self.store.controller_id)
-                brokers = await asyncio.to_thread(self.store.live_brokers)
-                target = brokers.get(controller_id) if controller_id is not None else None
+                controller_id = self.broker.metadata.controller_id
+                target = self.broker.metadata.broker(controller_id)
                 if target is None:
                     raise BrokerNotAvailable("no controller")
                 _, _, message = wire.controlled_shutdown_request(self.broker.node_id, self.link.broker_epoch())
@@ -101,7 +103,11 @@ class ClusterNode:
 
     async def stop(self, *, registered: bool = True) -> None:
         if registered and self.broker.config["controlled.shutdown.enable"]:
-            await self.controlled_shutdown()
+            if self.store.connected:
+                await self.controlled_shutdown()
+            else:
+                log.warning("ZooKeeper is unreachable: broker %d stops without a controlled shutdown",
+                            self.broker.node_id)
         await self.service.stop()
         self.broker.replicas.fetchers = None
         await self.fetchers.stop()

@@ -9,6 +9,10 @@ replicas of) and applies them. At start it reads them all. A single node
 keeps its dynamic broker configs in `dynamic-broker-configs.json` in the data dir (Kafka's
 KRaft keeps them in its metadata log), so a restart keeps them.
 
+Group configs (KIP-848, `GROUP` resources) live in `/config/groups/<g>` in a cluster (Kafka 4
+keeps them as ConfigRecords in its metadata log, so every broker answers for every group), in
+`group-configs.json` on a single node. No broker acts on them (`group_config.py`).
+
 Applying a change: the broker's config layers are replaced (`BrokerConfig.set_dynamic`),
 every log resolves its settings again, and the cleaner and connection limits re-read theirs.
 """
@@ -23,6 +27,7 @@ from typing import Mapping
 from ..cluster.store import NoSuchTopic, StoreError
 from ..config import ConfigError, coerce_dynamic, render, validate_topic_configs
 from ..errors import ErrorCode, KafkaError
+from ..group_config import report_not_applied, validate_group_configs
 from ..producer_state._files import atomic_write
 from .clock import now_ms
 
@@ -31,6 +36,7 @@ __all__ = ["DynamicConfigs"]
 log = logging.getLogger("ottla.config")
 
 _LOCAL_FILE = "dynamic-broker-configs.json"
+_GROUPS_FILE = "group-configs.json"
 _CHANGE_EXPIRATION_MS = 15 * 60 * 1000  # Kafka's ZkNodeChangeNotificationListener.changeExpirationMs
 DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
 
@@ -44,8 +50,14 @@ class DynamicConfigs:
         self._reloading = asyncio.Lock()  # one reload at a time: an older read never lands last
         self._seen = -1  # the last `/config/changes` sequence number applied
         self._task: asyncio.Task | None = None
+        self._groups_path = broker.data_dir / _GROUPS_FILE
+        self._groups: dict[str, dict[str, str]] = {}  # a single node's group configs
+        self._groups_lock = asyncio.Lock()  # one read-modify-write of the groups file at a time
         if self.store is None:
             self._apply_broker(*self._read_local())
+            if self._groups_path.exists():
+                self._groups = json.loads(self._groups_path.read_text()).get("groups", {})
+                report_not_applied({name for configs in self._groups.values() for name in configs})
 
     # -- where they are kept ------------------------------------------------------------------
     def _read_local(self) -> tuple[dict, dict]:
@@ -106,6 +118,44 @@ class DynamicConfigs:
         except NoSuchTopic:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist") from None
         await self.catch_up()
+
+    async def group_configs(self, name: str) -> dict[str, str]:
+        """The configs stored for a group (none set: empty, whether or not the group exists)."""
+        if self.store is not None:
+            return await asyncio.to_thread(self.store.group_configs, name)
+        return dict(self._groups.get(name, {}))
+
+    async def group_config_names(self) -> list[str]:
+        if self.store is not None:
+            return await asyncio.to_thread(self.store.group_config_names)
+        return sorted(self._groups)
+
+    async def alter_group(self, name: str, configs: Mapping[str, str], validate_only: bool) -> None:
+        """Replace a group's configs: Kafka's ControllerConfigurationValidator for GROUP (the
+        whole new set checked), then stored where every broker reads them."""
+        if name == "":
+            raise KafkaError(ErrorCode.invalid_request, "Default group resources are not allowed.")
+        nulls = sorted(key for key, value in configs.items() if value is None)
+        if nulls:
+            raise KafkaError(ErrorCode.invalid_config, f"Null value not supported for group configs: {','.join(nulls)}")
+        try:
+            validate_group_configs(configs, self.broker.config)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+        if validate_only:
+            return
+        stored = {key: str(value) for key, value in configs.items()}
+        if self.store is not None:
+            await asyncio.to_thread(self.store.set_group_configs, name, stored)
+        else:
+            async with self._groups_lock:
+                groups = {**self._groups, name: stored}
+                if not stored:
+                    del groups[name]
+                data = json.dumps({"version": 1, "groups": groups}, sort_keys=True).encode()
+                await asyncio.to_thread(atomic_write, self._groups_path, data)
+                self._groups = groups
+        report_not_applied(stored)
 
     # -- applying them ------------------------------------------------------------------------
     def _apply_broker(self, per_broker: Mapping[str, str], default: Mapping[str, str]) -> None:

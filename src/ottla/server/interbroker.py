@@ -8,6 +8,11 @@ arrive and must not be taken for the next request's). A broker that cannot be re
 the send with `BrokerNotAvailable`; the next send to it waits out a backoff that doubles
 from `reconnect_backoff_ms` to `reconnect_backoff_max_ms` (Kafka's names and defaults) and
 reconnects. Every request sent here expects a response (no acks=0 produce).
+
+Timeouts use `asyncio.timeout`, never `asyncio.wait_for`: Python 3.11's `wait_for` returns
+the result when its task is cancelled just as the answer arrives, so the cancellation is
+lost. A replica fetcher cancelled that way went on fetching, and the broker never finished
+its SIGTERM.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ class BrokerConnection:
             if delay > 0:
                 await asyncio.sleep(delay)
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self._timeout_s)
+                async with asyncio.timeout(self._timeout_s):
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
             except (OSError, asyncio.TimeoutError) as exc:
                 self._next_attempt = time.monotonic() + self._backoff_s
                 self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
@@ -105,8 +111,9 @@ class BrokerConnection:
         self._writer.write(encode_request(request, correlation_id, self._client_id))
         timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(future)
+        except TimeoutError:
             self._disconnect(RequestTimedOut(f"no response from broker {self.node_id} in {timeout_s:.3f}s"))
             raise RequestTimedOut(f"{type(request).__name__} to broker {self.node_id} timed out after "
                                   f"{timeout_s:.3f}s") from None

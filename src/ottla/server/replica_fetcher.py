@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from functools import partial
 from typing import Iterable
 
 from kio.schema.fetch.v12 import request as fetch_request
@@ -24,6 +25,8 @@ from kio.schema.list_offsets.v7 import request as list_offsets_request
 from kio.schema.offset_for_leader_epoch.v4 import request as epoch_request
 
 from ..errors import ErrorCode, KafkaError
+from ..failpoints import crash_at
+from ..failpoints import from_environment as failpoints_from_environment
 from ..replication.follower import FetchPhase, FollowerFetchState
 from .clock import now_ms
 from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
@@ -35,6 +38,8 @@ log = logging.getLogger("ottla.replica")
 
 TopicPartition = tuple[str, int]
 EARLIEST, LATEST = -2, -1
+# Failpoint (ottla.failpoints): kill -9 between a follower's append and its HW update.
+AFTER_FOLLOWER_APPEND = "replica.after_follower_append"
 
 
 class ReplicaFetcherManager:
@@ -50,6 +55,9 @@ class ReplicaFetcherManager:
         self._fetchers: dict[int, _Fetcher] = {}
         self._endpoints: dict[int, tuple[str, int]] = {}
         self._source_of: dict[TopicPartition, int] = {}
+        failpoints = failpoints_from_environment()
+        self._crash_after_append = (partial(crash_at, AFTER_FOLLOWER_APPEND, failpoints)
+                                    if AFTER_FOLLOWER_APPEND in failpoints else None)
 
     def learn_endpoints(self, endpoints: dict[int, tuple[str, int]]) -> None:
         """The live leaders a LeaderAndIsr names (used until UpdateMetadata lists them)."""
@@ -68,7 +76,8 @@ class ReplicaFetcherManager:
         if fetcher is None:
             fetcher = self._fetchers[partition.leader_id] = _Fetcher(self, partition.leader_id)
         fetcher.add(key, FollowerFetchState(partition.log, partition.leader_id, partition.leader_epoch,
-                                            backoff_ms=self.settings["backoff_ms"]))
+                                            backoff_ms=self.settings["backoff_ms"],
+                                            before_high_watermark_moves=self._crash_after_append))
         self._source_of[key] = partition.leader_id
         log.info("following %s-%d from broker %d in leader epoch %d", *key, partition.leader_id,
                  partition.leader_epoch)
@@ -123,9 +132,10 @@ class _Fetcher:
             if not ready:
                 delays = [s.delayed_until_ms - now for s in self.states.values() if s.phase is not FetchPhase.FENCED]
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), max(min(delays), 1) / 1000 if delays else None)
-                except asyncio.TimeoutError:
+                try:  # not wait_for: it can lose the cancellation that stops this task
+                    async with asyncio.timeout(max(min(delays), 1) / 1000 if delays else None):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
                 continue
             endpoint = self._manager.endpoint(self.source_id)

@@ -314,8 +314,9 @@ class ReplicaManager:
         for key in partitions:
             self._data_waiters.setdefault(key, []).append(future)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation
+                await future
+        except TimeoutError:
             pass
         finally:
             for key in partitions:

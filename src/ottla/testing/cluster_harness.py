@@ -5,7 +5,9 @@
         c.brokers[2].kill(); c.brokers[2].start()     # kill -9, then back on the same port
         c.brokers[3].pause()                           # SIGSTOP (resume() sends SIGCONT)
 
-Broker ids are 1..N. Sessions time out after 6 s (Kafka: 18 s) so expiry tests stay short.
+Broker ids are 1..N. Sessions time out after 6 s (Kafka: 18 s) so expiry tests stay short,
+and a controlled shutdown that cannot move everything (the last broker of a cluster being
+torn down) retries 0.5 s apart (Kafka: 5 s) so teardown stays short.
 Brokers log at info level into their `stderr_path` files (never to the console): a failing
 test's report shows their last lines.
 `zookeeper_nodes=3` puts the brokers on a 3-node ensemble (`c.zookeeper.leader().kill()`).
@@ -24,6 +26,7 @@ from .broker import BrokerProcess
 from .zookeeper import ZooKeeperEnsemble, ZooKeeperServer, zookeeper, zookeeper_ensemble
 
 TEST_SESSION_TIMEOUT_MS = 6000
+TEST_CONTROLLED_SHUTDOWN_BACKOFF_MS = 500
 START_TIMEOUT_S = 120.0  # generous: the machine running the tests may be busy
 
 
@@ -50,7 +53,9 @@ class Cluster:
                    start: bool = True) -> BrokerProcess:
         broker_id = broker_id if broker_id is not None else max(self.brokers, default=0) + 1
         settings = {"zookeeper.connect": self.connect, "broker.id": broker_id,
-                    "zookeeper.session.timeout.ms": self.session_timeout_ms, **self.config, **(config or {})}
+                    "zookeeper.session.timeout.ms": self.session_timeout_ms,
+                    "controlled.shutdown.retry.backoff.ms": TEST_CONTROLLED_SHUTDOWN_BACKOFF_MS,
+                    **self.config, **(config or {})}
         # A broker restarted after kill -9 waits up to a session timeout for its old registration.
         handle = BrokerProcess(self.root / f"broker-{broker_id}", settings, log_level=self.log_level,
                                start_timeout=START_TIMEOUT_S)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 from typing import Any, Callable, Mapping
 
 from ...errors import DataDirError, ErrorCode
+from ...failpoints import crash_at
+from ...failpoints import from_environment as failpoints_from_environment
 from ...records.batch import CONTROL_BIT
 from ...records.records import Record, build_batch
 from ...records.scan import scan_batches
@@ -29,17 +29,6 @@ _MARKER_RETRY_MIN_S = 0.05
 _MARKER_RETRY_MAX_S = 1.0
 # The coordinator epoch or the producer epoch moved on: the completion is someone else's now.
 _MARKER_FENCED = frozenset({ErrorCode.transaction_coordinator_fenced, ErrorCode.invalid_producer_epoch})
-
-
-def _failpoints() -> frozenset[str]:
-    """Crash points for process-level tests, from `OTTLA_FAILPOINTS` (comma-separated), read once
-    when the broker starts so an unset variable costs nothing on the transaction path.
-
-    `txn.after_prepare_commit`: SIGKILL this process once a PrepareCommit record is durable
-    and before any COMMIT marker is written -- the coordinator crash that recovery must roll
-    forward from the log.
-    """
-    return frozenset(name.strip() for name in os.environ.get("OTTLA_FAILPOINTS", "").split(",") if name.strip())
 
 
 class TransactionLogStore:
@@ -92,13 +81,14 @@ class MarkerSender:
         self._channel = channel
         self._runtime = runtime
         self._tasks: set[asyncio.Task] = set()
-        self._crash_after_prepare_commit = "txn.after_prepare_commit" in failpoints
+        self._failpoints = failpoints
+        self._crash_after_prepare_commit = "txn.after_prepare_commit" in failpoints  # checked per commit
 
     def write_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                       commit: bool, partitions: frozenset[TopicPartition],
                       on_done: Callable[[ErrorCode], None]) -> None:
         if commit and self._crash_after_prepare_commit:
-            os.kill(os.getpid(), signal.SIGKILL)
+            crash_at("txn.after_prepare_commit", self._failpoints)
         task = asyncio.get_running_loop().create_task(
             self._send(producer_id, producer_epoch, coordinator_epoch, commit, set(partitions), on_done))
         self._tasks.add(task)
@@ -144,7 +134,7 @@ class TransactionService:
         self._runtime = runtime
         self._config = config
         self._clock = clock
-        self.markers = MarkerSender(channel, runtime, _failpoints())
+        self.markers = MarkerSender(channel, runtime, failpoints_from_environment())
         self._store = TransactionLogStore(runtime, clock)
         self.coordinator = TransactionCoordinator(config, self._store, self.markers, next_producer_id)
         self._timer: asyncio.Task | None = None

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from ...durability import LogDirOffline, failed_elsewhere
+from ...failpoints import crash_at
 from ..manager import read_offset_checkpoint, write_offset_checkpoint
 from ..txn_index import AbortedTxn
 from .clean import (
@@ -50,7 +51,7 @@ from .clean import (
     run_in_worker,
 )
 from .filter import OffsetMap
-from .swap import commit_swap, crash_at, remove_files
+from .swap import commit_swap, remove_files
 
 if TYPE_CHECKING:
     from ...config import BrokerConfig

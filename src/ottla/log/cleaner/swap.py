@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ...durability import fsync
+from ...failpoints import crash_at
 from ...records.batch import HEADER_SIZE, read_header
 from ..segment import segment_name
 from .clean import CLEANED, RANGE, CleanedGroup, CleaningAborted
@@ -47,12 +47,6 @@ _SWAP_ORDER = (RANGE, ".index", ".timeindex", ".txnindex", ".log")  # the .log l
 # Crash points of the swap, for OTTLA_FAILPOINTS (see ottla.failpoints).
 FAILPOINTS = ("cleaner.after_cleaned", "cleaner.after_swap_files", "cleaner.after_old_deleted",
               "cleaner.after_swap_complete")
-
-
-def crash_at(name: str, failpoints: frozenset[str]) -> None:
-    if name in failpoints:
-        log.warning("failpoint %s: killing the broker", name)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync_dir(directory: Path) -> None:

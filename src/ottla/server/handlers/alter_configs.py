@@ -1,7 +1,7 @@
-"""AlterConfigs (the legacy whole-set form): replaces a topic's overrides, or the dynamic
-configs of this broker or of the cluster default."""
+"""AlterConfigs (the legacy whole-set form): replaces a topic's overrides, a group's configs,
+or the dynamic configs of this broker or of the cluster default."""
 
-from .describe_configs import TOPIC_RESOURCE
+from .describe_configs import GROUP_RESOURCE, TOPIC_RESOURCE
 from .incremental_alter_configs import alter_topic, answer_per_resource, broker_entity
 
 API_KEY = 33
@@ -15,6 +15,8 @@ async def handle(ctx, request):
         configs = {c.name: c.value for c in resource.configs}
         if resource.resource_type == TOPIC_RESOURCE:
             await alter_topic(broker, resource.resource_name, configs, request.validate_only)
+        elif resource.resource_type == GROUP_RESOURCE:
+            await broker.dynamic_configs.alter_group(resource.resource_name, configs, request.validate_only)
         else:
             await broker.dynamic_configs.alter_broker(broker_entity(broker, resource.resource_name), configs,
                                                       request.validate_only)

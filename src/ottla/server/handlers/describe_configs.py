@@ -1,10 +1,12 @@
-"""DescribeConfigs for topics and the broker, with Kafka's config sources and synonyms.
+"""DescribeConfigs for topics, the broker and groups, with Kafka's config sources and synonyms.
 
 The broker lists every config it has, the static ones fixed at start (listeners, log dirs)
 included; "" (the cluster default) lists the dynamic defaults only. With include_synonyms each
 entry carries where its value could come from, most specific first, as Kafka reports them
 (topic override, dynamic per-broker, dynamic default, static broker config, default). In a
 cluster a topic's configs are read from the store, so any broker answers for any topic.
+A group (KIP-848 GROUP resource) lists every group config Kafka defines, its own settings over
+the broker's `group.*` defaults, whether or not the group exists (as Kafka).
 
 A resource named several times with the same keys is answered once (clients match results
 by resource): one 350 KB request naming the broker 50,000 times would otherwise build a
@@ -17,17 +19,22 @@ from datetime import timedelta
 from ...config import (BROKER_CONFIGS, DYNAMIC_BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, TopicConfig,
                        broker_synonyms, render)
 from ...errors import ErrorCode, KafkaError
+from ...group_config import CONFIG_TYPES, GROUP_CONFIGS, GroupConfig
 from ...protocol.build import make, nested
 
 API_KEY = 32
 VERSIONS = (0, 4)  # v0 (removed in Kafka 4.0, KIP-896) has is_default instead of a source
 
-TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE = 2, 4, 32
 # Kafka's ConfigSource codes.
-SOURCE_CODES = {"topic": 1, "dynamic_broker": 2, "dynamic_default": 3, "broker": 4, "default": 5}
+SOURCE_CODES = {"topic": 1, "dynamic_broker": 2, "dynamic_default": 3, "broker": 4, "default": 5, "group": 8}
 # Kafka's ConfigType codes (DescribeConfigs v3+).
 _TYPE_CODES = {bool: 1, str: 2, int: 5, float: 6}
 _YIELD_EVERY = 256
+
+
+def _type_code(value) -> int:
+    return _TYPE_CODES.get(type(value), 0)
 
 
 def topic_config_entries(config) -> list[tuple[str, str | None, str]]:
@@ -51,7 +58,7 @@ async def topic_config(broker, name: str) -> TopicConfig:
     raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist")
 
 
-def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str, object, list, bool]]:
+def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str, int, list, bool]]:
     """Kafka's createBrokerConfigEntry. This broker (`per_broker`): every config it has, the
     static ones fixed at start (what it listens on, where its log lives) included; the
     cluster default (""): only the dynamic defaults, without per-broker synonyms."""
@@ -63,7 +70,7 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
         if not per_broker:
             synonyms = [s for s in synonyms if s[2] != "dynamic_broker"]
         value = config[name] if per_broker else config.dynamic_default[name]
-        entries.append((name, render(value), synonyms[0][2] if synonyms else "default", value, synonyms,
+        entries.append((name, render(value), synonyms[0][2] if synonyms else "default", _type_code(value), synonyms,
                         name not in DYNAMIC_BROKER_CONFIGS))
     if not per_broker:
         return entries
@@ -76,20 +83,26 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
         "log.dirs": str(broker.data_dir),
     }
     for name, value in static.items():
-        entries.append((name, value, "broker", value, [(name, value, "broker")], True))
+        entries.append((name, value, "broker", _type_code(value), [(name, value, "broker")], True))
     return sorted(entries)
 
 
 async def _entries(broker, resource) -> list:
     if resource.resource_type == TOPIC_RESOURCE:
         config = await topic_config(broker, resource.resource_name)
-        return [(n, v, s, config[n], config.synonyms(n), False) for n, v, s in topic_config_entries(config)]
+        return [(n, v, s, _type_code(config[n]), config.synonyms(n), False) for n, v, s in topic_config_entries(config)]
     if resource.resource_type == BROKER_RESOURCE:
         if resource.resource_name not in ("", str(broker.node_id)):
             raise KafkaError(ErrorCode.invalid_request, f"Unexpected broker id, expected {broker.node_id} or "
                                                         f"empty string, but received {resource.resource_name}")
         return _broker_entries(broker, resource.resource_name != "")
-    raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type}")
+    if resource.resource_type == GROUP_RESOURCE:
+        if not resource.resource_name:
+            raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty")
+        config = GroupConfig(broker.config, await broker.dynamic_configs.group_configs(resource.resource_name))
+        return [(name, render(config[name]), synonyms[0][2], CONFIG_TYPES[name], synonyms, False)
+                for name in sorted(GROUP_CONFIGS) for synonyms in (config.synonyms(name),)]
+    raise KafkaError(ErrorCode.invalid_request, f"Unsupported resource type: {resource.resource_type}")
 
 
 async def handle(ctx, request):
@@ -119,9 +132,8 @@ async def handle(ctx, request):
                  config_source=SOURCE_CODES[source], is_sensitive=False,
                  synonyms=tuple(make(synonym_type, name=n, value=v, source=SOURCE_CODES[layer])
                                 for n, v, layer in synonyms) if with_synonyms else (),
-                 config_type=_TYPE_CODES.get(type(raw), 0), documentation=None,
-                 is_default=source == "default")
-            for name, value, source, raw, synonyms, read_only in entries
+                 config_type=config_type, documentation=None, is_default=source == "default")
+            for name, value, source, config_type, synonyms, read_only in entries
             if wanted is None or name in wanted
         )
         results.append(make(result_type, error_code=error, error_message=message,

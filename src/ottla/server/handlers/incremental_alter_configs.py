@@ -1,5 +1,6 @@
-"""IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT (list configs) on topic configs
-and on dynamic broker configs (KIP-226: a broker id, or "" for the cluster-wide default)."""
+"""IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT (list configs) on topic configs,
+on dynamic broker configs (KIP-226: a broker id, or "" for the cluster-wide default) and on
+group configs (KIP-848 GROUP resources)."""
 
 from datetime import timedelta
 
@@ -7,7 +8,8 @@ from ...cluster.store import StoreError
 from ...config import BROKER_CONFIGS, ConfigError, render, validate_topic_configs
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
-from .describe_configs import BROKER_RESOURCE, TOPIC_RESOURCE, topic_config
+from ...group_config import GroupConfig
+from .describe_configs import BROKER_RESOURCE, GROUP_RESOURCE, TOPIC_RESOURCE, topic_config
 
 API_KEY = 44
 VERSIONS = (0, 1)
@@ -80,9 +82,8 @@ async def answer_per_resource(ctx, resources, alter):
     for resource in resources:
         error, message = ErrorCode.none, None
         try:
-            if resource.resource_type not in (TOPIC_RESOURCE, BROKER_RESOURCE):
-                raise KafkaError(ErrorCode.invalid_request, f"AlterConfigs is only supported for topics and "
-                                                            f"brokers, but resource type is {resource.resource_type}")
+            if resource.resource_type not in (TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE):
+                raise KafkaError(ErrorCode.invalid_request, f"Unknown resource type {resource.resource_type}")
             await alter(resource)
         except KafkaError as exc:
             error, message = exc.code, exc.message
@@ -105,6 +106,10 @@ async def handle(ctx, request):
                 raise KafkaError(ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist") from None
             new = _apply(config.overrides, resource.configs, lambda n: render(config[n]))
             await alter_topic(broker, name, new, request.validate_only)
+        elif resource.resource_type == GROUP_RESOURCE:
+            current = await broker.dynamic_configs.group_configs(name)
+            new = _apply(current, resource.configs, lambda n: render(GroupConfig(broker.config, current)[n]))
+            await broker.dynamic_configs.alter_group(name, new, request.validate_only)
         else:
             broker_id = broker_entity(broker, name)
             current = await broker.dynamic_configs.stored_broker_configs(broker_id)

@@ -1,7 +1,8 @@
 """ListConfigResources (v0: ListClientMetricsResources): the resources that have configs.
 
-Topics and this broker have configs; Ottla has no client-metrics subscriptions and no
-group configs yet, so those types list nothing. Other types are INVALID_REQUEST, as in Kafka.
+Topics, the brokers and the groups with group configs (KIP-848, stored where every broker
+reads them) have configs; Ottla has no client-metrics subscriptions, so that type lists
+nothing. Other types are INVALID_REQUEST, as in Kafka.
 """
 
 from datetime import timedelta
@@ -29,5 +30,8 @@ async def handle(ctx, request):
         resources += [make(resource_type, resource_name=name, resource_type=TOPIC) for name in metadata.topic_names()]
     if BROKER in wanted:
         resources += [make(resource_type, resource_name=str(b.node_id), resource_type=BROKER) for b in metadata.brokers]
+    if GROUP in wanted:
+        resources += [make(resource_type, resource_name=name, resource_type=GROUP)
+                      for name in await ctx.broker.dynamic_configs.group_config_names()]
     return make(ctx.response_type, throttle_time=timedelta(0), error_code=ErrorCode.none,
                 config_resources=tuple(resources))
