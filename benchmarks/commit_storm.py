@@ -13,13 +13,17 @@ the same for an empty data directory ("baseline"); the difference is loading
 `__consumer_offsets`. The group's offsets are loaded on the event loop after the broker starts
 serving, so "offsets" is the time from launching until OffsetFetch for the group answers
 with every committed offset (no COORDINATOR_LOAD_IN_PROGRESS): what a consumer waits for.
-A kill -9 restart (the active segment is rescanned) is timed as well.
+"serving s" is the broker's own figure, from the kernel's start of its process (interpreter
+start and imports included) to its "serving on" line. A kill -9 restart (the active segment is
+rescanned) is timed as well. With --restarts N the clean restart is timed N times and each
+figure is the median (min-max).
 With --no-cleaner the storm runs with log.cleaner.enable=false, for comparison. With
 --data-dir DIR the stormed data directory is DIR and is kept; if DIR already holds a storm,
 the storm is skipped and only the restarts are timed (the same data for before and after).
 
     .venv/bin/python benchmarks/commit_storm.py --commits 1000000
     .venv/bin/python benchmarks/commit_storm.py --commits 200000 --no-cleaner
+    .venv/bin/python benchmarks/commit_storm.py --data-dir /tmp/stormed --restarts 5   # restarts only
 
 Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
 """
@@ -32,12 +36,14 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.index import load_response_schema
@@ -52,7 +58,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32, i64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brokerproc import Children, Ottla, progress  # noqa: E402
+from brokerproc import Children, Ottla, bytecode_cache_env, progress  # noqa: E402
 
 from ottla.records.records import iter_batches  # noqa: E402
 
@@ -124,11 +130,24 @@ def offsets_served(bootstrap: str, launched: float, expected: int, timeout: floa
     raise AssertionError("unreachable")
 
 
-def timed_start(broker: Ottla, connections: int) -> tuple[float, float]:
-    """(seconds until Metadata answers, seconds until the group's offsets are served)."""
+class Start(NamedTuple):
+    serving_s: float  # the broker's own: process start to its "serving on" line
+    metadata_s: float  # launch until Metadata answers
+    offsets_s: float  # launch until OffsetFetch answers every committed offset
+
+
+def timed_start(broker: Ottla, connections: int) -> Start:
     launched = time.monotonic()
     metadata_s = broker.start()
-    return metadata_s, offsets_served(broker.bootstrap, launched, connections)
+    offsets_s = offsets_served(broker.bootstrap, launched, connections)
+    return Start(broker.serving_s() or float("nan"), metadata_s, offsets_s)
+
+
+def spread(values: list[float]) -> str:
+    """The median, and the range when there are several."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def storm(bootstrap: str, commits: int, connections: int) -> float:
@@ -176,6 +195,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="committing connections, one partition each")
     parser.add_argument("--no-cleaner", action="store_true")
     parser.add_argument("--data-dir", type=Path, help="the stormed data dir: kept, and reused if it holds a storm")
+    parser.add_argument("--restarts", type=int, default=1, help="clean restarts timed (median reported)")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="leave PYTHONDONTWRITEBYTECODE as it is: brokers compile their modules at each start")
     args = parser.parse_args()
     config = {"offsets.topic.num.partitions": "1", "offsets.topic.segment.bytes": str(int(args.segment_mb * 2**20)),
               "log.cleaner.backoff.ms": "1000", "log.cleaner.enable": str(not args.no_cleaner).lower()}
@@ -184,12 +206,14 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with Children() as children, tempfile.TemporaryDirectory(prefix="ottla-storm-") as tmp:
         root = Path(tmp)
-        baseline = Ottla(children, root / "empty", extra)
-        baseline_s = baseline.start()
+        env = None if args.no_bytecode_cache else bytecode_cache_env(root / "pycache")
+        baseline = Ottla(children, root / "empty", extra, env)
+        baseline_metadata_s = baseline.start()
+        baseline_serving_s = baseline.serving_s() or float("nan")
         baseline.stop()
         data_dir = args.data_dir or root / "storm"
         reused = (data_dir / "__consumer_offsets-0").is_dir()
-        broker = Ottla(children, data_dir, extra + ["--log-level", "info"])
+        broker = Ottla(children, data_dir, extra + ["--log-level", "info"], env)
         storm_s = float("nan")
         if not reused:
             broker.start()
@@ -207,29 +231,40 @@ def main() -> None:
         size, records, segments, in_active = partition_stats(directory)
         if args.data_dir is not None:  # restored at the end: the next run restarts from the same bytes
             shutil.copytree(data_dir, root / "backup")
-        start_s, offsets_s = timed_start(broker, args.connections)
+        starts = []
+        for i in range(args.restarts):
+            if i:
+                broker.stop()
+            starts.append(timed_start(broker, args.connections))
+            progress(f"restart {i + 1}: {starts[-1]}")
         os.kill(broker.proc.pid, signal.SIGKILL)
         broker.proc.wait()
-        crash_start_s, crash_offsets_s = timed_start(broker, args.connections)
+        crash = timed_start(broker, args.connections)
         broker.stop()
         if args.data_dir is not None:
             shutil.rmtree(data_dir)
             shutil.copytree(root / "backup", data_dir)
     print("| cleaner | commits | commits/s | __consumer_offsets MiB | records | segments | records in active segment "
-          "| start s | offsets s | kill -9 start s | kill -9 offsets s | baseline start s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| serving s | start s | offsets s | kill -9 serving s | kill -9 offsets s | baseline serving s "
+          "| baseline start s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rate = "(reused)" if reused else f"{args.commits / storm_s:,.0f}"
     print(f"| {'off' if args.no_cleaner else 'on'} | {args.commits:,} | {rate} | "
-          f"{size / 2**20:.1f} | {records:,} | {segments} | {in_active:,} | {start_s:.2f} | {offsets_s:.2f} | "
-          f"{crash_start_s:.2f} | {crash_offsets_s:.2f} | {baseline_s:.2f} |")
+          f"{size / 2**20:.1f} | {records:,} | {segments} | {in_active:,} | "
+          f"{spread([s.serving_s for s in starts])} | {spread([s.metadata_s for s in starts])} | "
+          f"{spread([s.offsets_s for s in starts])} | {crash.serving_s:.2f} | {crash.offsets_s:.2f} | "
+          f"{baseline_serving_s:.2f} | {baseline_metadata_s:.2f} |")
     print()
+    print(f"- bytecode: {'compiled at each start (PYTHONDONTWRITEBYTECODE as set)' if args.no_bytecode_cache else 'cached'}")
     print(f"- 1 group, {args.connections} live offsets (one per committing connection); __consumer_offsets: 1 partition, {args.segment_mb:g} MiB segments")
     print(f"- {os.cpu_count()} CPUs; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"run took {time.monotonic() - started:.0f}s")
     print(f"- command: python benchmarks/commit_storm.py --commits {args.commits} --segment-mb {args.segment_mb:g} "
           f"--connections {args.connections}"
           + (" --no-cleaner" if args.no_cleaner else "")
-          + (f" --data-dir {args.data_dir}" if args.data_dir else ""))
+          + (f" --data-dir {args.data_dir}" if args.data_dir else "")
+          + (f" --restarts {args.restarts}" if args.restarts != 1 else "")
+          + (" --no-bytecode-cache" if args.no_bytecode_cache else ""))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def main() -> int:
         print(f"hostile batch not refused as Kafka does: {wrong}")
     for what, count in report.handler_failures.most_common():
         print(f"handler failure: {what} x{count}")
+    print(f"longest single steps (one request's code between two awaits, loop CPU): {report.longest_steps}")
+    print(f"longest garbage collections: {report.longest_gc}")
     for line in report.lag_context:
         print(f"before the worst lag: {line}")
     for frame in report.silent[:10]:

@@ -4,7 +4,7 @@
 
 - 10 connections each declaring a 100 MB frame and sending 12 bytes (F7): RSS growth.
 - DescribeConfigs naming the broker 50,000 times (F3): response size, round trip, and the
-  broker's worst event-loop lag over the run.
+  broker's worst event-loop lag over the run, and the requests with the longest single step.
 - Fetch naming one partition (10 MB of data) 100 times (F3): response size.
 """
 
@@ -75,6 +75,10 @@ def main() -> int:
         handle.stop()
         lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", handle.read_stderr())
         rows.append(("broker's worst event-loop lag over the run: wall / own CPU (ms)", " / ".join(lag[-1])))
+        steps = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)",
+                           handle.read_stderr())
+        rows.append(("longest single steps, by request (broker CPU)", steps[-1][0]))
+        rows.append(("longest garbage collections", steps[-1][1]))
         handle.start()
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

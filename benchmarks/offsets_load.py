@@ -5,7 +5,11 @@ group, as a commit storm does) through an in-process broker's group coordinator 
 1-partition `__consumer_offsets` whose segments do not roll (the active segment is never
 cleaned: this is what a restart after a storm replays), stops the broker, then times
 loading that partition again --trials times (CPU and wall clock, best of the trials).
-No sockets and no subprocess: the figure is the replay itself, not process start.
+No sockets and no subprocess: the figure is the replay itself, not process start. "open s" is
+constructing the broker over the data dir (its logs opened after a clean shutdown), "open
+after kill -9 s" the same with the clean-shutdown marker and the recovery points removed, as
+a kill -9 before the first checkpoint leaves them: the active segment is rescanned (CRC and
+producer state of every batch) before the load can start.
 
     PYTHONPATH=src .venv/bin/python benchmarks/offsets_load.py --commits 64000
 
@@ -25,6 +29,7 @@ from pathlib import Path
 from ottla.config import BrokerConfig
 from ottla.coordinator.group import OffsetCommit
 from ottla.errors import ErrorCode
+from ottla.log.manager import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_FILE
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 
@@ -55,9 +60,19 @@ async def _storm(data_dir: Path, commits: int, offsets: int) -> None:
         await broker.stop()
 
 
-def _load(data_dir: Path) -> tuple[float, float, int]:
-    """(CPU s, wall s, offsets loaded) of loading `__consumer_offsets-0` once."""
+def _crash(data_dir: Path) -> None:
+    """Leave the data dir as a kill -9 before any offset checkpoint would: no clean-shutdown
+    marker and no recovery point, so opening it rescans every segment (here: the one)."""
+    (data_dir / CLEAN_SHUTDOWN_FILE).unlink()
+    (data_dir / RECOVERY_POINT_FILE).unlink()
+
+
+def _load(data_dir: Path) -> tuple[float, float, float, int]:
+    """(wall s of opening the broker's logs, CPU s and wall s of loading `__consumer_offsets-0`,
+    offsets loaded)."""
+    opened = time.perf_counter()
     broker = Broker(data_dir, BrokerConfig(CONFIG), port=0)
+    opened = time.perf_counter() - opened
     try:
         groups = broker.groups.coordinator
         cpu, wall = time.process_time(), time.perf_counter()
@@ -65,7 +80,7 @@ def _load(data_dir: Path) -> tuple[float, float, int]:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         loaded = groups.fetch_offsets(group_id="storm", partitions=None)
         assert loaded.error == ErrorCode.none
-        return cpu, wall, len(loaded.offsets)
+        return opened, cpu, wall, len(loaded.offsets)
     finally:
         broker.logs.close()
         broker.release_data_dir()
@@ -82,19 +97,23 @@ def main() -> None:
         data_dir = Path(tmp) / "data"
         asyncio.run(_storm(data_dir, args.commits, args.offsets))
         size = sum(p.stat().st_size for p in (data_dir / "__consumer_offsets-0").glob("*.log"))
-        trials = []
+        trials, crashed = [], []
         for _ in range(args.trials):
-            copy = Path(tmp) / "trial"
-            shutil.rmtree(copy, ignore_errors=True)
-            shutil.copytree(data_dir, copy)
-            trials.append(_load(copy))
-    cpu = min(t[0] for t in trials)
-    wall = min(t[1] for t in trials)
-    assert all(t[2] == args.offsets for t in trials)
-    print("| commits | live offsets | partition MiB | load CPU s | load wall s | records/s (CPU) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.commits:,} | {args.offsets} | {size / 2**20:.1f} | {cpu:.3f} | {wall:.3f} | "
-          f"{args.commits / cpu:,.0f} |")
+            for results, crash in ((trials, False), (crashed, True)):
+                copy = Path(tmp) / "trial"
+                shutil.rmtree(copy, ignore_errors=True)
+                shutil.copytree(data_dir, copy)
+                if crash:
+                    _crash(copy)
+                results.append(_load(copy))
+    open_s, cpu, wall = (min(t[i] for t in trials) for i in range(3))
+    crash_open_s = min(t[0] for t in crashed)
+    assert all(t[3] == args.offsets for t in trials + crashed)
+    print("| commits | live offsets | partition MiB | open s | load CPU s | load wall s | records/s (CPU) "
+          "| open after kill -9 s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.commits:,} | {args.offsets} | {size / 2**20:.1f} | {open_s:.3f} | {cpu:.3f} | {wall:.3f} | "
+          f"{args.commits / cpu:,.0f} | {crash_open_s:.3f} |")
     print()
     print(f"- best of {args.trials} loads; {os.cpu_count()} CPUs; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after")

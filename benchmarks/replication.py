@@ -6,8 +6,12 @@
    in the value), a consumer reads it; p50/p99 of receive time minus send time.
 3. Failover: kill -9 of the RF=3 partition's leader while an idempotent acks=all producer
    runs; the time from the kill to the first record acknowledged by the new leader.
+4. Controlled shutdown: SIGTERM of the RF=3 partition's leader (ControlledShutdown moves the
+   leadership first) while the same producer runs, `--shutdown-rounds` times; the longest gap
+   between two acknowledgements from the SIGTERM until a second after the broker exited
+   (against the longest gap in the 2 s before: the producer's own pace).
 
-    PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500]
+    PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500] [--shutdown-rounds 5]
 """
 
 from __future__ import annotations
@@ -116,10 +120,51 @@ def failover(handle, topic: str) -> float:
     return first - killed_at
 
 
+def controlled_shutdown(handle, topic: str, rounds: int) -> list[tuple[float, float, float]]:
+    """Per round (the leader SIGTERMed, back and in the ISR before the next): the longest gap
+    between acknowledgements from the SIGTERM until a second after the broker exited, the
+    longest gap in the 2 s before the SIGTERM (the producer's own pace), and how long the
+    broker took to stop."""
+    acked: list[float] = []
+    producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
+                         "topic.metadata.refresh.interval.ms": 500})
+    stop = threading.Event()
+
+    def run():
+        while not stop.is_set():
+            producer.produce(topic, b"c", on_delivery=lambda err, msg: err is None and acked.append(time.monotonic()))
+            producer.poll(0.002)
+
+    def longest_gap(start: float, until: float) -> float:
+        times = [start] + [t for t in acked if start < t <= until] + [until]
+        return max(b - a for a, b in zip(times, times[1:]))
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    results = []
+    for _ in range(rounds):
+        leader = leader_of(handle.bootstrap, topic)
+        time.sleep(3)  # a steady pace first
+        signalled = time.monotonic()
+        handle.brokers[leader].stop()  # SIGTERM, returns once the broker exited
+        stopped = time.monotonic()
+        time.sleep(1.0)
+        results.append((longest_gap(signalled, stopped + 1.0), longest_gap(signalled - 2.0, signalled),
+                        stopped - signalled))
+        progress(f"SIGTERM of leader {leader}: longest gap {results[-1][0] * 1000:.0f} ms, "
+                 f"{results[-1][1] * 1000:.0f} ms before, stopped in {results[-1][2]:.2f} s")
+        handle.brokers[leader].start()
+    stop.set()
+    thread.join()
+    producer.flush(60)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=200000)
     parser.add_argument("--latency-samples", type=int, default=500)
+    parser.add_argument("--shutdown-rounds", type=int, default=5)
     args = parser.parse_args()
     with cluster(brokers=3, config=CONFIG) as handle:
         progress(f"cluster up: {handle.bootstrap}")
@@ -133,6 +178,10 @@ def main() -> None:
         progress(f"latency p50 {p50:.1f} ms p99 {p99:.1f} ms")
         create(handle.bootstrap, "failover", 3)
         gap = failover(handle, "failover")
+        progress(f"kill -9 failover: {gap:.2f} s")
+        leader_of(handle.bootstrap, "failover")  # the killed broker is back in the ISR
+        rounds = controlled_shutdown(handle, "failover", args.shutdown_rounds)
+        gaps = sorted(g for g, _, _ in rounds)
         print()
         print("| measure | value |")
         print("| --- | --- |")
@@ -143,6 +192,11 @@ def main() -> None:
               f"| {p50:.1f} / {p99:.1f} ms |")
         print(f"| kill -9 of the leader -> first acknowledged produce on the new leader "
               f"(zookeeper.session.timeout.ms={handle.session_timeout_ms}) | {gap:.2f} s |")
+        print(f"| SIGTERM of the leader (controlled shutdown), longest gap between acknowledgements, "
+              f"median / max of {len(gaps)} | {statistics.median(gaps) * 1000:.0f} / {gaps[-1] * 1000:.0f} ms |")
+        print(f"| the same producer's longest gap in the 2 s before each SIGTERM, max "
+              f"| {max(b for _, b, _ in rounds) * 1000:.0f} ms |")
+        print(f"| SIGTERM to exit (controlled shutdown, flush, close), max | {max(c for _, _, c in rounds):.2f} s |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import socket
 import struct
 
 import pytest
+from kazoo.client import KazooClient
 
 from ottla.testing.broker import STARTED
 
@@ -28,6 +29,24 @@ def raw_connection():
     yield connect
     for sock in opened:
         sock.close()
+
+
+@pytest.fixture
+def zk_client():
+    """Call with a ZooKeeper connect string for a started kazoo client, to look at the znodes the
+    brokers write; every client is closed after the test (before module-scoped servers stop)."""
+    started = []
+
+    def connect(hosts: str) -> KazooClient:
+        client = KazooClient(hosts=hosts)
+        client.start(timeout=30)
+        started.append(client)
+        return client
+
+    yield connect
+    for client in started:
+        client.stop()
+        client.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"] and "hypothesis" not in sys.modules:
+        # kio registers its types with Hypothesis whenever it is installed (a test dependency);
+        # a broker never uses it, and importing it took 0.1-1 s of every start.
+        sys.modules["hypothesis"] = None
     parser = build_parser()
     args = parser.parse_args(argv)
     module_name, _, function = args.run.partition(":")

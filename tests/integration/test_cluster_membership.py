@@ -32,12 +32,8 @@ def zk_cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def zk(zk_cluster):
-    client = KazooClient(hosts=zk_cluster.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def zk(zk_cluster, zk_client):
+    return zk_client(zk_cluster.connect)
 
 
 wait_for = partial(_wait_for, timeout=60.0, interval=0.1)
@@ -161,23 +157,18 @@ def test_chroot_must_exist_and_then_holds_the_whole_cluster(tmp_path):
             client.close()
 
 
-def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ottla_cluster):
+def test_ottla_cluster_broker_killed_and_restarted_at_once_takes_its_id_back(ottla_cluster, zk_client):
     """kill -9 leaves the registration until the old session times out; a restart right away
     waits for it to go instead of failing (Kafka's KAFKA-7165), then registers anew."""
-    client = KazooClient(hosts=ottla_cluster.connect)
-    client.start(timeout=30)
-    try:
-        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
-        before = client.get("/brokers/ids/3")[1]
-        handle = ottla_cluster.brokers[3]
-        handle.kill()
-        handle.start()
-        after = client.get("/brokers/ids/3")[1]
-        assert after.czxid > before.czxid and after.ephemeralOwner != before.ephemeralOwner
-        assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
-    finally:
-        client.stop()
-        client.close()
+    client = zk_client(ottla_cluster.connect)
+    assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
+    before = client.get("/brokers/ids/3")[1]
+    handle = ottla_cluster.brokers[3]
+    handle.kill()
+    handle.start()
+    after = client.get("/brokers/ids/3")[1]
+    assert after.czxid > before.czxid and after.ephemeralOwner != before.ephemeralOwner
+    assert sorted(client.get_children("/brokers/ids")) == ["1", "2", "3"]
 
 
 def test_a_data_dir_of_another_cluster_is_refused(zk_cluster, zk, tmp_path):

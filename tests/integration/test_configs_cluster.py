@@ -9,7 +9,6 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from confluent_kafka.error import KafkaError as CKError
-from kazoo.client import KazooClient
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
@@ -28,12 +27,8 @@ def three(tmp_path_factory):
 
 
 @pytest.fixture
-def zk(three):
-    client = KazooClient(hosts=three.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def zk(three, zk_client):
+    return zk_client(three.connect)
 
 
 def _alter(sock, resource_type, name, **configs):
@@ -158,3 +153,22 @@ def test_group_configs_set_on_one_broker_are_described_by_another(three, zk, raw
     assert _describe(on_3, GROUP, "billing")[1]["consumer.heartbeat.interval.ms"] == ("6000", 8)  # GROUP_CONFIG
     assert _describe(on_3, GROUP, "payroll")[1]["consumer.heartbeat.interval.ms"] == ("5000", 5)  # DEFAULT_CONFIG
     assert _alter(on_3, GROUP, "billing", consumer_heartbeat_interval_ms="16000").error_code == ErrorCode.invalid_config
+    assert _list_groups(on_3) == ["billing"]  # ListConfigResources: the groups that have configs
+    assert _delete(on_3, GROUP, "billing", "consumer.heartbeat.interval.ms").error_code == ErrorCode.none
+    assert _list_groups(on_1) == []
+    assert _describe(on_1, GROUP, "billing")[1]["consumer.heartbeat.interval.ms"] == ("5000", 5)
+
+
+def _delete(sock, resource_type, name, config):
+    schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    entry = make(nested(schema, "AlterableConfig"), name=config, config_operation=1, value=None)
+    _, response = roundtrip(sock, make(schema, validate_only=False, resources=(
+        make(nested(schema, "AlterConfigsResource"), resource_type=resource_type, resource_name=name,
+             configs=(entry,)),)))
+    return response.responses[0]
+
+
+def _list_groups(sock):
+    schema = load_request_schema(74, 1)
+    _, response = roundtrip(sock, make(schema, resource_types=(GROUP,)))
+    return [r.resource_name for r in response.config_resources]

@@ -14,7 +14,6 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
-from kazoo.client import KazooClient
 
 from ottla.testing import cluster
 from tests.waiting import wait_for
@@ -57,12 +56,8 @@ def three(tmp_path_factory):
 
 
 @pytest.fixture
-def zk(three):
-    client = KazooClient(hosts=three.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def zk(three, zk_client):
+    return zk_client(three.connect)
 
 
 def test_topic_created_on_any_broker_lands_on_all_with_leaders_spread(three):

@@ -68,6 +68,9 @@ def test_group_configs_are_described_altered_bounded_and_kept(ottla_broker_facto
     # Stored but nothing acts on it: said once per name, at the change and again after the restart.
     log = broker.read_stderr()
     assert log.count("group config consumer.session.timeout.ms is accepted and stored but not applied") == 2
+    # The broker's default for it is reported too; its bounds are applied (they refused 70000 above).
+    assert "broker config group.consumer.session.timeout.ms=50000 is accepted but not applied" in log
+    assert "broker config group.share.max.record.lock.duration.ms" not in log
 
 
 def test_kafka_python_alters_group_configs_with_the_legacy_form_and_lists_them(ottla_broker):

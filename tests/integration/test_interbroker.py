@@ -180,6 +180,46 @@ def test_the_late_answer_to_a_cancelled_request_is_dropped_not_fatal():
     asyncio.run(scenario())
 
 
+def test_a_cancelled_send_ends_cancelled_even_as_its_answer_arrives():
+    """Stopping a replica fetcher cancels its task mid-request: the cancellation must win
+    even when the answer lands in the same instant (Python 3.11's `asyncio.wait_for` returned
+    the answer instead, and a SIGTERMed broker's fetcher went on fetching for good)."""
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+
+    from ottla.protocol.codec import encode_response, peek_header
+
+    async def scenario():
+        async def answer_at_once(reader, writer):
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                correlation_id = peek_header(await reader.readexactly(size))[2]
+                writer.writelines(encode_response(18, 3, correlation_id, ApiVersionsResponse(
+                    error_code=ErrorCode.none, api_keys=(), throttle_time=timedelta(0), supported_features=(),
+                    finalized_features_epoch=-1, finalized_features=(), zk_migration_ready=False)))
+
+        server = await asyncio.start_server(answer_at_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = InterBrokerClient("broker-1", request_timeout_ms=30_000)
+        request = ApiVersionsRequest(client_software_name="ottla", client_software_version="1")
+        outcomes = []
+        try:
+            await client.send(8, "127.0.0.1", port, request)  # connected
+            for steps in range(40):  # cancel at every point from sending to answered
+                task = asyncio.create_task(client.send(8, "127.0.0.1", port, request))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                if task.cancel():
+                    outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+                    outcomes.append(type(outcome).__name__)
+        finally:
+            await client.close()
+            server.close()
+            await server.wait_closed()
+        assert outcomes and set(outcomes) == {"CancelledError"}
+
+    asyncio.run(scenario())
+
+
 def test_markers_go_to_each_partitions_leader(tmp_path):
     """The transaction coordinator's marker channel: partitions led here are written
     in-process, partitions led by another broker (a real `ottla serve`, made the leader of

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import pytest
 from confluent_kafka import Producer
@@ -66,3 +67,27 @@ def test_second_broker_on_the_same_data_dir_is_refused(ottla_broker):
     assert "is in use by another broker" in result.stderr
     assert "Traceback" not in result.stderr
     assert ottla_broker.running()
+
+
+def test_a_single_node_broker_loads_no_module_it_does_not_serve_with(tmp_path):
+    """Time to serving: ZooKeeper's client, the controller's state machines, Spark, Arrow, the
+    Kafka clients, numpy (the validator's fast path, loaded on the first large batch) and
+    Hypothesis (which kio registers its types with when installed) stay unloaded."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "ottla.cli", "serve", "--data-dir",
+                             str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--ready-file", str(ready)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the broker did not start"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    loaded = {line.rpartition("|")[2].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    assert "ottla.server.broker" in loaded  # what -X importtime reports is what was imported
+    unwanted = {"kazoo", "ottla.cluster.zk", "ottla.server.cluster_node", "ottla.server.replica_fetcher", "pyspark",
+                "pyarrow", "confluent_kafka", "kafka", "aiokafka", "numpy", "hypothesis"}
+    assert loaded & unwanted == set()

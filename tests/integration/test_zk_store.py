@@ -39,12 +39,8 @@ def zk_server():
 
 
 @pytest.fixture
-def raw(zk_server):
-    client = KazooClient(hosts=zk_server.connect)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
+def raw(zk_server, zk_client):
+    return zk_client(zk_server.connect)
 
 
 @pytest.fixture

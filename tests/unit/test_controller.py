@@ -355,6 +355,30 @@ def test_isr_change_notifications_reach_every_broker():
     assert sim.state("t").leader == 2 and sim.state("t").isr == (2,)
 
 
+def test_isr_changes_of_many_partitions_cost_one_read_of_the_topic(monkeypatch):
+    """A broker back in the ISR of every partition announces one change per partition; the
+    controller re-reads the topic's states once for all of them. (Once per change, a 1,000-partition
+    topic cost a million znode reads and the brokers' metadata did not show the ISR for minutes.)"""
+    from ottla.cluster.store import LeaderAndIsr
+
+    sim = Sim()
+    sim.create_topic("t", partitions=30, replication_factor=3)
+    for p in range(30):
+        state = sim.state("t", p)
+        store = sim.brokers[state.leader].store
+        store.update_partition_state(("t", p), LeaderAndIsr(state.leader, state.leader_epoch, (state.leader,),
+                                                             state.controller_epoch, state.version), None)
+        store.notify_isr_change({("t", p)})
+    store = sim.controller().store
+    reads = []
+    real = store.partition_states
+    monkeypatch.setattr(store, "partition_states", lambda topic: reads.append(topic) or real(topic))
+    sim.pump()
+    assert reads == ["t"]
+    for broker in sim.brokers.values():
+        assert [broker.metadata[("t", p)].isr for p in range(30)] == [(sim.state("t", p).leader,) for p in range(30)]
+
+
 def test_bounced_broker_is_treated_as_failed_then_started():
     sim = Sim()
     sim.create_topic("t", partitions=1, assignment={0: (2, 3)})

@@ -159,7 +159,32 @@ def test_recovery_cuts_entries_past_a_torn_tail(tmp_path):
     recovered = Log(tmp_path / "t-0", config(), recovery_point=0)
     assert recovered.log_end_offset == 4
     assert recovered.leader_epoch_cache.entries == [(0, 0), (1, 2)]
+    # A crash before anything else is appended: the next load cuts the same entry.
+    again = Log(tmp_path / "t-0", config(), recovery_point=0)
+    assert again.leader_epoch_cache.entries == [(0, 0), (1, 2)]
+    # The cut is on disk before the first batch after it, here one that continues epoch 1 past
+    # offset 4 (a file still saying "epoch 2 starts at 4" would then be wrong after a crash).
+    again.append(batch(2), now_ms=0, leader_epoch=1)
     assert (tmp_path / "t-0" / CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n1 2\n"
+    crashed = Log(tmp_path / "t-0", config(), recovery_point=0)
+    assert crashed.log_end_offset == 6
+    assert crashed.leader_epoch_cache.entries == [(0, 0), (1, 2)]
+
+
+def test_a_restart_that_changes_no_entry_writes_no_checkpoint(tmp_path):
+    """An empty partition's entry starts at its log end: a load cuts it and the partition
+    becoming leader again assigns it again. That round trip leaves the file alone (it cost
+    two fsynced writes per empty partition at every start)."""
+    log = Log(tmp_path / "t-0", config())
+    log.leader_epoch_cache.assign(0, 0)
+    log.close()
+    path = tmp_path / "t-0" / CHECKPOINT_FILE
+    written = os.stat(path).st_ino
+    again = Log(tmp_path / "t-0", config(), recovery_point=0, clean_shutdown=True)
+    assert again.leader_epoch_cache.entries == []  # cut to the empty log, as Kafka's LogLoader does
+    again.leader_epoch_cache.assign(0, 0)  # becoming leader at epoch 0
+    assert os.stat(path).st_ino == written  # every write replaces the file: none happened
+    assert path.read_text() == "0\n1\n0 0\n"
 
 
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])

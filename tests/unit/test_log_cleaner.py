@@ -329,3 +329,32 @@ def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
     sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
     assert len(sealed) == len(set(sealed))  # everything was cleaned, not only what lay past the old checkpoint
     assert latest(log) == expected
+
+
+@pytest.mark.parametrize("min_ratio", [0.3, 0.7])
+def test_a_log_is_cleaned_only_once_its_dirty_ratio_passes_min_cleanable_dirty_ratio(tmp_path, min_ratio):
+    """Kafka's LogCleanerManager: dirty bytes (from the cleaner checkpoint to the active
+    segment) over clean plus dirty bytes must exceed `min.cleanable.dirty.ratio`."""
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"min.cleanable.dirty.ratio": str(min_ratio)})
+    log = manager.get_log("t", 0)
+    fill(log, clock, keys=200)  # the clean section: 200 live keys, several segments
+    assert cleaner.clean_once(INLINE) is not None
+    first_dirty = log.active_segment.base_offset  # the checkpoint: cleaned up to the active segment
+    below_seen = 0
+    for i in range(2000):
+        put(log, b"key-%d" % (i % 200), b"again-%d" % i, clock)
+        sealed = list(zip(log.segments, log.segments[1:]))
+        clean = sum(s.size for s, following in sealed if following.base_offset <= first_dirty)
+        dirty = sum(s.size for s, _ in sealed if s.base_offset >= first_dirty)
+        ratio = dirty / (clean + dirty)
+        result = cleaner.clean_once(INLINE)
+        if ratio <= min_ratio:
+            assert result is None, f"cleaned at dirty ratio {ratio:.2f}"
+            below_seen += dirty > 0
+        else:
+            assert result is not None, f"not cleaned at dirty ratio {ratio:.2f}"
+            break
+    else:
+        raise AssertionError("the dirty ratio never passed the minimum")
+    assert below_seen > 0  # there was dirty data below the ratio, and it was left alone

@@ -76,3 +76,18 @@ def test_single_node_fill():
     assert [(p.leader, p.leader_epoch, p.replicas, p.isr) for p in cache.topic("a").partitions.values()] == [
         (4, 0, (4,), (4,))] * 3
     assert cache.local_update(BrokerInfo(4, "localhost", 9092), []) == ["a"]
+
+
+def test_leader_and_isr_moves_the_leader_before_update_metadata_comes():
+    """A broker that stopped leading must not keep naming itself leader in Metadata."""
+    cache = MetadataCache(1, "c")
+    offline = PartitionState("a", 0, 1, 0, (1, 2, 3), (1, 2), offline_replicas=(3,))
+    cache.update(controller_id=2, controller_epoch=3, brokers=BROKERS, full=True,
+                 partition_states=[offline, state("a", 1, 1, epoch=4)], topic_ids={"a": A})
+    cache.update_from_leader_and_isr([state("a", 0, 2, epoch=1, replicas=(1, 2, 3), isr=(2,)),
+                                      state("a", 1, 2, epoch=3),      # older than the cache's: ignored
+                                      state("unknown", 0, 2, epoch=1)])  # no topic id yet: ignored
+    assert cache.partition("a", 0) == PartitionState("a", 0, 2, 1, (1, 2, 3), (2,), offline_replicas=(3,))
+    assert cache.partition("a", 1).leader == 1 and not cache.has_topic("unknown")
+    with pytest.raises(KafkaError):
+        cache.check_leader("a", 0)

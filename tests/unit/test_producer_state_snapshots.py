@@ -90,6 +90,30 @@ def test_snapshot_file_name_and_reload_without_replay(tmp_path):
     assert reloaded.first_unstable_offset() == 15  # producer 3's transaction survives the restart
 
 
+def test_a_snapshot_of_an_unchanged_state_is_not_written_again(tmp_path):
+    """Kafka's takeSnapshot: a clean restart of a partition nothing was appended to keeps the
+    snapshot it loaded (it rewrote it, with two fsyncs, at every shutdown); any change since,
+    a batch or an expiry, is written."""
+    state = ProducerStateManager(tmp_path, expiration_ms=1000)
+    log = FakeLog(state)
+    populate(log)
+    state.take_snapshot(log.end_offset)
+    path = snapshot_file.snapshot_path(tmp_path, log.end_offset)
+    written = os.stat(path).st_ino
+
+    reloaded = reopen(tmp_path, log, expiration_ms=1000)
+    reloaded.take_snapshot(log.end_offset)
+    assert os.stat(path).st_ino == written  # every write replaces the file: none happened
+    assert reloaded.remove_expired(NOW + 10_000) > 0  # producers without an open transaction go
+    reloaded.take_snapshot(log.end_offset)
+    assert os.stat(path).st_ino != written
+    assert view(reopen(tmp_path, log, expiration_ms=1000)) == view(reloaded)
+
+    log.append(data(4, 0, 0, log.end_offset))
+    log.state.take_snapshot(log.end_offset)
+    assert snapshot_file.snapshot_path(tmp_path, log.end_offset).exists()
+
+
 def test_all_five_batches_survive_a_restart(tmp_path):
     state = ProducerStateManager(tmp_path)
     log = FakeLog(state)

@@ -21,7 +21,6 @@ import logging
 from ..config import BrokerConfig
 from ..producer_state.allocator import ProducerIdBlockStore
 from .store import BrokerIdInUse, BrokerRegistration, ClusterStore, StoreError
-from .zk import ZkClusterStore, ZkProducerIdBlockStore
 
 log = logging.getLogger("ottla.cluster")
 
@@ -44,6 +43,8 @@ class ClusterMembership:
         connect = config["zookeeper.connect"]
         if not connect:
             return None
+        from .zk import ZkClusterStore  # kazoo: loaded by cluster brokers only
+
         store = ZkClusterStore(connect, session_timeout_ms=config["zookeeper.session.timeout.ms"],
                                connection_timeout_ms=config["zookeeper.connection.timeout.ms"])
         return cls(store, config["broker.id"], config["broker.rack"],
@@ -53,6 +54,8 @@ class ClusterMembership:
         return self.store.cluster_id(proposed)
 
     def producer_id_blocks(self) -> ProducerIdBlockStore:
+        from .zk import ZkProducerIdBlockStore
+
         return ZkProducerIdBlockStore(self.store)
 
     def register(self, host: str, port: int) -> BrokerRegistration:

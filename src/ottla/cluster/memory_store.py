@@ -271,8 +271,11 @@ class MemoryStore:
     def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
         with self.zk.lock:
             self._check()
-            self.zk.group_configs[name] = dict(configs)
-            self._announce(f"groups/{name}")
+            if configs:
+                self.zk.group_configs[name] = dict(configs)
+                self._announce(f"groups/{name}")
+            else:
+                self.zk.group_configs.pop(name, None)
             self.zk.write()
         self.zk.fire("config_changes")
 

@@ -179,7 +179,7 @@ class ClusterStore(Protocol):
         """The groups that have a `/config/groups/<g>`."""
 
     def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
-        """`/config/groups/<g>` plus a `/config/changes` notification."""
+        """`/config/groups/<g>` plus a `/config/changes` notification; no configs: no node."""
 
     # -- partition state -----------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:

@@ -115,6 +115,12 @@ class ZkClusterStore:
         except NoNodeError:
             return None
 
+    def _delete_if_exists(self, path: str) -> None:
+        try:
+            self._call("delete", path)
+        except NoNodeError:
+            pass  # already gone (another broker, or never there)
+
     def _children(self, path: str) -> list[str]:
         try:
             return self._call("get_children", path)
@@ -325,10 +331,7 @@ class ZkClusterStore:
         stats = self._many("exists", paths)
         for path in paths:
             if stats[path] is not None and stats[path].ctime < before_ms:
-                try:
-                    self._call("delete", path)
-                except NoNodeError:
-                    pass  # another broker purged it first
+                self._delete_if_exists(path)  # another broker may have purged it first
 
     def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         if self._get(topic_path(name)) is None:
@@ -349,7 +352,10 @@ class ZkClusterStore:
         return self._children("/config/groups")
 
     def set_group_configs(self, name: str, configs: Mapping[str, str]) -> None:
-        self._set_configs(f"/config/groups/{name}", f"groups/{name}", configs)
+        if configs:
+            self._set_configs(f"/config/groups/{name}", f"groups/{name}", configs)
+        else:  # none left: the group no longer has configs (Kafka's metadata image drops it)
+            self._delete_if_exists(f"/config/groups/{name}")
 
     # -- partition state -------------------------------------------------------------------
     def partition_states(self, topic: str) -> dict[int, LeaderAndIsr]:
@@ -434,10 +440,7 @@ class ZkClusterStore:
             if current is None:
                 continue
             changed |= {(e["topic"], e["partition"]) for e in json.loads(current[0])["partitions"]}
-            try:
-                self._call("delete", f"{ISR_CHANGES}/{child}")
-            except NoNodeError:
-                pass
+            self._delete_if_exists(f"{ISR_CHANGES}/{child}")
         return changed
 
     def reassignment_request(self) -> dict[TopicPartition, tuple[int, ...]]:

@@ -239,8 +239,7 @@ class Controller:
     def _take_isr_changes(self) -> None:
         ctx = self.ctx
         changed = [tp for tp in sorted(self.store.take_isr_changes()) if tp[0] in ctx.topics]
-        for tp in changed:
-            self.partitions.refresh(tp)
+        self.partitions.refresh(changed)
         ctx.send_update_metadata(ctx.brokers, changed)
         for tp in changed:
             self.reassignments.maybe_complete(tp)

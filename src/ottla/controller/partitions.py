@@ -9,6 +9,8 @@ leader changed its ISR meanwhile) re-reads the state and elects again.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from typing import Iterable
 
 from ..cluster.store import LeaderAndIsr, StaleVersion, TopicPartition
 from . import elections
@@ -164,7 +166,7 @@ class PartitionStateMachine:
             try:
                 written = self.store.update_partition_state(tp, proposed, ctx.epoch)
             except StaleVersion:
-                self.refresh(tp)
+                self.refresh([tp])
                 continue
             ctx.leadership[tp] = written
             ctx.partition_phase[tp] = PartitionPhase.ONLINE
@@ -189,14 +191,21 @@ class PartitionStateMachine:
             try:
                 written = self.store.update_partition_state(tp, proposed, ctx.epoch)
             except StaleVersion:
-                self.refresh(tp)
+                self.refresh([tp])
                 continue
             ctx.leadership[tp] = written
             return written
         return None
 
-    def refresh(self, tp: TopicPartition) -> None:
-        """Re-read one partition's state (another writer, a leader changing its ISR, won)."""
-        state = self.store.partition_states(tp[0]).get(tp[1])
-        if state is not None:
-            self.ctx.leadership[tp] = state
+    def refresh(self, tps: Iterable[TopicPartition]) -> None:
+        """Re-read partitions' states (another writer, a leader changing its ISR, won): one read
+        of each topic's states, however many of its partitions changed (a broker rejoining the
+        ISR of 1,000 partitions announces 1,000 changes)."""
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for topic, partition in tps:
+            by_topic[topic].append(partition)
+        for topic, partitions in by_topic.items():
+            states = self.store.partition_states(topic)
+            for partition in partitions:
+                if (state := states.get(partition)) is not None:
+                    self.ctx.leadership[(topic, partition)] = state

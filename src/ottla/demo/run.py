@@ -6,7 +6,9 @@
    writes the result exactly-once to `payments-enriched`;
 4. part-way through, the query is killed with SIGKILL (driver, JVM and Python workers) in the middle of
    a micro-batch and restarted from its checkpoint; later the broker is killed with SIGKILL and
-   restarted on the same port, and any query that fails because of it is restarted too;
+   restarted on the same port, and any query that fails because of it is restarted too. With
+   `--brokers N` (N >= 3) the demo runs on ZooKeeper and N brokers with replication factor 3 instead,
+   and the broker it kills is the leader of an input partition (`brokers.py`);
 5. the verifier reads both topics with plain read_committed consumers and compares the output with the
    enrichment it computes itself. Exit status 0 only if the output is exact.
 """
@@ -28,12 +30,13 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from ..testing import BrokerProcess
+from .brokers import deployment
 from .producer import ABORT_EVERY, PaymentProducer
 from .query import INPUT_TOPIC, OUTPUT_TOPIC, PROGRESS
 from .verify import Report, verify
 
 PARTITIONS = 4
+TOPICS = [INPUT_TOPIC, OUTPUT_TOPIC]
 MAX_UNPLANNED_RESTARTS = 5
 
 
@@ -154,10 +157,9 @@ class Demo:
         self.args = args
         self.root = root
         self.clock = Clock()
-        self.broker = BrokerProcess(root / "broker")
+        self.brokers = deployment(args.brokers, root)
         self.queries: list[QueryProcess] = []
         self.unplanned_restarts = 0
-        self.broker_kills = 0
         self.caught_up_at = 0.0
         self.max_offsets = max(200, args.events // 8)
 
@@ -166,21 +168,23 @@ class Demo:
         return self.queries[-1]
 
     def start_query(self, why: str) -> None:
-        self.queries.append(QueryProcess(len(self.queries) + 1, self.root, self.broker.bootstrap, self.max_offsets,
+        self.queries.append(QueryProcess(len(self.queries) + 1, self.root, self.brokers.bootstrap, self.max_offsets,
                                          self.args.delivery))
         self.clock.say(f"spark query #{self.query.number} starting ({why}), pid {self.query.process.pid}")
 
     def run(self) -> Report:
         say = self.clock.say
-        self.broker.start()
-        say(f"broker up at {self.broker.bootstrap}, pid {self.broker.pid}, data in {self.broker.data_dir}")
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap, "log_level": 0})
-        topics = [NewTopic(t, PARTITIONS, 1) for t in (INPUT_TOPIC, OUTPUT_TOPIC)]
+        self.brokers.start(say)
+        admin = AdminClient({"bootstrap.servers": self.brokers.bootstrap, "log_level": 0})
+        replicas, config = self.brokers.replication, self.brokers.topic_config
+        topics = [NewTopic(t, PARTITIONS, replicas, config=config) for t in TOPICS]
         for future in admin.create_topics(topics).values():
-            future.result(30)
-        say(f"topics {INPUT_TOPIC} -> {OUTPUT_TOPIC}, {PARTITIONS} partitions each")
+            future.result(60)
+        settings = "".join(f", {k}={v}" for k, v in config.items())
+        say(f"topics {INPUT_TOPIC} -> {OUTPUT_TOPIC}, {PARTITIONS} partitions each, replication factor "
+            f"{replicas}{settings}")
 
-        self.producer = PaymentProducer(self.broker.bootstrap, INPUT_TOPIC, self.args.events, rate=self.args.rate)
+        self.producer = PaymentProducer(self.brokers.bootstrap, INPUT_TOPIC, self.args.events, rate=self.args.rate)
         self.lead = max(500, self.args.events * 3 // 10)
         self.producer.allowed = self.lead
         self.producer.start()
@@ -188,7 +192,7 @@ class Demo:
             f"{ABORT_EVERY}th transaction aborted on purpose; at most {self.args.rate:.0f}/s and "
             f"{self.lead:,} ahead of the output")
         self.start_query(f"read_committed, {self.args.delivery} sink, maxOffsetsPerTrigger={self.max_offsets}")
-        self.output = OutputCounter(self.broker.bootstrap)
+        self.output = OutputCounter(self.brokers.bootstrap)
         try:
             self._pipeline()
         finally:
@@ -196,15 +200,16 @@ class Demo:
             for query in self.queries:
                 if query.running():
                     query.kill()
+        self.brokers.settle(say, TOPICS)
         say("verifying: reading both topics with independent read_committed consumers ...")
-        return verify(self.broker.bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, self.producer.aborted_ids)
+        return verify(self.brokers.bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, self.producer.aborted_ids)
 
     def _pipeline(self) -> None:
         expected = self.args.events * (ABORT_EVERY - 1) / ABORT_EVERY  # about what will be committed
         deadline = time.monotonic() + self.args.timeout
         next_status = 0.0
         shown: tuple = ()
-        phase, armed_at, ends = "kill-query", None, None
+        phase, armed_at, ends, crashed_at = "kill-query", None, None, (0.0, 0)
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the pipeline did not finish within {self.args.timeout:.0f}s")
@@ -228,8 +233,18 @@ class Demo:
                     self._kill_query(query)
                     phase = "kill-broker"
             elif phase == "kill-broker" and query.batches and self.output.count >= 0.55 * expected:
-                self._kill_broker()
-                phase = "finish"
+                running = "producer and query are" if self.producer.is_alive() else "the query is"
+                self.brokers.crash(self.clock.say, running, TOPICS)
+                phase, crashed_at = "restart-broker", (time.monotonic(), self.output.count)
+            elif phase == "restart-broker":
+                # Back once the pipeline has visibly carried on without it (or after 20 s, whatever happened).
+                if self.brokers.restart_pending and (self.output.count >= crashed_at[1] + 0.1 * expected
+                                                     or time.monotonic() - crashed_at[0] > 20):
+                    self.clock.say(f"output grew by {self.output.count - crashed_at[1]:,} records while a "
+                                   f"broker was down; restarting it")
+                    self.brokers.restart(self.clock.say)
+                if not self.brokers.restart_pending:
+                    phase = "finish"
             elif phase == "finish" and not self.producer.is_alive():
                 ends = ends or self._producer_done()
                 if query.reached(ends):
@@ -272,19 +287,6 @@ class Demo:
             say(f"    it was between micro-batches (last one, {committed}, is committed in the checkpoint)")
         self.start_query("restart from the checkpoint")
 
-    def _kill_broker(self) -> None:
-        say = self.clock.say
-        pid = self.broker.pid
-        self.broker.kill()
-        self.broker_kills += 1
-        running = "producer and query are" if self.producer.is_alive() else "the query is"
-        say(f">>> kill -9 the broker (pid {pid}) while {running} running")
-        time.sleep(1.0)
-        started = time.monotonic()
-        self.broker.start()
-        say(f"    broker restarted on {self.broker.bootstrap} (pid {self.broker.pid}) in "
-            f"{time.monotonic() - started:.1f}s: log recovered, transactions and groups reloaded")
-
     def _restart_after_failure(self, query: QueryProcess) -> None:
         self.unplanned_restarts += 1
         self.clock.say(f"spark query #{query.number} failed (exit {query.process.returncode}): {query.failure()}")
@@ -297,7 +299,7 @@ class Demo:
         self.clock.say(f"producer done: {p.produced:,} payments in {p.transactions} transactions; committed "
                        f"{p.committed:,}, aborted on purpose {p.aborted:,}, aborted by failures {p.failed:,}, "
                        f"in doubt {p.in_doubt:,}")
-        return committed_ends(self.broker.bootstrap)
+        return committed_ends(self.brokers.bootstrap)
 
 
 def table(report: Report, demo: Demo, wall_s: float) -> str:
@@ -314,7 +316,9 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
         ("wrong values", f"{report.wrong:,}"),
         ("unexpected records", f"{report.unexpected:,}"),
         ("micro-batches", f"{batches} in {len(demo.queries)} query runs"),
-        ("crashes", f"query killed 1x, broker killed {demo.broker_kills}x, query failed {demo.unplanned_restarts}x"),
+        ("brokers", demo.brokers.describe()),
+        ("crashes", f"query killed 1x, {' and '.join(demo.brokers.kills) or 'no broker'} killed, "
+                    f"query failed {demo.unplanned_restarts}x"),
         ("wall time", f"{wall_s:.1f} s"),
         ("time in micro-batches", f"{batch_s:.1f} s for {rows:,} rows, {rows / batch_s:,.0f} records/s (each "
                                   "query run's first batch also starts its Python workers)" if batch_s else "-"),
@@ -326,7 +330,15 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def brokers_count(text: str) -> int:
+    """1 (no ZooKeeper) or at least 3: replication factor 3 needs three brokers."""
+    count = int(text)
+    if count == 1 or count >= 3:
+        return count
+    raise argparse.ArgumentTypeError("1 (a single broker) or at least 3 (replication factor 3)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ottla.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000, help="payments to produce (default 20,000)")
     parser.add_argument("--rate", type=float, default=1000.0, help="at most this many payments per second")
@@ -334,12 +346,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--delivery", choices=("exactly_once", "at_least_once"), default="exactly_once",
                         help="the sink's guarantee; at_least_once shows what the verifier finds without transactions")
-    args = parser.parse_args(argv)
+    parser.add_argument("--brokers", type=brokers_count, default=1,
+                        help="1 (default): one broker, killed and restarted mid-run; N >= 3: ZooKeeper and N "
+                             "brokers, topics with replication factor 3, and the leader of an input partition "
+                             "is killed mid-run")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="ottla-demo-"))
     demo = Demo(args, root)
-    print(f"Ottla demo: payments pipeline, {args.events:,} payments, Spark local[2], {args.delivery} sink; "
-          f"working dir {root}", flush=True)
+    print(f"Ottla demo: payments pipeline, {args.events:,} payments, Spark local[2], {args.delivery} sink, "
+          f"{demo.brokers.describe()}; working dir {root}", flush=True)
     try:
         report = demo.run()
     except Exception as error:
@@ -347,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 1
     finally:
-        demo.broker.stop()
+        demo.brokers.stop()
     wall = demo.clock.elapsed()
     print("\nRESULT\n" + table(report, demo, wall), flush=True)
     for example in report.examples:

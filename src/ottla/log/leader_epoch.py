@@ -8,7 +8,11 @@ high-watermark truncation (seed 001).
 
 Persisted as `<partition dir>/leader-epoch-checkpoint` in Kafka's text format (version line
 `0`, the entry count, then `epoch start_offset` per line), rewritten atomically on each
-change: changes are rare (once per leader change, truncation or log start move).
+change: changes are rare (once per leader change, truncation or log start move). What a load
+cuts to fit the log is written only before the next change or append, and not at all when
+that puts back what the file holds: an empty partition's entry `(epoch, 0)` is cut at every
+load (it starts at the log end) and assigned again when the partition becomes leader, which
+cost two fsynced writes per empty partition at every start.
 """
 
 from __future__ import annotations
@@ -105,6 +109,10 @@ class LeaderEpochCache:
         for entry in entries or ():
             self._epochs.append(entry.epoch)
             self._offsets.append(entry.start_offset)
+        self._in_file = self.entries  # what the checkpoint file holds
+        # The entries differ from the file's after a load's fit (`deferred`): written before
+        # anything else changes or is appended.
+        self._unwritten = False
 
     @classmethod
     def load(cls, directory: Path) -> tuple["LeaderEpochCache", bool]:
@@ -164,6 +172,8 @@ class LeaderEpochCache:
         if epoch < 0 or start_offset < 0:
             return False  # batches from before leader epochs carry -1: nothing to record
         if self._epochs and epoch == self._epochs[-1] and start_offset >= self._offsets[-1]:
+            if self._unwritten:  # the first append after a load's fit
+                self.flush()
             return False
         removed = []
         while self._epochs and (self._epochs[-1] >= epoch or self._offsets[-1] >= start_offset):
@@ -176,15 +186,16 @@ class LeaderEpochCache:
         self.flush()
         return True
 
-    def truncate_from_end(self, end_offset: int) -> None:
-        """The log was truncated to `end_offset`: drop the epochs starting at or after it."""
+    def truncate_from_end(self, end_offset: int, *, deferred: bool = False) -> None:
+        """The log was truncated to `end_offset`: drop the epochs starting at or after it.
+        `deferred` (a load fitting the cache to its log): the file is written later."""
         if end_offset < 0 or not self._offsets or self._offsets[-1] < end_offset:
             return
         keep = bisect.bisect_left(self._offsets, end_offset)
         del self._epochs[keep:], self._offsets[keep:]
-        self.flush()
+        self._changed(deferred)
 
-    def truncate_from_start(self, start_offset: int) -> None:
+    def truncate_from_start(self, start_offset: int, *, deferred: bool = False) -> None:
         """The log start moved to `start_offset`: drop entries wholly before it and move the
         start of the epoch that covers it up to it."""
         if start_offset < 0 or not self._offsets or self._offsets[0] >= start_offset:
@@ -194,14 +205,13 @@ class LeaderEpochCache:
         del self._epochs[:last_before + 1], self._offsets[:last_before + 1]
         self._epochs.insert(0, epoch)
         self._offsets.insert(0, start_offset)
-        self.flush()
+        self._changed(deferred)
 
     def clear(self) -> None:
         """The log was emptied (truncated fully)."""
-        if self._epochs:
-            self._epochs.clear()
-            self._offsets.clear()
-            self.flush()
+        self._epochs.clear()
+        self._offsets.clear()
+        self.flush()
 
     def replace(self, entries: list[EpochEntry]) -> None:
         """Set every entry at once (a rebuild from the log's batches) and write the file."""
@@ -209,8 +219,19 @@ class LeaderEpochCache:
         self._offsets = [e.start_offset for e in entries]
         self.flush()
 
+    def _changed(self, deferred: bool) -> None:
+        if deferred:
+            self._unwritten = self.entries != self._in_file
+        else:
+            self.flush()
+
     def flush(self) -> None:
-        _write_checkpoint(self.path, self.entries)
+        """Write the entries through, unless the file holds them already."""
+        entries = self.entries
+        if entries != self._in_file:
+            _write_checkpoint(self.path, entries)
+            self._in_file = entries
+        self._unwritten = False
 
 
 def entries_from_batches(headers) -> list[EpochEntry]:
@@ -227,9 +248,11 @@ def entries_from_batches(headers) -> list[EpochEntry]:
 def fit_to_log(cache: LeaderEpochCache, usable: bool, segments, log_start_offset: int, log_end_offset: int) -> None:
     """Fit a loaded cache to its loaded log: rebuilt from every batch header when its file was
     missing or corrupt, then cut to [log start, log end) as Kafka's LogLoader does (the
-    checkpoint is written before the batches it describes are durable)."""
+    checkpoint is written before the batches it describes are durable). The cut is written
+    with the next change or append (`LeaderEpochCache.assign`): until then a crash leaves the
+    file as it was, and the next load cuts it the same way."""
     if not usable and log_end_offset > log_start_offset:
         cache.replace(entries_from_batches(
             h for s in segments for h in s.headers_from(0) if h.base_offset < log_end_offset))
-    cache.truncate_from_end(log_end_offset)
-    cache.truncate_from_start(log_start_offset)
+    cache.truncate_from_end(log_end_offset, deferred=True)
+    cache.truncate_from_start(log_start_offset, deferred=True)

@@ -101,6 +101,8 @@ class ProducerStateManager:
         self._ongoing: dict[int, int] = {}  # producer id -> first offset of its open transaction
         self._map_end_offset = 0
         self._version = 0
+        self._changes = 0  # producers installed or removed, ever
+        self._snapshotted: tuple[int, int] | None = None  # (offset, changes) a snapshot file holds
         snapshot.remove_temp_files(self.log_dir)
         self._snapshots = snapshot.list_snapshots(self.log_dir)
 
@@ -247,6 +249,7 @@ class ProducerStateManager:
         return entry, txn
 
     def _install(self, entry: ProducerEntry) -> None:
+        self._changes += 1
         self._producers[entry.producer_id] = entry
         if entry.txn_first_offset is None:
             self._ongoing.pop(entry.producer_id, None)
@@ -255,6 +258,7 @@ class ProducerStateManager:
 
     def _remove(self, pids: Iterable[int]) -> int:
         pids = list(pids)
+        self._changes += len(pids)
         for pid in pids:
             del self._producers[pid]
             self._ongoing.pop(pid, None)
@@ -336,11 +340,16 @@ class ProducerStateManager:
         """
         if offset < self._map_end_offset:
             raise ValueError(f"snapshot offset {offset} is below the state's end offset {self._map_end_offset}")
+        if self._snapshotted == (offset, self._changes) and offset in self._snapshots:
+            # Kafka's takeSnapshot too: nothing new since the snapshot this state was loaded
+            # from or last wrote (a clean restart of an idle partition rewrote it, with 2 fsyncs).
+            return None if sync else (lambda: None)
         finish = snapshot.write_snapshot(self.log_dir, offset, self._producers.values(), sync=sync)
         if offset not in self._snapshots:
             self._snapshots.append(offset)
             self._snapshots.sort()
         self._map_end_offset = offset
+        self._snapshotted = (offset, self._changes)
         deleted = self._delete_snapshots(self._snapshots[: -self.snapshots_to_keep], sync=sync)
         if sync:
             return None
@@ -380,6 +389,7 @@ class ProducerStateManager:
             for entry in entries:
                 self._install(replace(entry, batches=entry.batches[-self.max_batches :]))
             start = offset
+            self._snapshotted = (offset, self._changes)
             break
         self._map_end_offset = start
         completed: list[CompletedTxn] = []

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from array import array
 
-import numpy as np
 from kio.serial.errors import DecodeError
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
@@ -200,6 +199,8 @@ def _fast_walk(data, expected: int) -> bool:
         return False
     if position != end:
         return False
+    import numpy as np  # here: a broker that never sees a large batch need not load it at start
+
     # Positions only move forward, so a record whose header count lands on its last byte
     # had every field inside it: no bound checks are needed on the way.
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -224,6 +225,8 @@ def _fast_walk(data, expected: int) -> bool:
 
 def _varints(buf, p):
     """The zigzag varints of one or two bytes at `p` and where they end; None if any is longer."""
+    import numpy as np
+
     b = buf.take(p, mode="clip").astype(np.int64)
     more = b >= 0x80
     if more.any():

@@ -18,6 +18,7 @@ import os
 import signal
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
@@ -31,7 +32,6 @@ from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
-from .cluster_node import ClusterNode
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
 from .connections import Connections
@@ -40,6 +40,9 @@ from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
+
+if TYPE_CHECKING:
+    from .cluster_node import ClusterNode
 
 log = logging.getLogger("ottla.broker")
 
@@ -175,6 +178,8 @@ class Broker:
             self.port = self._server.sockets[0].getsockname()[1]
             self._publish_local_metadata()  # the advertised port is known only now
         if self.membership is not None:
+            from .cluster_node import ClusterNode  # the controller and replication: cluster brokers only
+
             cluster = ClusterNode(self)
             cluster.attach()
             try:
@@ -200,8 +205,12 @@ class Broker:
             return  # a second SIGTERM while stopping
         self._stopping = True
         if self.cluster is not None:
-            # Still serving: the controller moves leadership away (controlled shutdown).
-            await self.cluster.stop()
+            # Still serving: the controller moves leadership away (controlled shutdown). A
+            # failure there must not leave the broker running (Kafka swallows it too).
+            try:
+                await self.cluster.stop()
+            except Exception:
+                log.exception("broker %d: stopping its cluster roles failed; stopping anyway", self.node_id)
         if self._server is not None:
             self._server.close()
         for task in self._duties:
@@ -288,19 +297,24 @@ class Broker:
         self.replicas.apply_partition_states(
             state for name in self.metadata.topic_names() for state in self.metadata.topic(name).partitions.values())
 
+    def _publish_local_topic(self, info: TopicInfo) -> None:
+        """Single node: one topic's partitions, led here at epoch 0 (`_publish_local_metadata`
+        for one topic: the cost of a creation does not grow with the topics that exist)."""
+        self.replicas.apply_partition_states(self.metadata.local_put(info.name, info.topic_id, info.partitions))
+
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
         """Single node only: a cluster creates topics through the store (`cluster_admin`)."""
         info = self.logs.create_topic(name, partitions, configs)
-        self._publish_local_metadata()
+        self._publish_local_topic(info)
         return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
         info = self.logs.add_partitions(name, total)
-        self._publish_local_metadata()
+        self._publish_local_topic(info)
         return info
 
     def delete_topic(self, name: str) -> None:
         partitions = self.logs.topics[name].partitions
         self.replicas.remove_partitions([(name, p) for p in range(partitions)])
         self.logs.delete_topic(name)
-        self._publish_local_metadata()
+        self.metadata.local_remove(name)

@@ -70,7 +70,11 @@ class ControllerLink:
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
                 fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
-            return self.broker.replicas.apply_partition_states((_cached(s) for s in mine), now_ms())
+            cached = [_cached(s) for s in mine]
+            errors = self.broker.replicas.apply_partition_states(cached, now_ms())
+            self.broker.metadata.update_from_leader_and_isr(
+                s for s in cached if errors.get((s.topic, s.partition)) == ErrorCode.none)
+            return errors
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, count: int) -> None:
         """The local catalog holds the topic under the cluster's topic id with at least

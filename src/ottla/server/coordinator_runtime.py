@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from kio.schema.write_txn_markers.v1.request import (
@@ -180,11 +181,16 @@ class BrokerCoordinatorRuntime:
 
     async def _load(self, topic: str, partition: int, replay: Callable[[bytes], None],
                     on_loaded: Callable[[], None]) -> None:
+        started, loaded_bytes = time.monotonic(), 0
         try:
             for records in self.read(topic, partition):
                 replay(records)
+                loaded_bytes += len(records)
                 await asyncio.sleep(0)
             on_loaded()
+            if loaded_bytes:
+                log.info("finished loading %s-%d (%d bytes) in %d ms", topic, partition, loaded_bytes,
+                         (time.monotonic() - started) * 1000)
         except asyncio.CancelledError:
             raise
         except Exception:

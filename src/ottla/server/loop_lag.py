@@ -1,27 +1,48 @@
-"""How long the event loop was held: a task that measures how late it wakes up.
+"""How long the event loop was held, and by which request.
 
 Every request, timer and reply runs on one event loop, so a callback that runs for 400 ms
-freezes every client for 400 ms. The probe sleeps `interval_s` at a time and records how
-much later than asked it woke (wall clock), and how much CPU the loop's thread used in that
-time: on a busy machine the wall-clock lag also counts time spent waiting for a CPU, the
-CPU figure only the loop's own work. Each new worst over 100 ms is logged at INFO, a
-freeze of a second or more as a WARNING, and both worst figures at shutdown (INFO).
+freezes every client for 400 ms. Two measures:
+
+- `LoopLag`, a probe task that sleeps `interval_s` at a time and records how much later than
+  asked it woke (wall clock), and how much CPU the loop's thread used in that time: on a busy
+  machine the wall-clock lag also counts time spent waiting for a CPU, the CPU figure only the
+  loop's own work. The interval is short (10 ms) so that the CPU figure is one hold plus at
+  most 10 ms of other work. Each new worst over 100 ms is logged at INFO, a freeze of a second
+  or more as a WARNING, and both worst figures at shutdown (INFO).
+- `timed`, which runs one request's coroutine and measures each synchronous step of it (from
+  one await to the next: decoding, the handler's code, encoding) with the loop thread's CPU
+  clock, so a long hold is attributed to an API and version whatever the machine's load (the
+  wall clock of a step also counts waiting for a CPU: on a loaded machine ApiVersions v0
+  "took" 186 ms), less the garbage collections that ran inside the step (an ApiVersions v0
+  "took" 85 ms of CPU: a full collection's). A step of 100 ms of CPU or more is logged at INFO with its request; the
+  longest step per API is logged at shutdown (`steps_summary`). Cost: two reads of the thread
+  CPU clock per step (a system call each, 0.3-1.5 us).
+- `GcPauses`, a `gc.callbacks` hook: the longest garbage collection per generation, which
+  lands in whatever step allocates at that moment (logged at shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from typing import Any, Callable, Coroutine
 
 log = logging.getLogger("ottla.loop")
 
 _NOTE_MS = 100.0
 _WARN_MS = 1000.0
 
+# The longest single step seen per "ApiName vN" (ms of the loop thread's CPU), for the shutdown summary.
+longest_steps: dict[str, float] = {}
+# CPU seconds the loop's thread has spent in garbage collections (`GcPauses`): a step's own
+# work is its CPU less the collections that ran inside it.
+_loop_gc_cpu = [0.0]
+
 
 class LoopLag:
-    def __init__(self, interval_s: float = 0.05):
+    def __init__(self, interval_s: float = 0.01):
         self.interval_s = interval_s
         self.worst_ms = 0.0
         self.worst_cpu_ms = 0.0
@@ -40,3 +61,79 @@ class LoopLag:
                     log.info("event loop lag %.0f ms (%.0f ms of CPU), the worst so far", lag_ms, cpu_ms)
                 self.worst_ms = lag_ms
             self.worst_cpu_ms = max(self.worst_cpu_ms, cpu_ms)
+
+
+class _Timed:
+    """Drives a coroutine as its awaiter would, timing each `send`/`throw` (one step)."""
+
+    __slots__ = ("coro", "label", "longest")
+
+    def __init__(self, coro: Coroutine, label: Callable[[], str]):
+        self.coro, self.label, self.longest = coro, label, 0.0
+
+    def __await__(self):
+        send, throw = self.coro.send, self.coro.throw
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                started, collected = time.thread_time(), _loop_gc_cpu[0]
+                try:
+                    yielded = send(value) if error is None else throw(error)
+                except StopIteration as done:
+                    return done.value
+                finally:
+                    own = time.thread_time() - started - (_loop_gc_cpu[0] - collected)
+                    self.longest = max(self.longest, own)
+                value, error = None, None
+                try:
+                    value = yield yielded
+                except BaseException as exc:  # cancellation included: the coroutine handles it
+                    error = exc
+        finally:
+            self._note()
+
+    def _note(self) -> None:
+        held_ms = self.longest * 1000
+        what = self.label()
+        if held_ms > longest_steps.get(what, 0.0):
+            longest_steps[what] = held_ms
+        if held_ms >= _NOTE_MS:
+            log.info("%s held the event loop for %.0f ms of CPU in one step", what, held_ms)
+
+
+def timed(coro: Coroutine, label: Callable[[], str]) -> _Timed:
+    """Await `coro`, attributing its longest synchronous step to `label()` (read at the end)."""
+    return _Timed(coro, label)
+
+
+class GcPauses:
+    """The longest garbage collection (ms of wall clock, per generation): a full collection
+    runs inside whichever step allocates at that moment and holds the loop like any other
+    work. Collections on the loop's thread (the one that creates this) also add their CPU to
+    `_loop_gc_cpu`, so that `timed` leaves them out of the request they interrupted."""
+
+    def __init__(self):
+        self.worst_ms = [0.0, 0.0, 0.0]
+        self._thread = threading.get_ident()
+        self._started = self._cpu_started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        on_loop = threading.get_ident() == self._thread
+        if phase == "start":
+            self._started = time.perf_counter()
+            if on_loop:
+                self._cpu_started = time.thread_time()
+            return
+        generation = info["generation"]
+        self.worst_ms[generation] = max(self.worst_ms[generation], (time.perf_counter() - self._started) * 1000)
+        if on_loop:
+            _loop_gc_cpu[0] += time.thread_time() - self._cpu_started
+
+    def summary(self) -> str:
+        return ", ".join(f"generation {g} {ms:.0f} ms" for g, ms in enumerate(self.worst_ms))
+
+
+def steps_summary(top: int = 8) -> str:
+    worst = sorted(longest_steps.items(), key=lambda item: -item[1])[:top]
+    return ", ".join(f"{what} {ms:.0f} ms" for what, ms in worst) or "none"

@@ -15,7 +15,7 @@ Plain data, no I/O, no asyncio: the controller and unit tests drive it directly.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from ..errors import ErrorCode, KafkaError
@@ -174,6 +174,36 @@ class MetadataCache:
         self._topics = topics
         self._by_id = {t.topic_id: t.name for t in topics.values()}
         return sorted(before - set(topics))
+
+    def update_from_leader_and_isr(self, states: Iterable[PartitionState]) -> None:
+        """The leader, epoch and ISR of partitions whose roles this broker just took from a
+        LeaderAndIsr. The controller's UpdateMetadata follows it, but a broker that has
+        stopped leading answers NOT_LEADER_OR_FOLLOWER at once: until then its Metadata named
+        itself leader, and clients that asked it went on sending there (a KRaft broker applies
+        both from one metadata record). Only topics this cache knows, and no older epoch."""
+        for state in states:
+            info = self._topics.get(state.topic)
+            current = info.partitions.get(state.partition) if info is not None else None
+            if info is None or (current is not None and current.leader_epoch > state.leader_epoch):
+                continue
+            if current is not None:
+                state = replace(state, offline_replicas=current.offline_replicas)
+            self._topics = {**self._topics, state.topic: TopicMetadata(
+                info.name, info.topic_id, {**info.partitions, state.partition: state})}
+
+    def local_put(self, name: str, topic_id: uuid.UUID, count: int) -> list[PartitionState]:
+        """Single node: one topic created or grown, in place (its partitions only: rebuilding
+        every topic per creation made creating the 2,000th topic cost 100 ms of the loop)."""
+        states = {p: PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,)) for p in range(count)}
+        self._topics[name] = TopicMetadata(name, topic_id, states)
+        self._by_id[topic_id] = name
+        return list(states.values())
+
+    def local_remove(self, name: str) -> None:
+        """Single node: one topic deleted, in place."""
+        info = self._topics.pop(name, None)
+        if info is not None:
+            self._by_id.pop(info.topic_id, None)
 
     def local_update(self, this_broker: BrokerInfo, topics: Iterable[tuple[str, uuid.UUID, int]]) -> list[str]:
         """Single node: this broker is the only broker, the controller and the only replica of

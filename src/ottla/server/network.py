@@ -8,6 +8,7 @@ proceed concurrently. Protocol violations close only the offending connection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -29,6 +30,7 @@ from ..protocol.codec import (
     encode_response,
 )
 from .context import CloseConnection, RequestContext
+from .loop_lag import timed
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -39,9 +41,23 @@ _MAX_QUEUED_REQUESTS = 64
 # Responses go to the transport in slices of this size (see Connection._send).
 _WRITE_SLICE_BYTES = 256 * 1024
 _connection_ids = itertools.count(1)
-# Frames from this size on are decoded in a worker thread (see Connection._handle).
-_DECODE_ON_LOOP_BYTES = 128 * 1024
+# Frames from this size on are decoded in a worker thread (see Connection._handle): a 54 KB
+# ListOffsets naming 2,000 topics took 50 ms to decode on the loop.
+_DECODE_ON_LOOP_BYTES = 16 * 1024
 _PRODUCE_KEY = b"\x00\x00"
+# Responses with a top-level array longer than this are encoded in a worker thread: encoding
+# costs about 0.2 ms per topic of a CreateTopics answer (its config entries included), so 500
+# topics held the loop for 90 ms in one step.
+_ENCODE_ON_LOOP_ITEMS = 64
+_field_names: dict[type, tuple[str, ...]] = {}
+
+
+def _many_items(response) -> bool:
+    names = _field_names.get(type(response))
+    if names is None:
+        names = _field_names[type(response)] = tuple(f.name for f in dataclasses.fields(response))
+    return any(isinstance(value, tuple) and len(value) > _ENCODE_ON_LOOP_ITEMS
+               for value in (getattr(response, name) for name in names))
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -61,6 +77,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.peer_host = ""
         self.handling = False  # a handler is working on a request (it may wait, e.g. a long poll)
+        self.what = ""  # "ApiName vN" of the request being handled, for the loop-hold attribution
         self.last_active = time.monotonic()
 
     # asyncio callbacks -------------------------------------------------------------
@@ -164,8 +181,9 @@ class Connection(asyncio.BufferedProtocol):
                 continue
             frame = self.pending.popleft()
             self._update_reading()
+            self.what = "an undecoded request"
             try:
-                await self._handle(frame)
+                await timed(self._handle(frame), lambda: self.what)
             finally:
                 self.handling = False
                 self.last_active = time.monotonic()
@@ -178,8 +196,8 @@ class Connection(asyncio.BufferedProtocol):
             if len(frame) < _DECODE_ON_LOOP_BYTES or frame[:2] == _PRODUCE_KEY:
                 request = decode_request(frame, self.broker.supported_versions)
             else:
-                # 128 KiB of requests can be tens of thousands of elements: walking and parsing
-                # them takes 100 ms or more, which in a worker thread the event loop shares
+                # 16 KiB of requests can be a thousand elements or more: walking and parsing
+                # them takes tens of ms (100 ms and more for 128 KiB), which in a worker thread the event loop shares
                 # (the GIL switches every 5 ms). Produce frames are large because of their
                 # record bytes, which cost nothing to walk, so they stay on the loop.
                 request = await asyncio.to_thread(decode_request, frame, self.broker.supported_versions)
@@ -195,7 +213,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
                                  self.peer_host)
-        what = f"{api_name(request.api_key)} v{request.api_version}"
+        what = self.what = f"{api_name(request.api_key)} v{request.api_version}"
         try:
             response = await self.broker.handlers[request.api_key].handle(context, request.body)
         except asyncio.CancelledError:
@@ -213,7 +231,11 @@ class Connection(asyncio.BufferedProtocol):
         if response is None:  # Produce with acks=0 has no response
             return
         try:
-            chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
+            if _many_items(response):
+                chunks = await asyncio.to_thread(encode_response, request.api_key, request.api_version,
+                                                 request.correlation_id, response)
+            else:
+                chunks = encode_response(request.api_key, request.api_version, request.correlation_id, response)
         except Exception as exc:
             # The client would wait forever for an answer that never comes: tell it by closing.
             log.error("cannot encode the %s response on connection %s from %s, closing it: %s: %s", what,

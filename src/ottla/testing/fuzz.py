@@ -177,6 +177,8 @@ class FuzzReport:
     worst_lag_ms: float | None = None
     worst_lag_cpu_ms: float | None = None  # the loop thread's own CPU in its worst interval
     lag_context: list[str] = field(default_factory=list)  # the log lines just before the worst lag
+    longest_steps: str = ""  # the broker's longest single step per API ("Metadata v12 130 ms, ...")
+    longest_gc: str = ""  # its longest garbage collection per generation
     handler_failures: Counter = field(default_factory=Counter)  # "Fetch v11: TypeError" -> count
     bystander_sent: int = 0
     bystander_exact: bool = False
@@ -437,6 +439,9 @@ def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0
                           "\n".join(log_lines))
         if lags:
             report.worst_lag_ms, report.worst_lag_cpu_ms = float(lags[-1][0]), float(lags[-1][1])
+        steps = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)",
+                           "\n".join(log_lines))
+        report.longest_steps, report.longest_gc = steps[-1] if steps else ("", "")
         for line in log_lines:
             failed = re.search(r"(\S+ v\d+) handler failed on .*?, closing it: (\w+)", line) or \
                 re.search(r"cannot encode the (\S+ v\d+) response .*?, closing it: (\w+)", line)

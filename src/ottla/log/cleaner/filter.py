@@ -64,11 +64,11 @@ class OffsetMap:
         return hashlib.md5(key, usedforsecurity=False).digest()
 
     def put(self, key: bytes, offset: int) -> None:
-        self._offsets[self._digest(key)] = offset
+        self._offsets[key if len(key) < 16 else self._digest(key)] = offset  # _digest inline: the hot path
         self.latest_offset = offset
 
     def get(self, key: bytes) -> int:
-        return self._offsets.get(self._digest(key), -1)
+        return self._offsets.get(key if len(key) < 16 else self._digest(key), -1)
 
 
 @dataclass
@@ -183,21 +183,67 @@ def _batch_records(chunk, header: BatchHeader) -> list[_Record]:
     return _records(_body(chunk, header), header)
 
 
-def map_batch(chunk, header: BatchHeader, offset_map: OffsetMap) -> None:
-    """Put every keyed record of a data batch into the offset map (only keys are decoded)."""
-    data = _body(chunk, header)
+def _kept(body, header: BatchHeader, survivors: list[int]) -> list[_Record]:
+    """The records at the indexes in `survivors`, decoded."""
+    if not survivors:
+        return []
+    records = _records(body, header)
+    return [records[i] for i in survivors]
+
+
+def _keys(data, header: BatchHeader) -> list[tuple[int, bytes | None, bool]]:
+    """(offset, key, has a value) of each record: all that deciding what survives needs, read
+    without building a record. The usual varints (one byte; two for a record length) are
+    decoded inline."""
+    out = []
+    append = out.append
     base = header.base_offset
-    put = offset_map.put
     position = 0
     for _ in range(header.records_count):
-        length, position = _varint(data, position)
-        end = position + length
-        cursor = _varint(data, position + 1)[1]  # past the attributes and timestamp delta
-        offset_delta, cursor = _varint(data, cursor)
-        key_length, cursor = _varint(data, cursor)
+        byte = data[position]
+        if byte < 0x80:
+            cursor = position + 1
+            end = cursor + ((byte >> 1) ^ -(byte & 1))
+        elif data[position + 1] < 0x80:  # records of 64 to 8,191 bytes
+            raw = (byte & 0x7F) | (data[position + 1] << 7)
+            cursor = position + 2
+            end = cursor + ((raw >> 1) ^ -(raw & 1))
+        else:
+            length, cursor = _varint(data, position)
+            end = cursor + length
+        cursor += 1  # the attributes
+        if data[cursor] >= 0x80:  # timestamp delta, not needed
+            cursor = _varint(data, cursor)[1]
+        else:
+            cursor += 1
+        byte = data[cursor]
+        if byte < 0x80:
+            offset_delta = (byte >> 1) ^ -(byte & 1)
+            cursor += 1
+        else:
+            offset_delta, cursor = _varint(data, cursor)
+        byte = data[cursor]
+        if byte < 0x80:
+            key_length = (byte >> 1) ^ -(byte & 1)
+            cursor += 1
+        else:
+            key_length, cursor = _varint(data, cursor)
         if key_length >= 0:
-            put(data[cursor:cursor + key_length], base + offset_delta)
+            key = data[cursor:cursor + key_length]
+            cursor += key_length
+        else:
+            key = None
+        append((base + offset_delta, key, data[cursor] != 1))  # a value length of -1 is the byte 1
         position = end
+    return out
+
+
+def map_batch(chunk, header: BatchHeader, offset_map: OffsetMap) -> None:
+    """Put every keyed record of a data batch into the offset map (only keys are decoded)."""
+    put = offset_map.put
+    for offset, key, _ in _keys(_body(chunk, header), header):
+        if key is not None:
+            put(key, offset)
 
 
 def _build(header: BatchHeader, records: list[_Record], base_timestamp: int, horizon_set: bool) -> bytes:
@@ -274,29 +320,30 @@ class BatchFilter:
                 self._note_horizon(horizon)
             return original
         aborted = self.txns.on_data_batch(header)
-        records = [] if aborted else _batch_records(chunk, header)
         self.records_read += header.records_count
         retain_deletes = horizon is None or self.now_ms < horizon
-        base = header.base_offset
-        kept = [r for r in records
-                if r.key is not None
-                and base + r.offset_delta >= self.offset_map.get(r.key)
-                and (r.has_value or retain_deletes)]
-        self.records_kept += len(kept)
-        has_tombstones = any(not r.has_value for r in kept)
-        if has_tombstones:
+        # What survives is decided from keys and offsets alone (`_keys`); records are decoded
+        # only for a batch rebuilt with some of them.
+        body = None if aborted else _body(chunk, header)
+        entries = [] if aborted else _keys(body, header)
+        latest = self.offset_map.get
+        survivors = [i for i, (offset, key, has_value) in enumerate(entries)
+                     if key is not None and offset >= latest(key) and (has_value or retain_deletes)]
+        self.records_kept += len(survivors)
+        if any(not entries[i][2] for i in survivors):  # tombstones kept
             if horizon is None:
                 horizon = self.now_ms + self.delete_retention_ms
                 self._note_horizon(horizon)
-                return _build(header, kept, horizon, True)
+                return _build(header, _kept(body, header, survivors), horizon, True)
             self._note_horizon(horizon)
-        if not kept:  # an emptied batch stays only to carry its producer's last sequence
+        if not survivors:  # an emptied batch stays only to carry its producer's last sequence
             if not self._is_producer_last(header):
                 return None
             if header.records_count == 0:
                 return original
-        elif len(kept) == header.records_count:
+        elif len(survivors) == header.records_count:
             return original
+        kept = _kept(body, header, survivors)
         if horizon is not None:
             return _build(header, kept, horizon, True)
         return _build(header, kept, header.first_timestamp, False)

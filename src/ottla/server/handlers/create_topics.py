@@ -1,9 +1,12 @@
 """CreateTopics: partitions, replication factor (1 on a single node), per-topic configs, validate_only.
 
 In a cluster the topic is created through the store from whichever broker gets the request
-(`server/cluster_admin.py`); the answer waits until this broker knows its leaders.
+(`server/cluster_admin.py`); the answer waits until this broker knows its leaders. On a
+single node each topic's creation (directories, fsyncs) is its own step: the loop serves other
+connections between two topics of a large request.
 """
 
+import asyncio
 from datetime import timedelta
 
 from ...config import ConfigError, TopicConfig, validate_topic_configs
@@ -77,6 +80,7 @@ async def handle(ctx, request):
                 count, configs = _plan(broker, topic)
                 info = broker.create_topic(topic.name, count, configs)
                 topic_id = info.topic_id
+                await asyncio.sleep(0)
                 entries = topic_config_entries(info.config)
             else:
                 count, configs = _plan(broker, topic)

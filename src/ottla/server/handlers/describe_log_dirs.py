@@ -1,5 +1,6 @@
 """DescribeLogDirs: the one log directory, with each partition's size on disk (UIs, ops tools)."""
 
+import asyncio
 import shutil
 from datetime import timedelta
 
@@ -8,6 +9,9 @@ from ...protocol.build import make, nested
 
 API_KEY = 35
 VERSIONS = (0, 4)  # v0 is v1 (removed in Kafka 4.0, KIP-896)
+
+
+_YIELD_EVERY = 256
 
 
 async def handle(ctx, request):
@@ -21,9 +25,13 @@ async def handle(ctx, request):
     else:
         wanted = {(t.topic, p) for t in request.topics for p in t.partitions}
     by_topic: dict[str, list] = {}
-    for (topic, partition), log in sorted(logs.logs.items()):
+    for count, ((topic, partition), log) in enumerate(sorted(logs.logs.items()), 1):
+        if count % _YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # thousands of partitions: other connections go between
         if wanted is not None and (topic, partition) not in wanted:
             continue
+        if (topic, partition) not in logs.logs:
+            continue  # deleted while this request yielded
         size = sum(segment.size for segment in log.segments)
         by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition, partition_size=size,
                                                    offset_lag=0, is_future_key=False))

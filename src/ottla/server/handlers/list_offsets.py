@@ -4,6 +4,7 @@ Each answer carries the leader epoch of the offset it names (the current epoch f
 and a request naming another current leader epoch is fenced (KIP-320). A follower (replica
 id >= 0) resetting its fetch offset gets the leader's log end as latest, as in Kafka."""
 
+import asyncio
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
@@ -55,15 +56,22 @@ def _old_style(log, wanted, offset: int) -> tuple[int, ...]:
     return tuple(found[:max(getattr(wanted, "max_num_offsets", 1), 0)])
 
 
+_YIELD_EVERY = 256  # partitions answered per step (2,000 partitions held the loop 68 ms)
+
+
 async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "ListOffsetsTopicResponse")
     partition_type = nested(response_type, "ListOffsetsPartitionResponse")
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     topics = []
+    answered = 0
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
+            answered += 1
+            if answered % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a request naming every partition: other connections go between
             error, offset, timestamp, leader_epoch = ErrorCode.none, -1, -1, -1
             partition_log = None
             try:

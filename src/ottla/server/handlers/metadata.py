@@ -1,6 +1,12 @@
 """Metadata: brokers, topics (with ids) and partition leaders, from the metadata cache;
-auto-creates topics when allowed."""
+auto-creates topics when allowed.
 
+Each auto-created topic, and every `_YIELD_EVERY` topics of the answer, is a step of its own:
+the loop serves other connections in between (a request naming thousands of topics held it
+for seconds).
+"""
+
+import asyncio
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
@@ -13,6 +19,7 @@ API_KEY = 3
 VERSIONS = (0, 12)
 
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+_YIELD_EVERY = 256
 
 
 def _requested_names(ctx, request) -> list[str] | None:
@@ -59,7 +66,9 @@ async def handle(ctx, request):
 
     include_topic_ops = getattr(request, "include_topic_authorized_operations", False)
     topics = []
-    for name in names if names is not None else metadata.topic_names():
+    for count, name in enumerate(names if names is not None else metadata.topic_names(), 1):
+        if count % _YIELD_EVERY == 0:
+            await asyncio.sleep(0)
         error = ErrorCode.none
         info = metadata.topic(name) if name is not None else None
         if info is None and name is not None and allow_create and name not in INTERNAL_TOPICS \
@@ -68,9 +77,12 @@ async def handle(ctx, request):
         elif info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
             try:
                 broker.create_topic(name, broker.config["num.partitions"], {})
+                await asyncio.sleep(0)
                 info = metadata.topic(name)
             except KafkaError as exc:
                 error = exc.code
+        if info is None and names is None:
+            continue  # deleted while an earlier step yielded: an all-topics answer leaves it out
         if info is None:
             topics.append(make(topic_type, error_code=error if error != ErrorCode.none else ErrorCode.unknown_topic_or_partition,
                                name=name, topic_id=None, is_internal=False, partitions=(),

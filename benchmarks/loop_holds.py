@@ -1,0 +1,126 @@
+"""How long single admin requests hold a single broker's event loop once it has many topics
+(issue 11: "no single request may hold the event loop for long").
+
+    .venv/bin/python benchmarks/loop_holds.py --topics 2000 --batch 100
+
+Creates --topics one-partition topics, then sends, one at a time: Metadata for all topics,
+Metadata auto-creating --batch new topics, CreateTopics of --batch topics, DeleteTopics of
+--batch topics, DescribeLogDirs of everything, ListOffsets and OffsetCommit naming every
+topic's partition, OffsetFetch of all the group's offsets. Prints each request's round trip and the longest single step the broker
+measured for it (its own CPU between two awaits, `server/loop_lag.py`), then the broker's
+worst event-loop lag over the run (wall clock and the loop's own CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import sys
+import time
+from datetime import timedelta
+
+from ottla.protocol.build import make, nested
+from ottla.protocol.schemas import request_schema
+from ottla.testing import broker
+from ottla.testing.fuzz import _read_frame, encode
+
+
+def _roundtrip(address, request) -> float:
+    with socket.create_connection(address, timeout=600) as sock:
+        started = time.monotonic()
+        sock.sendall(encode(request, 1))
+        assert _read_frame(sock) is not None, "the broker closed the connection"
+        return time.monotonic() - started
+
+
+def _create(names):
+    schema = request_schema(19, 7)
+    return make(schema, timeout=timedelta(seconds=60), validate_only=False, topics=tuple(
+        make(nested(schema, "CreatableTopic"), name=name, num_partitions=1, replication_factor=1,
+             assignments=(), configs=()) for name in names))
+
+
+def _metadata(names):
+    schema = request_schema(3, 12)
+    topics = None if names is None else tuple(make(nested(schema, "MetadataRequestTopic"), topic_id=None, name=n)
+                                              for n in names)
+    return make(schema, topics=topics, allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+
+
+def _delete(names):
+    return make(request_schema(20, 6), timeout=timedelta(seconds=60), topics=tuple(
+        make(nested(request_schema(20, 6), "DeleteTopicState"), name=n, topic_id=None) for n in names))
+
+
+def _describe_log_dirs():
+    return make(request_schema(35, 4), topics=None)
+
+
+def _list_offsets(count):
+    schema = request_schema(2, 8)
+    return make(schema, replica_id=-1, isolation_level=0, topics=tuple(
+        make(nested(schema, "ListOffsetsTopic"), name=f"t{i}", partitions=(
+            make(nested(schema, "ListOffsetsPartition"), partition_index=0, current_leader_epoch=-1, timestamp=-1),))
+        for i in range(count)))
+
+
+def _offset_commit(count):
+    schema = request_schema(8, 8)
+    return make(schema, group_id="holds", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+                topics=tuple(make(nested(schema, "OffsetCommitRequestTopic"), name=f"t{i}", partitions=(
+                    make(nested(schema, "OffsetCommitRequestPartition"), partition_index=0, committed_offset=0,
+                         committed_leader_epoch=-1, committed_metadata=""),)) for i in range(count)))
+
+
+def _offset_fetch_all():
+    schema = request_schema(9, 8)
+    return make(schema, require_stable=False, groups=(
+        make(nested(schema, "OffsetFetchRequestGroup"), group_id="holds", topics=None),))
+
+
+def _steps(text: str) -> tuple[dict[str, float], str]:
+    found = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", text)
+    steps, collections = found[-1]
+    return {what: float(ms) for what, ms in re.findall(r"(\w+ v\d+) (\d+) ms", steps)}, collections
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    with broker(log_level="info") as handle:
+        address = (handle.host, handle.port)
+        started = time.monotonic()
+        for first in range(0, args.topics, 500):
+            _roundtrip(address, _create([f"t{i}" for i in range(first, min(args.topics, first + 500))]))
+        rows.append((f"create {args.topics} topics, 500 a request (s)", f"{time.monotonic() - started:.1f}"))
+        cases = [("Metadata v12, all topics", _metadata(None)),
+                 (f"Metadata v12 auto-creating {args.batch} topics", _metadata([f"m{i}" for i in range(args.batch)])),
+                 (f"CreateTopics v7, {args.batch} topics", _create([f"c{i}" for i in range(args.batch)])),
+                 (f"DeleteTopics v6, {args.batch} topics", _delete([f"c{i}" for i in range(args.batch)])),
+                 ("DescribeLogDirs v4, all topics", _describe_log_dirs()),
+                 ("ListOffsets v8, every topic's partition", _list_offsets(args.topics)),
+                 ("OffsetCommit v8, every topic's partition", _offset_commit(args.topics)),
+                 ("OffsetFetch v8, every offset of the group", _offset_fetch_all())]
+        for name, request in cases:
+            rows.append((f"{name}: round trip (ms)", f"{_roundtrip(address, request) * 1000:.0f}"))
+        handle.stop()
+        log = handle.read_stderr()
+        lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    steps, collections = _steps(log)
+    for api in ("Metadata v12", "CreateTopics v7", "DeleteTopics v6", "DescribeLogDirs v4", "ListOffsets v8",
+                "OffsetCommit v8", "OffsetFetch v8"):
+        rows.append((f"{api}: longest single step, broker CPU (ms)", f"{steps.get(api, 0):.0f}"))
+    rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
+    rows.append(("longest garbage collections", collections))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The exactly-once copier on three real brokers while the brokers under it are bounced, in
+the spirit of Kafka's transactions system test (`transactions_test.py`).
+
+A kafka-python copier process (kp_copier.py: consume read_committed, produce, send the
+offsets to the transaction, commit; every 7th transaction aborted on purpose) copies an
+input topic of numbered records to an output topic, both 3 partitions with replication
+factor 3 and min.insync.replicas=2. Meanwhile the test bounces, one at a time and each
+with kill -9 or with a clean SIGTERM (controlled shutdown) restart: the leader of an input
+partition, of an output partition, of the copier's `__transaction_state` partition, of its
+group's `__consumer_offsets` partition, and the controller; and kills the copier itself.
+A read_committed reader (librdkafka) runs all along. At the end the output read
+read_committed is the input exactly once, and the reader never saw a record of an aborted
+transaction. A copier that ends (fenced, or its watchdog after a kafka-python hang, see
+kp_copier.py) is started again, as a supervisor would.
+
+Found here: a follower that had led an epoch without writing in it kept that epoch after
+truncating and fetched with it forever (Log.truncate_to).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.errors import KafkaError as KafkaPythonError
+
+from ottla.coordinator.partitioning import partition_for
+from ottla.testing import cluster
+from tests.transactional_reads import read_all, wait_until_stable
+from tests.waiting import wait_for
+
+COPIER = Path(__file__).with_name("kp_copier.py")
+INTERNAL = 3
+CONFIG = {"replica.lag.time.max.ms": 3000, "replica.fetch.backoff.ms": 200, "group.initial.rebalance.delay.ms": 0,
+          "offsets.topic.num.partitions": INTERNAL, "transaction.state.log.num.partitions": INTERNAL,
+          "transaction.abort.timed.out.transaction.cleanup.interval.ms": 2000}
+PARTITIONS = 3
+CHUNK = 400          # input records added before each bounce
+LIMIT_S = 180        # guards against hangs only
+GROUP, TXN_ID = "eos-group", "eos-copier"
+# (what is bounced, how): the coordinators and the controller both ways, the data leaders one
+# way each; every role twice would double the run.
+BOUNCES = [("input", "kill"), ("transaction", "term"), ("copier", "kill"), ("group", "kill"),
+           ("output", "term"), ("controller", "kill"), ("transaction", "kill"), ("group", "term"),
+           ("controller", "term")]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    with cluster(brokers=3, config=CONFIG, root=tmp_path_factory.mktemp("copier")) as handle:
+        yield handle
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (leader, ISR size), {} while Metadata cannot answer."""
+    try:
+        info = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics.get(topic)
+    except KafkaException:
+        return {}
+    if info is None or info.error is not None:
+        return {}
+    return {p: (m.leader, len(m.isrs)) for p, m in info.partitions.items()}
+
+
+def in_sync(bootstrap: str, topics: dict[str, int]) -> bool:
+    """Every partition of `topics` led, with all three replicas in its ISR."""
+    for topic, count in topics.items():
+        led = leaders(bootstrap, topic)
+        if len(led) != count or any(leader < 0 or isr != 3 for leader, isr in led.values()):
+            return False
+    return True
+
+
+def controller(bootstrap: str) -> int | None:
+    try:
+        found = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).controller_id
+    except KafkaException as exc:
+        print(f"no controller from Metadata: {exc}")
+        return None
+    if found < 0:
+        print(f"Metadata names controller {found}")
+    return found if found >= 0 else None
+
+
+class Reader(threading.Thread):
+    """A read_committed consumer of the output from start to end (librdkafka, where the copier
+    is kafka-python), keeping every value it is given."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        super().__init__(daemon=True)
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eos-reader",
+                                  "isolation.level": "read_committed", "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.values: list[bytes] = []
+        self.errors: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for message in self.consumer.consume(500, 0.5):
+                if message.error() is None:
+                    self.values.append(message.value())
+                else:
+                    self.errors.append(str(message.error()))
+        self.consumer.close()
+
+
+def start_copier(bootstrap: str, log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, str(COPIER), bootstrap, "eos-in", "eos-out", "--group", GROUP,
+                                 "--transactional-id", TXN_ID, "--commit-every", "20", "--abort-every", "7",
+                                 "--pause-ms", "20"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_controller(three, tmp_path):
+    bootstrap = three.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for topic in ("eos-in", "eos-out"):
+        admin.create_topics([NewTopic(topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
+    topics = {"eos-in": PARTITIONS, "eos-out": PARTITIONS}
+    wait_for(lambda: in_sync(bootstrap, topics), timeout=LIMIT_S, what="the topics fully replicated")
+    source = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    produced = 0
+
+    def add_input(count: int) -> None:
+        nonlocal produced
+        for i in range(produced, produced + count):
+            source.produce("eos-in", key=b"%d" % i, value=b"%d" % i, partition=i % PARTITIONS)
+        assert source.flush(LIMIT_S) == 0
+        produced += count
+
+    log_path = tmp_path / "copier.log"
+    add_input(CHUNK)
+    copier = start_copier(bootstrap, log_path)
+    reader = Reader(bootstrap, "eos-out")
+    reader.start()
+    topics.update({"__consumer_offsets": INTERNAL, "__transaction_state": INTERNAL})
+    outputs = [TopicPartition("eos-out", p) for p in range(PARTITIONS)]
+    starts = 1
+
+    def committed() -> int:
+        """Input records whose copies are committed, as the group's committed offsets say.
+        (kafka-python's admin: librdkafka 2.16's list_consumer_group_offsets crashed the test
+        process in rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op while the coordinator moved.)"""
+        try:
+            client = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=10000)
+        except KafkaPythonError:
+            return -1
+        try:
+            offsets = client.list_group_offsets({GROUP: [KafkaTopicPartition("eos-in", p) for p in range(PARTITIONS)]})
+        except KafkaPythonError:
+            return -1
+        finally:
+            client.close()
+        return sum(meta.offset for meta in offsets[GROUP].values() if meta.offset >= 0)
+
+    def progressed_to(target: int) -> bool:
+        nonlocal copier, starts
+        if copier.poll() is not None:   # ended on an error it could not abort from: start another
+            starts += 1
+            assert starts <= 20, f"the copier keeps failing:\n{log_path.read_text()[-3000:]}"
+            copier = start_copier(bootstrap, log_path)
+        return committed() >= target
+
+    def run_bounces() -> None:
+        nonlocal copier, starts
+        for role, how in BOUNCES:
+            # Bounce while the copier is in the middle of a chunk: it has copied some of it.
+            add_input(CHUNK)
+            wait_for(lambda: progressed_to(produced - CHUNK + CHUNK // 4), timeout=LIMIT_S,
+                     what=f"the copier's progress before bouncing the {role}", interval=0.5)
+            if role == "copier":
+                copier.send_signal(signal.SIGKILL)
+                copier.wait()
+                copier = start_copier(bootstrap, log_path)
+                starts += 1
+                continue
+            victim = _victim(bootstrap, role)
+            print(f"bouncing the {role} (broker {victim}) with {how}")
+            if how == "kill":
+                three.brokers[victim].kill()
+            else:
+                assert three.brokers[victim].stop() == 0
+            three.brokers[victim].start()
+            wait_for(lambda: in_sync(bootstrap, topics), timeout=LIMIT_S, what=f"the ISRs full after the {role}")
+        wait_for(lambda: progressed_to(produced), timeout=LIMIT_S, what="the copy complete", interval=0.5)
+
+    try:
+        try:
+            run_bounces()
+        except AssertionError as exc:
+            copier.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            raise AssertionError(f"{exc}\ncopier log:\n{log_path.read_text()[-8000:]}") from None
+        finally:
+            copier.send_signal(signal.SIGKILL)
+            copier.wait()
+        wait_until_stable(bootstrap, outputs)
+        output = Counter(value for _, _, _, value in read_all(bootstrap, outputs, "read_committed"))
+        expected = Counter(b"copied:%d" % i for i in range(produced))
+        missing = sorted(int(v[7:]) for v in expected - output if v.startswith(b"copied:"))
+        assert output == expected, f"missing {missing[:10]}, extra {sorted((output - expected).items())[:10]}"
+        wait_for(lambda: len(reader.values) >= produced, timeout=LIMIT_S, what="the reader at the end")
+    finally:
+        reader.done.set()
+        reader.join()
+    assert Counter(reader.values) == expected   # never an aborted record, nor one twice
+    aborted = [v for _, _, _, v in read_all(bootstrap, outputs, "read_uncommitted") if v.startswith(b"aborted:")]
+    assert aborted, "the copier aborted no transaction on purpose: the reader had nothing to not see"
+    print(f"{produced} records, {starts} copier starts, {len(aborted)} aborted records in the log")
+
+
+def _victim(bootstrap: str, role: str) -> int:
+    """The broker that now plays `role`."""
+    if role == "controller":
+        return wait_for(lambda: controller(bootstrap), timeout=LIMIT_S, what="a controller")
+    topic, partition = {
+        "input": ("eos-in", 0), "output": ("eos-out", 1),
+        "transaction": ("__transaction_state", partition_for(TXN_ID, INTERNAL)),
+        "group": ("__consumer_offsets", partition_for(GROUP, INTERNAL)),
+    }[role]
+    return wait_for(lambda: max(leaders(bootstrap, topic).get(partition, (-1, 0))[0], 0), timeout=LIMIT_S,
+                    what=f"a leader of {topic}-{partition}")
