@@ -39,8 +39,66 @@ import ottla.testing
 from ottla.demo.query import spark_session
 
 PARTITIONS = 4
-PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution", "cpu")
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution", "cpu",
+          "broker cpu")
 TIMING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_timing")
+
+
+def null_source():
+    """A Python data source that reads `rowsPerBatch` generated rows per micro-batch over PARTITIONS tasks and
+    writes nowhere: the cost of Spark's Python data source machinery (a Python worker per task for the
+    read and one for the write, the driver's planning and commit processes) without Kafka."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader,
+                                        InputPartition, WriterCommitMessage)
+
+    class Reader(DataSourceStreamReader):
+        def __init__(self, rows_per_batch: int):
+            self.rows = rows_per_batch
+
+        def initialOffset(self):
+            return {"batch": 0}
+
+        def latestOffset(self, start=None, limit=None):
+            return {"batch": (start or {"batch": 0})["batch"] + 1}
+
+        def partitions(self, start, end):
+            return [InputPartition(i) for i in range(PARTITIONS)]
+
+        def read(self, partition):
+            n = self.rows // PARTITIONS
+            yield pa.RecordBatch.from_pydict({"key": [b"k"] * n, "value": [b"v" * 100] * n})
+
+        def commit(self, end):
+            pass
+
+    class Writer(DataSourceStreamArrowWriter):
+        def write(self, iterator):
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId):
+            pass
+
+        def abort(self, messages, batchId):
+            pass
+
+    class NullSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "null-python"
+
+        def schema(self):
+            return "key binary, value binary"
+
+        def streamReader(self, schema):
+            return Reader(int(self.options["rowsPerBatch"]))
+
+        def streamWriter(self, schema, overwrite):
+            return Writer()
+
+    return NullSource
 
 
 def rows(spark, n: int, size: int):
@@ -118,16 +176,23 @@ class Legs:
         if (got.distinct, got.total) != (n, n):
             raise RuntimeError(f"{name}: {got.total} records, {got.distinct} distinct values; expected {n} of each")
 
-    def fixed_cost(self, small: int, batches: int) -> tuple[dict, dict]:
+    def fixed_cost(self, small: int, batches: int) -> tuple[dict, dict, dict]:
         """Median seconds per phase of small micro-batches (first one left out), for `rate-micro-batch ->
-        noop` and for the `ottla -> ottla` exactly-once query; "cpu" is the CPU seconds per micro-batch of
-        the Spark JVM, its Python processes and the broker over the same micro-batches."""
+        noop`, for a Python data source into a Python sink that do nothing, and for the `ottla -> ottla`
+        exactly-once query; "cpu" is the CPU seconds per micro-batch of the Spark JVM with its Python
+        processes, "broker cpu" that of the broker, over the same micro-batches."""
         spark = self.spark
         rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", small)
                 .option("numPartitions", PARTITIONS).load())
         query = (rate.writeStream.format("noop").option("checkpointLocation", self.checkpoint())
                  .trigger(processingTime="0 seconds").start())
         spark_cost = self._watch(query, batches, stop=True)
+
+        spark.dataSource.register(null_source())
+        query = (spark.readStream.format("null-python").option("rowsPerBatch", small).load()
+                 .writeStream.format("null-python").option("checkpointLocation", self.checkpoint())
+                 .trigger(processingTime="0 seconds").start())
+        python_cost = self._watch(query, batches, stop=True)
 
         source, sink = self.topic("small-in"), self.topic("small-out")
         rows(spark, small * batches, 100).write.format("ottla").options(**self.ottla(topic=source)) \
@@ -137,7 +202,7 @@ class Legs:
                   .load().select("key", "value"))
         query = (stream.writeStream.format("ottla").options(**self.ottla(topic=sink))
                  .option("checkpointLocation", self.checkpoint()).trigger(availableNow=True).start())
-        return spark_cost, self._watch(query, batches, stop=False)
+        return spark_cost, python_cost, self._watch(query, batches, stop=False)
 
     def _watch(self, query, batches: int, stop: bool) -> dict[str, float]:
         """Phase medians and CPU per micro-batch from the end of the first micro-batch with rows to the
@@ -146,11 +211,11 @@ class Legs:
             return [p for p in query.recentProgress if p["numInputRows"]]
         while not done():
             time.sleep(0.05)
-        cpu = self.cpu()
+        cpu, broker = self.cpu()
         first = len(done())
         while len(done()) < batches and query.isActive:
             time.sleep(0.05)
-        cpu = self.cpu() - cpu
+        end_cpu, end_broker = self.cpu()
         if stop:
             query.stop()
         query.awaitTermination()
@@ -159,11 +224,12 @@ class Legs:
         progress = done()[1:batches]
         if len(progress) != batches - 1:
             raise RuntimeError(f"expected {batches} micro-batches, got {len(progress) + 1}")
-        return {**_phases(progress), "cpu": cpu / (len(done()[:batches]) - first)}
+        counted = len(done()[:batches]) - first
+        return {**_phases(progress), "cpu": (end_cpu - cpu) / counted, "broker cpu": (end_broker - broker) / counted}
 
-    def cpu(self) -> float:
+    def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the Spark JVM with every process under it, and of the broker."""
-        return _tree_cpu([self.spark.sparkContext._gateway.proc.pid, self.broker_pid])
+        return _tree_cpu([self.spark.sparkContext._gateway.proc.pid]), _tree_cpu([self.broker_pid])
 
 
 def _tree_cpu(roots: list[int]) -> float:
@@ -189,7 +255,7 @@ def _tree_cpu(roots: list[int]) -> float:
 
 
 def _phases(progress: list) -> dict[str, float]:
-    return {phase: statistics.median(p["durationMs"].get(phase, 0) / 1000 for p in progress) for phase in PHASES[:-1]}
+    return {phase: statistics.median(p["durationMs"].get(phase, 0) / 1000 for p in progress) for phase in PHASES[:-2]}
 
 
 def _probe_table(path: str, batches: int) -> None:
@@ -245,7 +311,7 @@ def main() -> int:
             print(f"{size}-byte values: {results[size]}", file=sys.stderr)
         if args.probes:
             open(probes, "w").close()  # the fixed-cost queries only
-        spark_cost, ottla_cost = legs.fixed_cost(args.small, args.batches)
+        spark_cost, python_cost, ottla_cost = legs.fixed_cost(args.small, args.batches)
         spark.stop()
 
     for size, (n, seconds) in results.items():
@@ -257,13 +323,14 @@ def main() -> int:
             print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {n / s / base:.2f} |")
     print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
           f"{args.batches - 1} micro-batches, seconds):\n")
-    print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM, its Python processes "
-          "and the broker)\n")
-    print("| phase | `rate-micro-batch -> noop` | `ottla -> ottla` exactly-once | Ottla adds |")
-    print("| --- | ---: | ---: | ---: |")
+    print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM and its Python "
+          "processes; broker cpu: the broker's)\n")
+    print("| phase | `rate-micro-batch -> noop` | Python source -> Python sink, both empty | `ottla -> ottla` "
+          "exactly-once | Ottla adds to `rate -> noop` | Ottla adds to the empty Python pair |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for phase in PHASES:
-        print(f"| {phase} | {spark_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
-              f"{ottla_cost[phase] - spark_cost[phase]:.3f} |")
+        print(f"| {phase} | {spark_cost[phase]:.3f} | {python_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
+              f"{ottla_cost[phase] - spark_cost[phase]:.3f} | {ottla_cost[phase] - python_cost[phase]:.3f} |")
     if args.probes:
         _probe_table(probes, args.batches)
     print()
