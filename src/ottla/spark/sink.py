@@ -221,9 +221,9 @@ class _TransactionalTask:
         self.failures: list[str] = []
         self.marker = Consumer({**options.client, "group.id": ident, "enable.auto.commit": False,
                                 "isolation.level": "read_committed"})
+        self.last_committed: int | None = None  # the batch this producer committed last
         self.producer = self._fence()
         self.kept = False
-        self.last_committed: int | None = None  # the batch this producer committed last
 
     def _fence(self) -> Producer:
         producer = Producer(_producer_config(self.options, self.failures, **{"transactional.id": self.ident}))
