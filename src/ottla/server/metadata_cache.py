@@ -191,6 +191,7 @@ class MetadataCache:
         stopped leading answers NOT_LEADER_OR_FOLLOWER at once: until then its Metadata named
         itself leader, and clients that asked it went on sending there (a KRaft broker applies
         both from one metadata record). Only topics this cache knows, and no older epoch."""
+        changed: dict[str, dict[int, PartitionState]] = {}
         for state in states:
             info = self._topics.get(state.topic)
             current = info.partitions.get(state.partition) if info is not None else None
@@ -198,9 +199,13 @@ class MetadataCache:
                 continue
             if current is not None:
                 state = replace(state, offline_replicas=current.offline_replicas)
+            changed.setdefault(state.topic, {})[state.partition] = state
+        if changed:  # one copy per request, not per partition (1,000 partitions cost 1,000 copies)
             self._derived = {}
-            self._topics = {**self._topics, state.topic: TopicMetadata(
-                info.name, info.topic_id, {**info.partitions, state.partition: state})}
+            self._topics = {**self._topics, **{
+                name: TopicMetadata(self._topics[name].name, self._topics[name].topic_id,
+                                    {**self._topics[name].partitions, **parts})
+                for name, parts in changed.items()}}
 
     def local_put(self, name: str, topic_id: uuid.UUID, count: int) -> list[PartitionState]:
         """Single node: one topic created or grown, in place (its partitions only: rebuilding
