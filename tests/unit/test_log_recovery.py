@@ -8,6 +8,7 @@ import pytest
 
 from ottla.config import BrokerConfig, TopicConfig
 from ottla.log import Log
+from ottla.log.index import OffsetIndex
 from ottla.log.segment import LogSegment
 from ottla.records.batch import parse_batches
 from ottla.records.control import build_control_batch
@@ -211,3 +212,23 @@ def test_transaction_index_is_rebuilt_by_recovery(tmp_path):
     fetched = recovered.read(0, 1 << 20, max_offset=90, with_aborted=True)
     end = recovered.segments[1].base_offset
     assert fetched.aborted_transactions == [t for t in expected if t.first_offset < end]
+
+
+def test_recovery_never_reads_the_index_it_rebuilds(written, tmp_path, monkeypatch):
+    """A crash leaves the active segment's index untrimmed (10 MB preallocated, untrusted);
+    rebuilding producer state up to that segment must not look anything up in it: on a broker
+    with 1,000 empty partitions those lookups were most of a restart (page faults into the
+    sparse files, seconds)."""
+    directory = crashed_copy(written, tmp_path)
+    looked_up = []
+    real = OffsetIndex.lookup
+
+    def spy(self, offset):
+        looked_up.append((self.base_offset, offset))
+        return real(self, offset)
+
+    monkeypatch.setattr(OffsetIndex, "lookup", spy)
+    bases = [s.base_offset for s in written.segments]
+    recovered = Log(directory, CFG, recovery_point=bases[-1] + 1)
+    assert recovered.log_end_offset == 120
+    assert [base for base, _ in looked_up if base >= bases[-1]] == []

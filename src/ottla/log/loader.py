@@ -162,9 +162,15 @@ def replay_batches(
     segments: list[LogSegment], bases: list[int], end: int, from_offset: int
 ) -> Iterator[BatchHeader | ControlBatch]:
     """Every batch from `from_offset` to `end`, control batches with their marker: what
-    producer state is rebuilt from."""
+    producer state is rebuilt from.
+
+    A segment starting at or past `end` is not opened: in recovery that is the segment about
+    to be rebuilt, whose index a crash left untrusted and preallocated (10 MB by default);
+    a lookup in it faulted in pages of the sparse file, seconds over 1,000 partitions."""
     i = max(0, bisect.bisect_right(bases, from_offset) - 1)
     for segment in segments[i:]:
+        if segment.base_offset >= end:
+            return
         start = segment.find(from_offset)
         if start is None:
             continue
