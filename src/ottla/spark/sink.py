@@ -212,7 +212,12 @@ class _TransactionalTask:
         self.kept = False
 
     def _fence(self) -> Producer:
-        producer = Producer(_producer_config(self.options, self.failures, **{"transactional.id": self.ident}))
+        # librdkafka's default re-bootstrap, when every broker it knows is down at once (always, with one
+        # broker), drops those brokers while its coordinator cache keeps one: send_offsets_to_transaction
+        # then waits for it past its timeout (librdkafka #5511, #5456). Option kafka.metadata.recovery.strategy
+        # overrides this.
+        producer = Producer({"metadata.recovery.strategy": "none",
+                             **_producer_config(self.options, self.failures, **{"transactional.id": self.ident})})
         producer.init_transactions(self.options.timeout_s)  # fences every earlier producer of this id
         return producer
 
