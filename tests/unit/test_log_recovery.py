@@ -165,7 +165,7 @@ def test_recovery_logs_one_info_line_only_when_it_did_work(written, tmp_path, ca
     directory = crashed_copy(written, tmp_path)
     with caplog.at_level(logging.INFO, logger="ottla.log"):
         recovered = Log(directory, CFG, recovery_point=0)
-    lines = [r for r in caplog.records if r.name == "ottla.log.log"]
+    lines = [r for r in caplog.records if r.name == "ottla.log.loader"]
     assert len(lines) == 1 and lines[0].log_end_offset == 120
     recovered.close()
     caplog.clear()

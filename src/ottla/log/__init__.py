@@ -1,6 +1,7 @@
 """Kafka's log layer: partition logs made of segments with sparse indexes, and their manager."""
 
-from .log import AppendResult, FetchData, Log, OffsetAndTimestamp
+from .log import AppendResult, FetchData, Log
+from .reads import OffsetAndTimestamp
 from .manager import LogManager, TopicInfo, validate_topic_name
 
 __all__ = [

@@ -1,15 +1,16 @@
-"""The topic settings a Log append reads, resolved once per config change, and the CreateTime
-bounds check that uses them."""
+"""The topic settings a Log append reads, resolved once per config change, and the checks a
+produced batch passes with them before it gets offsets (Kafka's LogValidator)."""
 
 from __future__ import annotations
 
 from ..config import TopicConfig
-from ..errors import ErrorCode, KafkaError
-from ..records.batch import BatchHeader
+from ..errors import ErrorCode, InvalidRecords, KafkaError
+from ..records.batch import BatchHeader, parse_batches, validate_client_batch
 from ..records.compression import CODEC_IDS
-from ..records.records import decode_batch
+from ..records.records import decode_batch, keys_present, rebuild_batch
+from ..records.validator import check_records, inflate_limit
 
-__all__ = ["AppendSettings", "check_create_times"]
+__all__ = ["AppendSettings", "check_create_times", "validate_produced"]
 
 
 class AppendSettings:
@@ -61,3 +62,24 @@ def check_create_times(buf, header: BatchHeader, now_ms: int, settings: AppendSe
         raise KafkaError(ErrorCode.invalid_timestamp,
                          f"timestamp {stamp} is out of range: it must lie within [{earliest}, {latest}] "
                          f"(message.timestamp.before.max.ms / message.timestamp.after.max.ms)")
+
+
+def validate_produced(buf, headers: list[BatchHeader], now_ms: int, settings: AppendSettings, partition: str):
+    """A produce request's record set (`headers` parsed from `buf`): exactly one batch, whose
+    header, records, timestamps and keys the topic accepts. Returns the batch to append and
+    its headers: recompressed when the topic's `compression.type` asks for another codec."""
+    if len(headers) != 1:
+        raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
+    validate_client_batch(headers[0])
+    check_records(buf, headers[0], inflate_limit(settings.max_message_bytes))
+    if not settings.log_append_time:
+        check_create_times(buf, headers[0], now_ms, settings)
+    if settings.compacted and not keys_present(buf, headers):
+        message = f"Compacted topic cannot accept message without key in topic partition {partition}."
+        raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
+                              if record.key is None])
+    target = settings.target_codec
+    if target is not None and target != headers[0].compression:
+        buf = bytearray(rebuild_batch(buf, headers[0], target))
+        headers = parse_batches(buf)
+    return buf, headers

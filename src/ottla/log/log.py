@@ -12,8 +12,6 @@ LogAppendTime) and written as they came: no per-record work on the produce path.
 
 from __future__ import annotations
 
-import bisect
-import logging
 import os
 import shutil
 import uuid
@@ -22,7 +20,7 @@ from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
 from ..durability import fsync
-from ..errors import ErrorCode, InvalidRecords, KafkaError
+from ..errors import ErrorCode, KafkaError
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
@@ -33,22 +31,18 @@ from ..records.batch import (
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
-    validate_client_batch,
 )
-from ..records.records import decode_batch, keys_present, rebuild_batch
-from ..records.validator import check_records, inflate_limit
-from .append_settings import AppendSettings, check_create_times
-from .cleaner.swap import recover_swaps
+from .append_settings import AppendSettings, validate_produced
 from .disk_worker import DiskWorker
 from .file_records import FileRecords
-from .leader_epoch import EpochEndOffset, LeaderEpochCache, fit_to_log
+from .leader_epoch import EpochEndOffset
+from .loader import load_log, replay_batches
 from .page_cache import RecentAppends
+from .reads import OffsetAndTimestamp, max_timestamp_offset, offset_for_timestamp, read_batches
 from .segment import LogSegment
-from .txn_index import AbortedTxn, CorruptIndexError, aborted_entries
+from .txn_index import AbortedTxn, aborted_entries
 
-__all__ = ["Log", "AppendResult", "FetchData", "OffsetAndTimestamp"]
-
-log = logging.getLogger(__name__)
+__all__ = ["Log", "AppendResult", "FetchData"]
 
 # A deleted partition's directory, renamed before its removal (Kafka's suffix).
 DELETE_SUFFIX = "-delete"
@@ -73,11 +67,6 @@ class FetchData(NamedTuple):
     aborted_transactions: list[AbortedTxn] | None = None
 
 
-class OffsetAndTimestamp(NamedTuple):
-    offset: int
-    timestamp: int
-
-
 class Log:
     """A partition's segments and offsets. Not thread-safe: one caller at a time.
 
@@ -100,19 +89,27 @@ class Log:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.log_start_offset = log_start_offset
         self._recent_appends = recent_appends
         # Rolls and deletions hand their fsyncs and removals to it (without one: done inline).
         self._disk_worker = disk_worker
         self._unsynced: list[list[tuple[int, Path]]] = []  # sealed at roll, fsync still queued
         self._truncations = 0
-        self._segments: list[LogSegment] = []
-        self._bases: list[int] = []
-        self._producer_state: ProducerStateManager | None = None
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
         self._segment_created_ms = now_ms
-        self._load(recovery_point, clean_shutdown)
+        loaded = load_log(
+            self.directory,
+            self._new_segment,
+            expiration_ms=config.broker["producer.id.expiration.ms"],
+            recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
+            clean_shutdown=clean_shutdown,
+        )
+        self._segments, self._bases = loaded.segments, loaded.bases
+        self.log_start_offset, self._leo = loaded.log_start_offset, loaded.log_end_offset
+        self.recovery_point = loaded.recovery_point
+        self.leader_epoch_cache = loaded.leader_epoch_cache
+        self._producer_state = loaded.producer_state
         for segment in self._segments[:-1]:
             segment.mark_sealed()
         # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
@@ -128,7 +125,7 @@ class Log:
         self._config = config
         self._settings = AppendSettings(config)
 
-    # -- loading and recovery ------------------------------------------------------------
+    # -- segments ---------------------------------------------------------------------------
 
     def _new_segment(self, base_offset: int) -> LogSegment:
         return LogSegment(
@@ -137,113 +134,6 @@ class Log:
             index_max_bytes=self.config["segment.index.bytes"],
             index_interval_bytes=self.config["index.interval.bytes"],
         )
-
-    def _load(self, recovery_point: int | None, clean_shutdown: bool) -> None:
-        recover_swaps(self.directory)
-        bases = []
-        for name in os.listdir(self.directory):
-            stem, _, suffix = name.partition(".")
-            if suffix == "log" and stem.isdigit():
-                bases.append(int(stem))
-        bases.sort()
-        self._segments = [self._new_segment(b) for b in bases]
-        self._bases = bases
-        self.leader_epoch_cache, cache_usable = LeaderEpochCache.load(self.directory)
-        self._load_segments(recovery_point, clean_shutdown)
-        fit_to_log(self.leader_epoch_cache, cache_usable, self._segments, self.log_start_offset, self._leo)
-
-    def _load_segments(self, recovery_point: int | None, clean_shutdown: bool) -> None:
-        bases = self._bases
-        if not bases:
-            self._add_segment(self.log_start_offset)
-            self._leo = self.log_start_offset
-            self.recovery_point = self._leo
-            return
-        self.log_start_offset = max(self.log_start_offset, bases[0])
-        if clean_shutdown and recovery_point is not None and recovery_point >= bases[-1]:
-            # Clean shutdown flushed everything and checkpointed the exact log end.
-            self._leo = recovery_point
-            self.recovery_point = recovery_point
-        else:
-            self._recover(recovery_point or 0)
-
-    def _recover(self, recovery_point: int) -> None:
-        """Re-validate everything from the segment holding the recovery point and cut the log
-        at the first torn or corrupt batch (Kafka's LogLoader after an unclean shutdown).
-
-        Producer state is reloaded up to the first scanned segment and then fed every batch
-        the scan accepts, which also rebuilds the scanned segments' transaction indexes.
-        Older segments were fsynced, so only damaged offset/time indexes are rebuilt there; a
-        damaged transaction index needs producer state, so the scan starts at its segment.
-        """
-        first = max(0, bisect.bisect_right(self._bases, recovery_point) - 1)
-        for i, segment in enumerate(self._segments[:first]):
-            try:
-                segment.txn_index.sanity_check()
-            except CorruptIndexError:
-                first = i
-                break
-        for segment in self._segments[:first]:
-            if not segment.indexes_sane():
-                log.info("rebuilding indexes of %s", segment.log_path)
-                segment.rebuild_indexes()
-
-        self._leo = self._segments[first].base_offset
-        state = ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
-        state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
-        self._producer_state = state
-
-        scanned_bytes = truncated_bytes = 0
-        next_offset = self._leo
-        keep = len(self._segments)
-        for i in range(first, len(self._segments)):
-            segment = self._segments[i]
-            if segment.base_offset < next_offset:  # overlaps what precedes it: unusable
-                keep = i
-                break
-            segment.txn_index.reset()
-            next_offset, truncated = segment.recover(self._replay_into(state, segment))
-            scanned_bytes += segment.size + truncated
-            truncated_bytes += truncated
-            if truncated:  # nothing after a torn or corrupt batch can be trusted
-                keep = i + 1
-                break
-        for segment in self._segments[keep:]:
-            truncated_bytes += segment.size
-            segment.delete()
-        del self._segments[keep:]
-        del self._bases[keep:]
-        for segment in self._segments[first:-1]:
-            segment.seal()
-        self._leo = next_offset
-        self.recovery_point = next_offset
-        if scanned_bytes or truncated_bytes:
-            log.info(
-                "recovered log %s: scanned %d bytes in %d segments, truncated %d bytes, log end offset %d",
-                self.directory.name,
-                scanned_bytes,
-                keep - first,
-                truncated_bytes,
-                self._leo,
-                extra={
-                    "partition_dir": self.directory.name,
-                    "scanned_bytes": scanned_bytes,
-                    "truncated_bytes": truncated_bytes,
-                    "log_end_offset": self._leo,
-                },
-            )
-
-    @staticmethod
-    def _replay_into(state: ProducerStateManager, segment: LogSegment):
-        def on_batch(header: BatchHeader, chunk, position: int) -> None:
-            item = header
-            if header.is_control:
-                item = ControlBatch(header, read_end_txn_marker(chunk, header._replace(position=position)))
-            completed = state.apply(state.validate([item], header.max_timestamp, origin="recovery"))
-            for txn in aborted_entries(completed, state.first_unstable_offset()):
-                segment.txn_index.append(txn)
-
-        return on_batch
 
     def replace_segments(self, groups: list[tuple[int, list[int]]]) -> None:
         """The cleaner swapped the files of each group's old segments (`old_bases`, already
@@ -277,20 +167,8 @@ class Log:
         return state
 
     def _replay(self, from_offset: int) -> Iterator[BatchHeader | ControlBatch]:
-        """Every batch from `from_offset` to the log end, control batches with their marker."""
-        i = max(0, bisect.bisect_right(self._bases, from_offset) - 1)
-        for segment in self._segments[i:]:
-            start = segment.find(from_offset)
-            if start is None:
-                continue
-            for header in segment.headers_from(start.position):
-                if header.base_offset >= self._leo:
-                    return
-                if header.is_control:
-                    data = segment.read_batch(header)
-                    yield ControlBatch(header, read_end_txn_marker(data, header._replace(position=0)))
-                else:
-                    yield header
+        """Every batch from `from_offset` to the log end: what producer state is rebuilt from."""
+        return replay_batches(self._segments, self._bases, self._leo, from_offset)
 
     # -- offsets -------------------------------------------------------------------------
 
@@ -335,20 +213,7 @@ class Log:
         from_client = origin == "client"
         headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if from_client else None)
         if from_client:
-            if len(headers) != 1:
-                raise KafkaError(ErrorCode.invalid_record, "a produce request carries exactly one batch per partition")
-            validate_client_batch(headers[0])
-            check_records(buf, headers[0], inflate_limit(settings.max_message_bytes))
-            if not settings.log_append_time:
-                check_create_times(buf, headers[0], now_ms, settings)
-            if settings.compacted and not keys_present(buf, headers):
-                message = f"Compacted topic cannot accept message without key in topic partition {self.directory.name}."
-                raise InvalidRecords([(index, message) for index, record in enumerate(decode_batch(buf, headers[0]))
-                                      if record.key is None])
-            target = settings.target_codec
-            if target is not None and target != headers[0].compression:
-                buf = bytearray(rebuild_batch(buf, headers[0], target))
-                headers = parse_batches(buf)
+            buf, headers = validate_produced(buf, headers, now_ms, settings, self.directory.name)
 
         log_append_time = now_ms if settings.log_append_time else -1
         if origin != "replication" and log_append_time < 0 and len(headers) == 1:
@@ -499,72 +364,17 @@ class Log:
                 ErrorCode.offset_out_of_range,
                 f"offset {fetch_offset} is outside [{self.log_start_offset}, {self._leo}]",
             )
-        records = b""
-        aborted = [] if with_aborted else None
-        if fetch_offset < max_offset:
-            i = max(0, bisect.bisect_right(self._bases, fetch_offset) - 1)
-            for j in range(i, len(self._segments)):
-                segment = self._segments[j]
-                if segment.base_offset >= max_offset:
-                    break
-                header = segment.find(fetch_offset)
-                if header is None:
-                    continue
-                records = segment.read(header.position, max_bytes, max_offset, min_one_batch, lazy)
-                if with_aborted and records:
-                    upper = self._bases[j + 1] if j + 1 < len(self._bases) else self._leo
-                    aborted = self._collect_aborted(j, fetch_offset, upper)
-                break
+        records, aborted = read_batches(self._segments, self._bases, self._leo, fetch_offset, max_bytes,
+                                        max_offset, min_one_batch, with_aborted, lazy)
         return FetchData(records, self.high_watermark, self.last_stable_offset, self.log_start_offset, aborted)
-
-    def _collect_aborted(self, first_segment: int, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
-        """A transaction's entry sits in the segment of its ABORT marker, which may come after
-        the fetched one, so later segments are searched until the index says it is complete."""
-        aborted = []
-        for segment in self._segments[first_segment:]:
-            result = segment.txn_index.collect_aborted(fetch_offset, upper_bound)
-            aborted += result.aborted
-            if result.complete:
-                break
-        return aborted
 
     def offset_for_timestamp(self, timestamp: int) -> OffsetAndTimestamp | None:
         """ListOffsets by time: the first record with a timestamp >= `timestamp`, or None."""
-        for segment in self._segments:
-            if segment.max_timestamp_and_offset()[0] < timestamp:
-                continue
-            start = max(segment.time_index.lookup_before(timestamp), self.log_start_offset)
-            first = segment.find(start)
-            if first is None:
-                continue
-            for header in segment.headers_from(first.position):
-                if header.max_timestamp < timestamp:
-                    continue
-                for record in self._records_of(segment, header):
-                    if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
-                        return OffsetAndTimestamp(record.offset, record.timestamp)
-        return None
+        return offset_for_timestamp(self._segments, self.log_start_offset, timestamp)
 
     def max_timestamp_offset(self) -> OffsetAndTimestamp | None:
         """ListOffsets MAX_TIMESTAMP (-3): the first record carrying the largest timestamp; None if empty."""
-        best = None
-        for segment in self._segments:
-            timestamp, batch_offset = segment.max_timestamp_and_offset()
-            if timestamp >= 0 and (best is None or timestamp > best[1][0]):
-                best = (segment, (timestamp, batch_offset))
-        if best is None:
-            return None
-        segment, (timestamp, batch_offset) = best
-        header = segment.find(batch_offset)
-        for record in self._records_of(segment, header):
-            if record.timestamp == timestamp:
-                return OffsetAndTimestamp(record.offset, timestamp)
-        return OffsetAndTimestamp(header.base_offset, timestamp)
-
-    @staticmethod
-    def _records_of(segment: LogSegment, header: BatchHeader):
-        data = segment.read_batch(header)
-        return decode_batch(data, header._replace(position=0))
+        return max_timestamp_offset(self._segments)
 
     # -- truncation, flush, lifecycle ----------------------------------------------------
 

@@ -1,5 +1,6 @@
 """OffsetCommit: answered per partition once the offsets are durable in `__consumer_offsets`."""
 
+import asyncio
 from datetime import timedelta
 
 from ...coordinator.group import OffsetCommit
@@ -17,6 +18,7 @@ API_KEY = 8
 VERSIONS = (0, 10)
 
 _MS = timedelta(milliseconds=1)
+_YIELD_EVERY = 256  # partitions checked or answered per step
 
 
 def topic_name(broker, topic, by_id: bool) -> str | None:
@@ -45,8 +47,12 @@ async def handle(ctx, request):
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id)
     errors: dict[tuple, ErrorCode] = {}
     offsets = {}
+    checked = 0
     for topic, name in topics:
         for p in topic.partitions:
+            checked += 1
+            if checked % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a commit naming thousands of partitions: others go between
             error = ErrorCode.group_authorization_failed if not group_allowed else \
                 _topic_error(ctx, name, p.partition_index, by_id)
             if error is not None:
@@ -73,9 +79,13 @@ async def handle(ctx, request):
     topic_type = nested(response_type, "OffsetCommitResponseTopic")
     partition_type = nested(response_type, "OffsetCommitResponsePartition")
     response_topics = []
+    answered = 0
     for topic, name in topics:
         partitions = []
         for p in topic.partitions:
+            answered += 1
+            if answered % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             error = errors[(name, p.partition_index)]
             if error == ErrorCode.group_id_not_found and ctx.api_version < 9:
                 error = ErrorCode.illegal_generation
