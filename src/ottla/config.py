@@ -100,6 +100,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("delete.topic.enable", _bool, True),
         ConfigDef("message.max.bytes", _int, 1048588, 0),
         ConfigDef("socket.request.max.bytes", _int, 104857600, 1),
+        ConfigDef("socket.send.buffer.bytes", _int, 102400, -1),
+        ConfigDef("socket.receive.buffer.bytes", _int, 102400, -1),
         # server/connections.py: what all connections together may hold
         ConfigDef("queued.max.request.bytes", _int, -1, -1),
         ConfigDef("connections.max.idle.ms", _int, 600000, 1),
