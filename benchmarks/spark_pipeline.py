@@ -16,8 +16,12 @@ small size starts the JVM's code paths and the Python workers first. Per value s
   one availableNow micro-batch; the output is then read back and checked: N distinct values.
 
 Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. The fixed cost per
-micro-batch: the median `triggerExecution` of small micro-batches (`--small` rows, all partitions) of the
-`ottla -> ottla` exactly-once query minus that of `rate-micro-batch -> noop`, first batch of each left out.
+micro-batch: the median `triggerExecution` (and each phase of Spark's `durationMs`) of `--batches` small
+micro-batches (`--small` rows, all partitions) of the `ottla -> ottla` exactly-once query minus that of
+`rate-micro-batch -> noop`, first batch of each left out; and the CPU seconds per micro-batch of the Spark
+JVM, every process under it and the broker over the same micro-batches: on a shared machine wall time
+mostly measures the wait for a core, CPU time what the work costs. `--probes` adds the median wall and CPU
+time of each Kafka client call and data-source call in every Spark Python process (spark_timing/).
 """
 
 from __future__ import annotations
@@ -35,7 +39,66 @@ import ottla.testing
 from ottla.demo.query import spark_session
 
 PARTITIONS = 4
-SMALL_BATCHES = 8
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution", "cpu",
+          "broker cpu")
+TIMING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_timing")
+
+
+def null_source():
+    """A Python data source that reads `rowsPerBatch` generated rows per micro-batch over PARTITIONS tasks and
+    writes nowhere: the cost of Spark's Python data source machinery (a Python worker per task for the
+    read and one for the write, the driver's planning and commit processes) without Kafka."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader,
+                                        InputPartition, WriterCommitMessage)
+
+    class Reader(DataSourceStreamReader):
+        def __init__(self, rows_per_batch: int):
+            self.rows = rows_per_batch
+
+        def initialOffset(self):
+            return {"batch": 0}
+
+        def latestOffset(self, start=None, limit=None):
+            return {"batch": (start or {"batch": 0})["batch"] + 1}
+
+        def partitions(self, start, end):
+            return [InputPartition(i) for i in range(PARTITIONS)]
+
+        def read(self, partition):
+            n = self.rows // PARTITIONS
+            yield pa.RecordBatch.from_pydict({"key": [b"k"] * n, "value": [b"v" * 100] * n})
+
+        def commit(self, end):
+            pass
+
+    class Writer(DataSourceStreamArrowWriter):
+        def write(self, iterator):
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId):
+            pass
+
+        def abort(self, messages, batchId):
+            pass
+
+    class NullSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "null-python"
+
+        def schema(self):
+            return "key binary, value binary"
+
+        def streamReader(self, schema):
+            return Reader(int(self.options["rowsPerBatch"]))
+
+        def streamWriter(self, schema, overwrite):
+            return Writer()
+
+    return NullSource
 
 
 def rows(spark, n: int, size: int):
@@ -61,8 +124,8 @@ def run_stream(writer, checkpoint: str) -> list[tuple[int, float]]:
 
 
 class Legs:
-    def __init__(self, spark, bootstrap: str, workdir: str):
-        self.spark, self.bootstrap, self.workdir = spark, bootstrap, workdir
+    def __init__(self, spark, bootstrap: str, workdir: str, broker_pid: int):
+        self.spark, self.bootstrap, self.workdir, self.broker_pid = spark, bootstrap, workdir, broker_pid
         self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         self.topics = 0
 
@@ -113,29 +176,106 @@ class Legs:
         if (got.distinct, got.total) != (n, n):
             raise RuntimeError(f"{name}: {got.total} records, {got.distinct} distinct values; expected {n} of each")
 
-    def fixed_cost(self, small: int) -> tuple[float, float]:
-        """Median triggerExecution s of small micro-batches: (rate-micro-batch -> noop, ottla -> ottla)."""
+    def fixed_cost(self, small: int, batches: int) -> tuple[dict, dict, dict]:
+        """Median seconds per phase of small micro-batches (first one left out), for `rate-micro-batch ->
+        noop`, for a Python data source into a Python sink that do nothing, and for the `ottla -> ottla`
+        exactly-once query; "cpu" is the CPU seconds per micro-batch of the Spark JVM with its Python
+        processes, "broker cpu" that of the broker, over the same micro-batches."""
         spark = self.spark
         rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", small)
                 .option("numPartitions", PARTITIONS).load())
         query = (rate.writeStream.format("noop").option("checkpointLocation", self.checkpoint())
                  .trigger(processingTime="0 seconds").start())
-        while len([p for p in query.recentProgress if p["numInputRows"]]) < SMALL_BATCHES:
-            time.sleep(0.2)
-        query.stop()
-        spark_cost = statistics.median(p["durationMs"]["triggerExecution"] / 1000
-                                       for p in query.recentProgress[1:SMALL_BATCHES] if p["numInputRows"])
+        spark_cost = self._watch(query, batches, stop=True)
+
+        spark.dataSource.register(null_source())
+        query = (spark.readStream.format("null-python").option("rowsPerBatch", small).load()
+                 .writeStream.format("null-python").option("checkpointLocation", self.checkpoint())
+                 .trigger(processingTime="0 seconds").start())
+        python_cost = self._watch(query, batches, stop=True)
 
         source, sink = self.topic("small-in"), self.topic("small-out")
-        rows(spark, small * SMALL_BATCHES, 100).write.format("ottla").options(**self.ottla(topic=source)) \
+        rows(spark, small * batches, 100).write.format("ottla").options(**self.ottla(topic=source)) \
             .mode("append").save()
         stream = (spark.readStream.format("ottla")
                   .options(**self.ottla(subscribe=source, startingOffsets="earliest", maxOffsetsPerTrigger=small))
                   .load().select("key", "value"))
-        batches = run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint())
-        if len(batches) != SMALL_BATCHES:
-            raise RuntimeError(f"expected {SMALL_BATCHES} micro-batches, got {len(batches)}")
-        return spark_cost, statistics.median(s for _, s in batches[1:])
+        query = (stream.writeStream.format("ottla").options(**self.ottla(topic=sink))
+                 .option("checkpointLocation", self.checkpoint()).trigger(availableNow=True).start())
+        return spark_cost, python_cost, self._watch(query, batches, stop=False)
+
+    def _watch(self, query, batches: int, stop: bool) -> dict[str, float]:
+        """Phase medians and CPU per micro-batch from the end of the first micro-batch with rows to the
+        end of micro-batch `batches`."""
+        def done():
+            return [p for p in query.recentProgress if p["numInputRows"]]
+        while not done():
+            time.sleep(0.05)
+        cpu, broker = self.cpu()
+        first = len(done())
+        while len(done()) < batches and query.isActive:
+            time.sleep(0.05)
+        end_cpu, end_broker = self.cpu()
+        if stop:
+            query.stop()
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"query failed: {query.exception()}")
+        progress = done()[1:batches]
+        if len(progress) != batches - 1:
+            raise RuntimeError(f"expected {batches} micro-batches, got {len(progress) + 1}")
+        counted = len(done()[:batches]) - first
+        return {**_phases(progress), "cpu": (end_cpu - cpu) / counted, "broker cpu": (end_broker - broker) / counted}
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far of the Spark JVM with every process under it, and of the broker."""
+        return _tree_cpu([self.spark.sparkContext._gateway.proc.pid]), _tree_cpu([self.broker_pid])
+
+
+def _tree_cpu(roots: list[int]) -> float:
+    """User + system CPU of `roots` and all their descendants, live or reaped (from /proc)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))  # ppid; utime..cstime
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [pid for pid in roots if pid in stats]
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _phases(progress: list) -> dict[str, float]:
+    return {phase: statistics.median(p["durationMs"].get(phase, 0) / 1000 for p in progress) for phase in PHASES[:-2]}
+
+
+def _probe_table(path: str, batches: int) -> None:
+    """Medians of the probes' calls (see spark_timing/sitecustomize.py), and their total per micro-batch."""
+    import collections
+    import json
+
+    calls = collections.defaultdict(list)
+    with open(path) as lines:
+        for line in lines:
+            record = json.loads(line)
+            calls[record["name"]].append((record["wall"], record["cpu"]))
+    print(f"\nprobes (every call during the two fixed-cost queries, start and first micro-batch included; "
+          f"per batch = total / {batches}):\n")
+    print("| call | calls | median wall ms | median CPU ms | wall ms per batch | CPU ms per batch |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, times in sorted(calls.items()):
+        walls, cpus = [w for w, _ in times], [c for _, c in times]
+        print(f"| {name} | {len(times)} | {statistics.median(walls) * 1000:.1f} | {statistics.median(cpus) * 1000:.1f} "
+              f"| {sum(walls) * 1000 / batches:.1f} | {sum(cpus) * 1000 / batches:.1f} |")
 
 
 def _seconds(batches: list[tuple[int, float]], n: int) -> float:
@@ -150,19 +290,28 @@ def main() -> int:
     parser.add_argument("--rows-1k", type=int, default=100_000, help="rows of 1 KiB values (default 100,000)")
     parser.add_argument("--sizes", default="100,1024", help="value sizes to run, comma-separated ('' for none)")
     parser.add_argument("--small", type=int, default=100, help="rows per micro-batch for the fixed cost")
+    parser.add_argument("--batches", type=int, default=8, help="micro-batches for the fixed cost (first left out)")
+    parser.add_argument("--probes", action="store_true",
+                        help="time each Kafka client call and data-source call in every Spark Python process")
     args = parser.parse_args()
+    if args.probes:
+        probes = tempfile.NamedTemporaryFile(prefix="ottla-probes-", suffix=".jsonl", delete=False).name
+        os.environ["OTTLA_SPARK_TIMING"] = probes
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TIMING_DIR, os.environ.get("PYTHONPATH")) if p)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     results = {}
     with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
         spark = spark_session("ottla-bench")
-        legs = Legs(spark, broker.bootstrap, workdir)
+        legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
         for size in (int(s) for s in args.sizes.split(",") if s):
             n = args.rows if size < 1024 else args.rows_1k
             results[size] = (n, legs.run(n, size))
             print(f"{size}-byte values: {results[size]}", file=sys.stderr)
-        spark_cost, ottla_cost = legs.fixed_cost(args.small)
+        if args.probes:
+            open(probes, "w").close()  # the fixed-cost queries only
+        spark_cost, python_cost, ottla_cost = legs.fixed_cost(args.small, args.batches)
         spark.stop()
 
     for size, (n, seconds) in results.items():
@@ -173,8 +322,18 @@ def main() -> int:
         for leg, s in seconds.items():
             print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {n / s / base:.2f} |")
     print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
-          f"{SMALL_BATCHES - 1}): `rate-micro-batch -> noop` {spark_cost:.2f} s, `ottla -> ottla` exactly-once "
-          f"{ottla_cost:.2f} s: Ottla adds {ottla_cost - spark_cost:.2f} s\n")
+          f"{args.batches - 1} micro-batches, seconds):\n")
+    print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM and its Python "
+          "processes; broker cpu: the broker's)\n")
+    print("| phase | `rate-micro-batch -> noop` | Python source -> Python sink, both empty | `ottla -> ottla` "
+          "exactly-once | Ottla adds to `rate -> noop` | Ottla adds to the empty Python pair |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for phase in PHASES:
+        print(f"| {phase} | {spark_cost[phase]:.3f} | {python_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
+              f"{ottla_cost[phase] - spark_cost[phase]:.3f} | {ottla_cost[phase] - python_cost[phase]:.3f} |")
+    if args.probes:
+        _probe_table(probes, args.batches)
+    print()
     print(f"- {os.cpu_count()} CPUs, Spark local[2,3]; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after; run took {time.monotonic() - started:.0f}s")
     print(f"- command: python benchmarks/spark_pipeline.py {' '.join(sys.argv[1:])}".rstrip())

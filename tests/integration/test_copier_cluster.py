@@ -13,8 +13,9 @@ read_committed is the input exactly once, and the reader never saw a record of a
 transaction. A copier that ends (fenced, or its watchdog after a kafka-python hang, see
 kp_copier.py) is started again, as a supervisor would.
 
-Found here: a follower that had led an epoch without writing in it kept that epoch after
-truncating and fetched with it forever (Log.truncate_to).
+Found here too: a follower that had led an epoch without writing in it kept that epoch
+after truncating and fetched with it forever (Log.truncate_to, KAFKA-7415). The librdkafka
+copier (copier.py) is not run here: see docs/compatibility.md for what it did.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 from ottla.protocol.schemas import request_schema
 from tests.wire import decode_response, encode_request, read_frame
 
-KIP_896_REMOVED = {0: 0, 1: 0, 2: 0, 8: 0, 9: 0, 19: 0, 20: 0, 32: 0, 27: 0}
+KIP_896_REMOVED = {0: 0, 1: 0, 2: 0, 8: 0, 9: 0, 19: 0, 20: 0, 23: 0, 32: 0, 27: 0}
 
 
 def _admin(bootstrap, api_version=None):
@@ -101,6 +101,28 @@ def test_raw_v0_requests_from_the_generated_classes(ottla_broker):
     response = _call(ottla_broker.bootstrap, offsets(replica_id=-1, topics=(offsets_topic(name=topic, partitions=(
         offsets_partition(partition_index=0, timestamp=-1, max_num_offsets=5),)),)), 2, 0)
     assert response.topics[0].partitions[0].old_style_offsets == (3, 0)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_raw_offset_for_leader_epoch_v0_v1(ottla_broker, version):
+    """OffsetForLeaderEpoch v0-1 (a follower of Kafka 2.0 or older): no replica id, no current
+    leader epoch to fence with; v1 answers the leader epoch, v0 only the end offset."""
+    topic = f"raw-epoch-v{version}"
+    _admin(ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
+    for _ in range(3):
+        producer.send(topic, value=b"x", partition=0)
+    producer.close()
+
+    request = request_schema(23, version)
+    request_topic = request.__dataclass_fields__["topics"].type.__args__[0]
+    request_partition = request_topic.__dataclass_fields__["partitions"].type.__args__[0]
+    response = _call(ottla_broker.bootstrap, request(topics=(request_topic(topic=topic, partitions=(
+        request_partition(partition=0, leader_epoch=0), request_partition(partition=7, leader_epoch=0))),)), 23, version)
+    found, missing = response.topics[0].partitions
+    assert (found.partition, found.error_code, found.end_offset) == (0, ErrorCode.none, 3)
+    assert getattr(found, "leader_epoch", None) == (0 if version == 1 else None)
+    assert (missing.partition, missing.error_code) == (7, ErrorCode.unknown_topic_or_partition)
 
 
 def test_api_versions_advertises_the_removed_versions(ottla_broker):

@@ -459,3 +459,28 @@ def test_topics_larger_than_one_multi_are_created_and_deleted_whole(stores, monk
     store.request_topic_deletion("big")
     store.complete_topic_deletion("big", epoch)  # 25 * 3 + 3 deletes in 8 multis
     assert store.topics() == {} and store.topics_to_delete() == set() and store.partition_states("big") == {}
+
+
+def test_pipelined_partition_state_updates_refuse_each_stale_version_on_its_own(stores, connect, raw):
+    """The controller's election after a broker failure: many fenced, version-conditional
+    writes sent together; a partition whose leader changed its ISR meanwhile is refused alone."""
+    store = stores()
+    epoch = store.elect_controller(1)
+    store.create_topic(TopicAssignment("t", uuid.uuid4(), {p: (1, 2) for p in range(50)}), {})
+    states = store.create_partition_states({("t", p): LeaderAndIsr(1, 0, (1, 2), 1) for p in range(50)}, epoch)
+    shrunk = store.update_partition_state(("t", 7), LeaderAndIsr(1, 0, (1,), 1, states[("t", 7)].version), None)
+    written = store.update_partition_states({("t", p): LeaderAndIsr(2, 1, (2,), 1, states[("t", p)].version)
+                                             for p in range(50)}, epoch)
+    assert isinstance(written[("t", 7)], StaleVersion)
+    now = store.partition_states("t")
+    assert now[7] == shrunk
+    for p in set(range(50)) - {7}:
+        assert written[("t", p)] == now[p] and (now[p].leader, now[p].version) == (2, 1)
+    assert isinstance(store.update_partition_states(
+        {("gone", 0): LeaderAndIsr(2, 1, (2,), 1, 0)}, epoch)[("gone", 0)], NoSuchTopic)
+
+    store.resign_controller(1)
+    assert stores().elect_controller(2).epoch == 2  # the first controller is deposed
+    with pytest.raises(ControllerMoved):
+        store.update_partition_states({("t", p): LeaderAndIsr(1, 2, (1,), 1, now[p].version) for p in (0, 1)}, epoch)
+    assert store.partition_states("t") == now

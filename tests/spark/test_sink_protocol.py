@@ -33,6 +33,9 @@ class FakeProducer:
         self.pending_records: list[bytes] = []
         self.pending_offsets: dict = {}
 
+    def list_topics(self, topic, timeout):
+        pass
+
     def init_transactions(self, timeout):
         self.epoch = self.broker.epochs[self.tid] = self.broker.epochs.get(self.tid, 0) + 1
 
@@ -156,6 +159,22 @@ def test_a_kept_producer_serves_the_next_batches_of_its_partition(broker, monkey
     for batch, value in enumerate([b"a", b"b", b"c"], start=4):
         assert write(monkeypatch, batch, [value]).records == 1
     assert broker.epochs == {"ottla-spark-q1-0": 1}
+    assert broker.records == [b"a", b"b", b"c"]
+    assert broker.offsets == {("ottla-spark-q1-0", "out", 0): 7}
+
+
+def test_a_kept_producer_knows_its_marker_without_reading_it(broker, monkeypatch):
+    """Only a fenced producer can have missed a commit of its partition, and AddOffsetsToTxn tells it."""
+    reads = []
+    monkeypatch.setattr(FakeConsumer, "committed", lambda self, tps, timeout: reads.append(tps) or [
+        TopicPartition(tp.topic, tp.partition, broker.offsets.get((self.group, tp.topic, tp.partition), -1001))
+        for tp in tps])
+    write(monkeypatch, 4, [b"a"])
+    assert len(reads) == 1  # a new producer reads the marker
+    assert write(monkeypatch, 5, [b"b"]).records == 1
+    assert write(monkeypatch, 5, [b"b"]).already_written  # a replay on the same worker
+    assert write(monkeypatch, 6, [b"c"]).records == 1
+    assert len(reads) == 1
     assert broker.records == [b"a", b"b", b"c"]
     assert broker.offsets == {("ottla-spark-q1-0", "out", 0): 7}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ottla.cluster.store import NO_LEADER, ControllerMoved
+from ottla.cluster.store import NO_LEADER, ControllerMoved, LeaderAndIsr
 from ottla.controller import ControllerConfig, PartitionPhase, ReplicaPhase
 from ottla.errors import ErrorCode
 
@@ -392,3 +392,57 @@ def test_bounced_broker_is_treated_as_failed_then_started():
     assert events_before == 0
     state = sim.state("t")
     assert state.leader == 3 and sim.brokers[2].roles[("t", 0)] == "follower"
+
+
+def test_broker_failure_writes_all_partition_states_in_one_batch_and_one_request_per_broker():
+    """Kafka's controller pipelines its partition-state writes (updateLeaderAndIsr): a broker
+    failure must not cost one store round trip per partition, and each broker hears each
+    step's changes in one request, not one per partition."""
+    sim = Sim()
+    sim.create_topic("t", partitions=30, replication_factor=3)
+    controller = sim.controller()
+    store = controller.store
+    single, batches = [], []
+    original_one, original_many = store.update_partition_state, store.update_partition_states
+    store.update_partition_state = lambda *a, **k: single.append(a[0]) or original_one(*a, **k)
+    store.update_partition_states = lambda *a, **k: batches.append(sorted(a[0])) or original_many(*a, **k)
+    victim = next(b for b in (1, 2, 3) if b != controller.broker_id)
+    led = [p for p in range(30) if sim.state("t", p).leader == victim]
+    sim.sent.clear()
+    sim.kill(victim)
+    sim.pump()
+    assert single == []
+    assert batches == [[("t", p) for p in led], [("t", p) for p in range(30) if p not in led]]
+    for p in range(30):
+        assert sim.state("t", p).leader not in (victim, NO_LEADER) and victim not in sim.state("t", p).isr
+    # Kafka's batching, one request per broker and kind per state-machine step: the first
+    # LeaderAndIsr each survivor gets carries every election.
+    for broker_id in set(sim.brokers) - {victim}:
+        first = next(r for r in sim.sent if r.kind == "LeaderAndIsr" and r.destination == broker_id)
+        assert sorted(s.partition for s in first.payload.partitions) == led
+    assert len([r for r in sim.sent if r.kind == "LeaderAndIsr"]) <= 2 * 2  # two steps, two survivors
+
+
+def test_a_stale_version_refuses_only_its_own_partition_and_that_one_is_elected_again():
+    sim = Sim()
+    sim.create_topic("t", partitions=6, replication_factor=3)
+    controller = sim.controller()
+    victim = next(b for b in (1, 2, 3) if b != controller.broker_id)
+    led = [p for p in range(6) if sim.state("t", p).leader == victim]
+    raced = ("t", led[0])
+    store, original = controller.store, controller.store.update_partition_states
+    calls = []
+
+    def leader_shrinks_isr_first(states, epoch):
+        if not calls:  # the old leader's ISR write lands just before the election's writes
+            state = sim.state(*raced)
+            sim.zk.session().update_partition_state(raced, LeaderAndIsr(
+                state.leader, state.leader_epoch, state.isr[:2], state.controller_epoch, state.version), None)
+        calls.append(sorted(states))
+        return original(states, epoch)
+    store.update_partition_states = leader_shrinks_isr_first
+    sim.kill(victim)
+    sim.pump()
+    assert calls[0] == [("t", p) for p in led] and calls[1] == [raced]  # only the refused one again
+    for p in range(6):
+        assert sim.state("t", p).leader not in (victim, NO_LEADER)

@@ -97,14 +97,14 @@ def test_an_event_the_store_cuts_off_part_way_is_finished_by_re_reading_the_clus
         await eventually(lambda: zk.states.get(("t", 0)) is not None and zk.states[("t", 0)].leader == 2)
 
         cut_off = []
-        original = stores[1].update_partition_state
+        original = stores[1].update_partition_states
 
         def unreachable_once(*args, **kwargs):
             if not cut_off:
-                cut_off.append(args[0])
+                cut_off.extend(args[0])
                 raise StoreUnavailable("ZooKeeper does not answer")
             return original(*args, **kwargs)
-        stores[1].update_partition_state = unreachable_once
+        stores[1].update_partition_states = unreachable_once
         sent.clear()
         stores[2].expire_session()  # broker 2 is gone
         await eventually(lambda: zk.states[("t", 0)].leader == 1)

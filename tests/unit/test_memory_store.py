@@ -143,3 +143,23 @@ def test_config_changes_are_numbered_notifications_as_in_zookeeper():
     assert other.config_changes(-1) == []
     s.set_broker_configs(1, {})
     assert other.config_changes(-1) == [(changes[-1][0] + 1, "brokers/1")]  # numbering goes on
+
+
+def test_batched_partition_state_updates_refuse_each_stale_version_on_its_own():
+    zk = MemoryZooKeeper()
+    s = zk.session()
+    epoch = s.elect_controller(1)
+    s.create_topic(topic(partitions={0: (1, 2), 1: (1, 2), 2: (1, 2)}), {})
+    states = s.create_partition_states({("t", p): LeaderAndIsr(1, 0, (1, 2), 1) for p in range(3)}, epoch)
+    s.update_partition_state(("t", 1), LeaderAndIsr(1, 0, (1,), 1, states[("t", 1)].version), None)
+    written = s.update_partition_states({("t", p): LeaderAndIsr(2, 1, (2,), 1, states[("t", p)].version)
+                                         for p in range(3)}, epoch)
+    assert isinstance(written[("t", 1)], StaleVersion)
+    assert s.partition_states("t")[1].isr == (1,)
+    for p in (0, 2):
+        assert written[("t", p)] == s.partition_states("t")[p] and written[("t", p)].leader == 2
+    s.resign_controller(1)
+    assert zk.session().elect_controller(2).epoch == 2  # the first controller is deposed
+    with pytest.raises(ControllerMoved):
+        s.update_partition_states({("t", 0): LeaderAndIsr(1, 2, (1,), 1, written[("t", 0)].version)}, epoch)
+    assert s.partition_states("t")[0] == written[("t", 0)]

@@ -23,6 +23,7 @@ from .store import (
     LeaderAndIsr,
     NoSuchTopic,
     StaleVersion,
+    StoreError,
     StoreUnavailable,
     TopicAssignment,
     TopicExists,
@@ -306,16 +307,32 @@ class MemoryStore:
         with self.zk.lock:
             self._check()
             self._fence(epoch)
-            current = self.zk.states.get(partition)
-            if current is None:
-                raise NoSuchTopic(f"{partition[0]}-{partition[1]}")
-            if current.version != state.version:
-                raise StaleVersion(f"state of {partition[0]}-{partition[1]} is at version "
-                                   f"{current.version}, not {state.version}")
-            updated = dataclasses.replace(state, isr=tuple(state.isr), version=current.version + 1)
-            self.zk.states[partition] = updated
-            self.zk.write()
-            return updated
+            return self._update_state(partition, state)
+
+    def _update_state(self, partition: TopicPartition, state: LeaderAndIsr) -> LeaderAndIsr:
+        current = self.zk.states.get(partition)
+        if current is None:
+            raise NoSuchTopic(f"{partition[0]}-{partition[1]}")
+        if current.version != state.version:
+            raise StaleVersion(f"state of {partition[0]}-{partition[1]} is at version "
+                               f"{current.version}, not {state.version}")
+        updated = dataclasses.replace(state, isr=tuple(state.isr), version=current.version + 1)
+        self.zk.states[partition] = updated
+        self.zk.write()
+        return updated
+
+    def update_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
+                                epoch: ControllerEpoch) -> dict[TopicPartition, LeaderAndIsr | StoreError]:
+        with self.zk.lock:
+            self._check()
+            self._fence(epoch)
+            out: dict[TopicPartition, LeaderAndIsr | StoreError] = {}
+            for tp, state in states.items():
+                try:
+                    out[tp] = self._update_state(tp, state)
+                except (StaleVersion, NoSuchTopic) as refused:
+                    out[tp] = refused
+            return out
 
     # -- topic deletion --------------------------------------------------------------------
     def request_topic_deletion(self, name: str) -> None:

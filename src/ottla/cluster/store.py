@@ -194,6 +194,14 @@ class ClusterStore(Protocol):
         """Conditional on `state.version`; returns the state with its new version.
         StaleVersion, ControllerMoved. `epoch` None: a leader changing its own ISR."""
 
+    def update_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
+                                epoch: ControllerEpoch) -> dict[TopicPartition, LeaderAndIsr | StoreError]:
+        """Many controller updates at once (an election after a broker failure), each as
+        `update_partition_state`: fenced, conditional on its own version, refused on its own.
+        On ZooKeeper they are pipelined, as Kafka's `updateLeaderAndIsr`: one round trip's
+        latency, not one per partition. Per partition: the state with its new version, or
+        the StaleVersion / NoSuchTopic that refused it. ControllerMoved for the whole call."""
+
     # -- topic deletion ------------------------------------------------------------------
     def request_topic_deletion(self, name: str) -> None:
         """`/admin/delete_topics/<t>`: the controller deletes it everywhere, in its time."""

@@ -32,7 +32,7 @@ from kazoo.retry import KazooRetry
 from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdBlock, ProducerIdBlockStore,
                                         ProducerIdsExhaustedError)
 from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
-                    NoSuchTopic, StaleVersion, StoreUnavailable, TopicAssignment, TopicExists,
+                    NoSuchTopic, StaleVersion, StoreError, StoreUnavailable, TopicAssignment, TopicExists,
                     TopicPartition, WatchTarget)
 from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGE_PREFIX, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
                       INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
@@ -153,13 +153,42 @@ class ZkClusterStore:
     def _commit(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None) -> list:
         """Run `ops(transaction)` as one multi, first checking the controller epoch's version.
         Returns the results of `ops`' own operations; raises the first failure."""
-        def attempt():
-            txn = self._zk.transaction()
-            if epoch is not None:
-                txn.check(CONTROLLER_EPOCH, epoch.version)
-            ops(txn)
-            return txn.commit_async()
-        results = self._wait(attempt)
+        return self._outcome(self._wait(lambda: self._start_multi(ops, epoch)), epoch)
+
+    def _start_multi(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None):
+        txn = self._zk.transaction()
+        if epoch is not None:
+            txn.check(CONTROLLER_EPOCH, epoch.version)
+        ops(txn)
+        return txn.commit_async()
+
+    def _commit_many(self, multis: Mapping[Any, Callable[[Any], None]],
+                     epoch: ControllerEpoch | None) -> dict[Any, list | Exception]:
+        """Several independent multis, pipelined: all sent, then all awaited (`_many` for
+        multis). Per key: the results of its `ops`, or the exception that refused it; a multi
+        whose request was lost is sent again on its own."""
+        pending = [(key, ops, self._start_multi(ops, epoch)) for key, ops in multis.items()]
+        out: dict[Any, list | Exception] = {}
+        for key, ops, request in pending:
+            try:
+                results = request.get(timeout=self._timeout)
+            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
+                results = self._wait(lambda ops=ops: self._start_multi(ops, epoch))
+            except KazooTimeoutError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
+                                       f"{int(self._timeout * 1000)} ms") from None
+            except ConnectionClosedError:
+                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
+            try:
+                out[key] = self._outcome(results, epoch)
+            except KazooException as error:
+                out[key] = error
+        return out
+
+    @staticmethod
+    def _outcome(results: list, epoch: ControllerEpoch | None) -> list:
+        """A multi's results without the epoch check; raises ControllerMoved or the failing
+        operation's error."""
         if epoch is not None:
             if isinstance(results[0], (BadVersionError, NoNodeError)):
                 raise ControllerMoved(f"controller epoch {epoch.epoch} (znode version {epoch.version}) is stale")
@@ -386,14 +415,30 @@ class ZkClusterStore:
 
     def update_partition_state(self, partition: TopicPartition, state: LeaderAndIsr,
                                epoch: ControllerEpoch | None) -> LeaderAndIsr:
-        path = state_path(*partition)
-        try:
-            results = self._commit(lambda txn: txn.set_data(path, encode_state(state), version=state.version), epoch)
-        except BadVersionError:
-            raise StaleVersion(f"{partition[0]}-{partition[1]} state is not at version {state.version}") from None
-        except NoNodeError:
-            raise NoSuchTopic(f"{partition[0]}-{partition[1]} has no state") from None
-        return _with_version(state, results[0].version)
+        outcome = self.update_partition_states({partition: state}, epoch)[partition]
+        if isinstance(outcome, StoreError):
+            raise outcome
+        return outcome
+
+    def update_partition_states(self, states: Mapping[TopicPartition, LeaderAndIsr],
+                                epoch: ControllerEpoch | None) -> dict[TopicPartition, LeaderAndIsr | StoreError]:
+        """One multi per partition (epoch check, setData at the state's version), pipelined."""
+        outcomes = self._commit_many(
+            {tp: lambda txn, tp=tp, state=state: txn.set_data(state_path(*tp), encode_state(state),
+                                                              version=state.version)
+             for tp, state in states.items()}, epoch)
+        out: dict[TopicPartition, LeaderAndIsr | StoreError] = {}
+        for (topic, partition), outcome in outcomes.items():
+            state = states[(topic, partition)]
+            if isinstance(outcome, BadVersionError):
+                out[(topic, partition)] = StaleVersion(f"{topic}-{partition} state is not at version {state.version}")
+            elif isinstance(outcome, NoNodeError):
+                out[(topic, partition)] = NoSuchTopic(f"{topic}-{partition} has no state")
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                out[(topic, partition)] = _with_version(state, outcome[0].version)
+        return out
 
     # -- topic deletion --------------------------------------------------------------------
     def request_topic_deletion(self, name: str) -> None:

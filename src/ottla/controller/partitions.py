@@ -2,8 +2,9 @@
 
 NonExistent -> New (assignment known) -> Online (leader and ISR written) <-> Offline
 (leader gone) -> NonExistent (topic deleted). Every leader change goes through one fenced,
-version-conditional write of the partition state; a write that finds another version (the
-leader changed its ISR meanwhile) re-reads the state and elects again.
+version-conditional write of the partition state, the writes of one step sent together; a
+write that finds another version (the leader changed its ISR meanwhile) re-reads the state
+and elects again.
 """
 
 from __future__ import annotations
@@ -87,9 +88,7 @@ class PartitionStateMachine:
         else:
             new = [tp for tp in valid if self.phase(tp) is PartitionPhase.NEW]
             results.update(self._initialize(new))
-            for tp in valid:
-                if tp not in new:
-                    results[tp] = self._elect(tp, strategy)
+            results.update(self._elect([tp for tp in valid if tp not in new], strategy))
         self.ctx.flush()
         return results
 
@@ -112,7 +111,7 @@ class PartitionStateMachine:
             created = self.store.create_partition_states(planned, ctx.epoch)
         except StaleVersion:
             # Some states exist already (a previous controller wrote them): one at a time.
-            created = {}
+            created, existed = {}, []
             for tp, state in planned.items():
                 try:
                     created.update(self.store.create_partition_states({tp: state}, ctx.epoch))
@@ -121,7 +120,8 @@ class PartitionStateMachine:
                     if existing is not None:
                         ctx.leadership[tp] = existing
                         ctx.partition_phase[tp] = PartitionPhase.OFFLINE
-                        results[tp] = self._elect(tp, elections.OFFLINE)
+                        existed.append(tp)
+            results.update(self._elect(existed, elections.OFFLINE))
         for tp, state in created.items():
             ctx.leadership[tp] = state
             ctx.partition_phase[tp] = PartitionPhase.ONLINE
@@ -138,45 +138,74 @@ class PartitionStateMachine:
             return self.unclean_default
         return str(value).strip().lower() == "true"
 
-    def _elect(self, tp: TopicPartition, strategy: elections.Strategy) -> object:
+    def _elect(self, tps, strategy: elections.Strategy) -> dict[TopicPartition, object]:
+        """Elect a leader for each of `tps`. The writes go to the store together (pipelined on
+        ZooKeeper, as Kafka's `updateLeaderAndIsr`), each conditional on its own partition's
+        version; the partitions whose state changed meanwhile are re-read and elected again."""
         ctx = self.ctx
+        results: dict[TopicPartition, object] = {}
+        pending = list(tps)
         for _ in range(_MAX_RETRIES):
-            current = ctx.leadership.get(tp)
-            if current is None:
-                return ElectionFailed(f"no state for {tp[0]}-{tp[1]}")
-            if current.controller_epoch > ctx.epoch.epoch:
-                return ElectionFailed(f"{tp[0]}-{tp[1]} was written by a newer controller")
-            replicas = ctx.replicas(tp)
-            live = set(ctx.brokers)
-            target = [r for r in replicas if r not in ctx.removing(tp)]
-            chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down,
-                                     False, target)
-            if chosen is None and strategy.name == "offline" and self._unclean_allowed(tp, strategy):
-                chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down, True)
-                if chosen is not None:
-                    log.warning("controller: unclean leader election for %s-%d: %d leads, "
-                                "records acknowledged by the old ISR may be lost", tp[0], tp[1], chosen[0])
-            if chosen is None:
-                if strategy.name == "offline":
-                    ctx.partition_phase[tp] = PartitionPhase.OFFLINE
-                return ElectionFailed(f"no eligible leader for {tp[0]}-{tp[1]} "
-                                      f"(replicas {list(replicas)}, isr {list(current.isr)})")
-            leader, isr = chosen
-            proposed = LeaderAndIsr(leader, current.leader_epoch + 1, isr, ctx.epoch.epoch, current.version)
-            try:
-                written = self.store.update_partition_state(tp, proposed, ctx.epoch)
-            except StaleVersion:
-                self.refresh([tp])
-                continue
-            ctx.leadership[tp] = written
-            ctx.partition_phase[tp] = PartitionPhase.ONLINE
-            include = strategy.name == "controlled_shutdown"
-            recipients = [r for r in replicas if ctx.is_online(r, include_shutting_down=include)]
-            ctx.send_leader_and_isr(recipients, tp)
-            log.info("controller: %s-%d leader %d epoch %d isr %s (%s election)",
-                     tp[0], tp[1], leader, written.leader_epoch, list(isr), strategy.name)
-            return written
-        return ElectionFailed(f"{tp[0]}-{tp[1]}: the state kept changing under the election")
+            proposals: dict[TopicPartition, LeaderAndIsr] = {}
+            for tp in pending:
+                outcome = self._propose(tp, strategy)
+                if isinstance(outcome, LeaderAndIsr):
+                    proposals[tp] = outcome
+                else:
+                    results[tp] = outcome
+            if not proposals:
+                return results
+            stale = []
+            for tp, written in self.store.update_partition_states(proposals, ctx.epoch).items():
+                if isinstance(written, StaleVersion):
+                    stale.append(tp)
+                elif isinstance(written, Exception):
+                    results[tp] = written
+                else:
+                    results[tp] = self._elected(tp, written, strategy)
+            if not stale:
+                return results
+            self.refresh(stale)
+            pending = stale
+        for tp in pending:
+            results[tp] = ElectionFailed(f"{tp[0]}-{tp[1]}: the state kept changing under the election")
+        return results
+
+    def _propose(self, tp: TopicPartition, strategy: elections.Strategy) -> LeaderAndIsr | ElectionFailed:
+        """The state to write for `tp`'s election (at its current version), or why there is none."""
+        ctx = self.ctx
+        current = ctx.leadership.get(tp)
+        if current is None:
+            return ElectionFailed(f"no state for {tp[0]}-{tp[1]}")
+        if current.controller_epoch > ctx.epoch.epoch:
+            return ElectionFailed(f"{tp[0]}-{tp[1]} was written by a newer controller")
+        replicas = ctx.replicas(tp)
+        live = set(ctx.brokers)
+        target = [r for r in replicas if r not in ctx.removing(tp)]
+        chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down,
+                                 False, target)
+        if chosen is None and strategy.name == "offline" and self._unclean_allowed(tp, strategy):
+            chosen = elections.elect(strategy, replicas, current.isr, live, ctx.shutting_down, True)
+            if chosen is not None:
+                log.warning("controller: unclean leader election for %s-%d: %d leads, "
+                            "records acknowledged by the old ISR may be lost", tp[0], tp[1], chosen[0])
+        if chosen is None:
+            if strategy.name == "offline":
+                ctx.partition_phase[tp] = PartitionPhase.OFFLINE
+            return ElectionFailed(f"no eligible leader for {tp[0]}-{tp[1]} "
+                                  f"(replicas {list(replicas)}, isr {list(current.isr)})")
+        leader, isr = chosen
+        return LeaderAndIsr(leader, current.leader_epoch + 1, isr, ctx.epoch.epoch, current.version)
+
+    def _elected(self, tp: TopicPartition, written: LeaderAndIsr, strategy: elections.Strategy) -> LeaderAndIsr:
+        ctx = self.ctx
+        ctx.leadership[tp] = written
+        ctx.partition_phase[tp] = PartitionPhase.ONLINE
+        include = strategy.name == "controlled_shutdown"
+        ctx.send_leader_and_isr([r for r in ctx.replicas(tp) if ctx.is_online(r, include_shutting_down=include)], tp)
+        log.info("controller: %s-%d leader %d epoch %d isr %s (%s election)",
+                 tp[0], tp[1], written.leader, written.leader_epoch, list(written.isr), strategy.name)
+        return written
 
     def bump_leader_epoch(self, tp: TopicPartition) -> LeaderAndIsr | None:
         """Same leader and ISR, next leader epoch: how a reassignment tells the replicas the

@@ -90,35 +90,52 @@ class ReplicaStateMachine:
 
     def _offline(self, replicas) -> None:
         ctx = self.ctx
+        leaving: dict[TopicPartition, list[int]] = {}
         for tp, broker_id in replicas:
             state = ctx.leadership.get(tp)
             ctx.batch.add_stop_replica([broker_id], tp, state.leader_epoch if state else -1, delete=False)
             if state is not None and tp[0] not in ctx.deleting:
-                if self.remove_from_isr(tp, broker_id) is not None:
-                    ctx.send_leader_and_isr([r for r in ctx.replicas(tp) if r != broker_id and ctx.is_online(r, True)], tp)
+                leaving.setdefault(tp, []).append(broker_id)
             ctx.replica_phase[(tp, broker_id)] = P.OFFLINE
+        for tp, written in self.remove_from_isr(leaving).items():
+            ctx.send_leader_and_isr([r for r in ctx.replicas(tp) if r not in leaving[tp] and ctx.is_online(r, True)], tp)
 
-    def remove_from_isr(self, tp: TopicPartition, broker_id: int) -> LeaderAndIsr | None:
-        """Take `broker_id` out of the ISR (and out of leadership: the leader becomes -1),
-        keeping the last ISR member. None if there was nothing to change."""
+    def remove_from_isr(self, leaving: dict[TopicPartition, list[int]]) -> dict[TopicPartition, LeaderAndIsr]:
+        """Take the brokers out of each partition's ISR (and out of leadership: the leader
+        becomes -1), keeping the last ISR member; the writes go to the store together, each
+        conditional on its partition's version. Returns the states written (none where there
+        was nothing to change)."""
         ctx = self.ctx
+        done: dict[TopicPartition, LeaderAndIsr] = {}
+        pending = list(leaving)
         for _ in range(_MAX_RETRIES):
-            current = ctx.leadership.get(tp)
-            if current is None or broker_id not in current.isr:
-                return None
-            if current.controller_epoch > ctx.epoch.epoch:
-                return None
-            isr = current.isr if len(current.isr) == 1 else tuple(r for r in current.isr if r != broker_id)
-            leader = NO_LEADER if current.leader == broker_id else current.leader
-            proposed = LeaderAndIsr(leader, current.leader_epoch + 1, isr, ctx.epoch.epoch, current.version)
-            try:
-                written = self.store.update_partition_state(tp, proposed, ctx.epoch)
-            except StaleVersion:
-                state = self.store.partition_states(tp[0]).get(tp[1])
-                if state is None:
-                    return None
-                ctx.leadership[tp] = state
-                continue
-            ctx.leadership[tp] = written
-            return written
-        return None
+            proposals = {}
+            for tp in pending:
+                current = ctx.leadership.get(tp)
+                gone = [b for b in leaving[tp] if current is not None and b in current.isr]
+                if not gone or current.controller_epoch > ctx.epoch.epoch:
+                    continue
+                isr = current.isr
+                for broker_id in gone:  # one by one, as Kafka: the last member stays
+                    if len(isr) > 1:
+                        isr = tuple(r for r in isr if r != broker_id)
+                leader = NO_LEADER if current.leader in gone else current.leader
+                proposals[tp] = LeaderAndIsr(leader, current.leader_epoch + 1, isr, ctx.epoch.epoch, current.version)
+            if not proposals:
+                break
+            pending = []
+            for tp, written in self.store.update_partition_states(proposals, ctx.epoch).items():
+                if isinstance(written, LeaderAndIsr):
+                    ctx.leadership[tp] = done[tp] = written
+                elif isinstance(written, StaleVersion):
+                    pending.append(tp)
+            if not pending:
+                break
+            for topic in {tp[0] for tp in pending}:
+                states = self.store.partition_states(topic)
+                for tp in [tp for tp in pending if tp[0] == topic]:
+                    if tp[1] in states:
+                        ctx.leadership[tp] = states[tp[1]]
+                    else:
+                        pending.remove(tp)
+        return done

@@ -12,13 +12,18 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
+# kio's own per-field writers, so that a response with `Encoded` items is written exactly as
+# kio writes it (tests/unit/test_metadata_encoded.py compares the bytes for every version).
+from kio.serial._introspect import get_field_tag
+from kio.serial._serialize import get_field_writer
+from kio.serial.writers import write_compact_array_length, write_legacy_array_length, write_unsigned_varint
 
 from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
 from .legacy import index as legacy_index
@@ -26,7 +31,8 @@ from .schemas import request_schema, response_schema
 from .shape import check_request
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
-           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "api_name", "peek_header",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "encode_item",
+           "api_name", "peek_header",
            "response_schema"]
 
 _SIZE = struct.Struct(">i")
@@ -278,6 +284,50 @@ class _FrameChunks:
 _BY_REFERENCE_BYTES = 16 * 1024
 
 
+class Encoded(tuple):
+    """The items of a response's top-level array, each already encoded (bytes): how a handler
+    reuses the parts of an answer that did not change (Metadata's topics), instead of
+    building and encoding them again for every request."""
+
+    __slots__ = ()
+
+
+def encode_item(item: Any) -> bytes:
+    """One array item (a kio entity) as `Encoded` expects it."""
+    out = io.BytesIO()
+    entity_writer(type(item))(out, item)
+    return out.getvalue()
+
+
+@cache
+def _names(entity_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(entity_type))
+
+
+@cache
+def _field_writers(entity_type: type) -> tuple:
+    """(name, writer, array length writer) per field of a response without tagged fields."""
+    if any(get_field_tag(f) is not None for f in fields(entity_type)):
+        raise TypeError(f"{entity_type.__name__} has tagged fields: Encoded items are not supported")
+    length = write_compact_array_length if entity_type.__flexible__ else write_legacy_array_length
+    return tuple((f.name, get_field_writer(f, entity_type.__flexible__, False, False), length)
+                 for f in fields(entity_type))
+
+
+def _write_with_encoded(out, response: Any) -> None:
+    """kio's entity writer, except that `Encoded` arrays are written as they are."""
+    for name, writer, write_length in _field_writers(type(response)):
+        value = getattr(response, name)
+        if isinstance(value, Encoded):
+            write_length(out, len(value))
+            for item in value:
+                out.write(item)
+        else:
+            writer(out, value)
+    if type(response).__flexible__:
+        write_unsigned_varint(out, 0)  # no tagged fields
+
+
 def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any
                     ) -> list[bytes | bytearray | memoryview]:
     """A size-prefixed response frame, as chunks to write in order (their concatenation is
@@ -285,7 +335,10 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
     header_schema, write_header, write_body = _response_writers(api_key, api_version)
     out = _FrameChunks()
     write_header(out, header_schema(correlation_id=correlation_id))
-    write_body(out, response)
+    if any(isinstance(getattr(response, name), Encoded) for name in _names(type(response))):
+        _write_with_encoded(out, response)
+    else:
+        write_body(out, response)
     return out.frame()
 
 

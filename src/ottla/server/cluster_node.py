@@ -40,7 +40,11 @@ class ClusterNode:
         self.link = ControllerLink(broker, self.store)
         self.service = ControllerService(broker.node_id, self.store,
                                          ControllerConfig.from_broker_config(broker.config), self._send)
-        self.client = broker.interbroker
+        # The controller's own connections (Kafka's ControllerChannelManager has its own): a
+        # broker answers one request per connection at a time, and a WriteTxnMarkers waiting
+        # up to 30 s for acks=all on a leader with a stale ISR must not hold up the
+        # LeaderAndIsr that would unblock it (seen in `python -m ottla.demo --brokers 3`).
+        self.client = InterBrokerClient(f"broker-{broker.node_id}-controller")
         # The fetchers' own connections (Kafka's replica fetcher threads have theirs): a
         # long-polling Fetch must not hold up the controller's requests to the same broker.
         self.fetcher_client = InterBrokerClient(f"broker-{broker.node_id}-fetcher-0",
@@ -113,3 +117,4 @@ class ClusterNode:
         await self.fetchers.stop()
         await self.isr_updates.stop()
         await self.fetcher_client.close()
+        await self.client.close()

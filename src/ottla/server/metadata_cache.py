@@ -73,6 +73,7 @@ class MetadataCache:
         self._brokers: dict[int, BrokerInfo] = {}
         self._topics: dict[str, TopicMetadata] = {}
         self._by_id: dict[uuid.UUID, str] = {}
+        self._derived: dict = {}
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -116,6 +117,14 @@ class MetadataCache:
         controller's state; Kafka answers it LEADER_NOT_AVAILABLE with no leader)."""
         return state.leader if state.leader in self._brokers else NO_LEADER
 
+    def derived(self, key, build):
+        """`build()`, kept until the next change of this cache: what handlers derive from it
+        (Metadata's encoded topics) is built once per change, not once per request."""
+        value = self._derived.get(key)
+        if value is None:
+            value = self._derived[key] = build()
+        return value
+
     def check_leader(self, topic: str, partition: int) -> PartitionState:
         """The partition's state if this broker leads it; raises UNKNOWN_TOPIC_OR_PARTITION or
         NOT_LEADER_OR_FOLLOWER (Kafka's answers to a client that went to the wrong broker)."""
@@ -152,6 +161,7 @@ class MetadataCache:
         for state in states:
             if state.leader != LEADER_DURING_DELETE and state.topic not in topic_ids and state.topic not in self._topics:
                 raise KafkaError(ErrorCode.invalid_request, f"no topic id for {state.topic}")
+        self._derived = {}
         self.controller_id = controller_id
         self.controller_epoch = controller_epoch
         self._brokers = {b.node_id: b for b in brokers}
@@ -191,6 +201,7 @@ class MetadataCache:
                 state = replace(state, offline_replicas=current.offline_replicas)
             changed.setdefault(state.topic, {})[state.partition] = state
         if changed:  # one copy per request, not per partition (1,000 partitions cost 1,000 copies)
+            self._derived = {}
             self._topics = {**self._topics, **{
                 name: TopicMetadata(self._topics[name].name, self._topics[name].topic_id,
                                     {**self._topics[name].partitions, **parts})
@@ -200,12 +211,14 @@ class MetadataCache:
         """Single node: one topic created or grown, in place (its partitions only: rebuilding
         every topic per creation made creating the 2,000th topic cost 100 ms of the loop)."""
         states = {p: PartitionState(name, p, self.node_id, 0, (self.node_id,), (self.node_id,)) for p in range(count)}
+        self._derived = {}
         self._topics[name] = TopicMetadata(name, topic_id, states)
         self._by_id[topic_id] = name
         return list(states.values())
 
     def local_remove(self, name: str) -> None:
         """Single node: one topic deleted, in place."""
+        self._derived = {}
         info = self._topics.pop(name, None)
         if info is not None:
             self._by_id.pop(info.topic_id, None)

@@ -8,6 +8,8 @@ Exactly-once, per write task of micro-batch B (Spark partition P of query Q):
    The Python worker keeps the producer for the next micro-batches of P (see `_TransactionalTask`).
 2. The task reads the committed offset of consumer group `<prefix><Q>-<P>` on partition 0 of the
    marker topic. It is B + 1 if a previous attempt already committed batch B: the task writes nothing.
+   A kept producer that is still the current epoch knows the marker without reading it: its own last
+   commit (step 3 finds out whether it is still current).
 3. Otherwise it begins a transaction, adds offset B + 1 for that group to it first
    (send_offsets_to_transaction: a kept producer that was fenced meanwhile learns it here, before any
    row is read, and goes back to step 1 with a new producer), then writes its rows and commits. Rows
@@ -37,8 +39,12 @@ _BATCH_ID = "streaming.sql.batchId"
 _QUERY_ID = "sql.streaming.queryId"
 
 _LINGER_MS = 100  # the sink's default; option kafka.linger.ms overrides it
+# The sink's default; option kafka.reconnect.backoff.ms overrides it. librdkafka spaces new connections by
+# half of it: librdkafka's 100 ms made every new transactional producer wait 50 ms for its first broker.
+_RECONNECT_BACKOFF_MS = 10
 
 # Clients a Python worker keeps between tasks, by client config (and transactional id).
+_EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exists in this process
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
 _TRANSACTIONAL: dict[tuple, "_TransactionalTask"] = {}
 _KEEP_AT_MOST = 16  # transactional producers per worker: each holds librdkafka threads and connections
@@ -74,13 +80,18 @@ def _same_type(actual, expected) -> bool:
 
 
 def check_topic_exists(options: WriteOptions) -> None:
-    wanted = {t for t in (options.topic, options.marker_topic) if t}
+    """Fail a query at its start on an unknown topic. Spark asks for the stream writer again in every
+    micro-batch (to plan the write and to commit it), in the same long-lived processes: a topic found
+    once is not looked up again (a topic deleted later fails the write tasks instead)."""
+    config = tuple(sorted(options.client.items()))
+    wanted = {t for t in (options.topic, options.marker_topic) if t and (config, t) not in _EXISTING}
     if not wanted:
         return
     topics = AdminClient(options.client).list_topics(timeout=30).topics
     missing = sorted(t for t in wanted if t not in topics or topics[t].error is not None)
     if missing:
         raise OptionError(f"unknown topic(s) {missing}")
+    _EXISTING.update((config, t) for t in wanted)
 
 
 def _producer_config(options: WriteOptions, failures: list[str], **extra) -> dict:
@@ -93,7 +104,8 @@ def _producer_config(options: WriteOptions, failures: list[str], **extra) -> dic
     def delivered(err, msg):
         failures.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
 
-    return {"partitioner": "murmur2_random", "linger.ms": _LINGER_MS, **options.client, **extra,
+    return {"partitioner": "murmur2_random", "linger.ms": _LINGER_MS, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
+            **options.client, **extra,
             "delivery.report.only.error": True, "on_delivery": delivered}
 
 
@@ -186,6 +198,7 @@ def _write_exactly_once(batches: Iterator, options: WriteOptions) -> TaskResult:
         if task.failures:
             raise RuntimeError(f"{len(task.failures)} record(s) failed; first: {task.failures[0]}")
         task.producer.commit_transaction(options.timeout_s)
+        task.last_committed = batch_id
     except BaseException:
         task.discard()
         raise
@@ -210,10 +223,18 @@ class _TransactionalTask:
                                 "isolation.level": "read_committed"})
         self.producer = self._fence()
         self.kept = False
+        self.last_committed: int | None = None  # the batch this producer committed last
 
     def _fence(self) -> Producer:
         producer = Producer(_producer_config(self.options, self.failures, **{"transactional.id": self.ident}))
+        # Connected before init_transactions: librdkafka sends FindCoordinator on the bootstrap connection,
+        # loses it when the first Metadata answer replaces that connection by the broker's own, and asks
+        # again only on a 500 ms timer (half of the new producers waited so). The second Metadata request
+        # goes over the broker's own connection, which FindCoordinator then finds up.
+        for _ in range(2):
+            producer.list_topics(self.options.marker_topic, timeout=self.options.timeout_s)
         producer.init_transactions(self.options.timeout_s)  # fences every earlier producer of this id
+        self.last_committed = None
         return producer
 
     @staticmethod
@@ -230,7 +251,12 @@ class _TransactionalTask:
         False if an earlier attempt already committed that batch."""
         while True:
             marker = TopicPartition(self.options.marker_topic, 0)
-            if self.marker.committed([marker], self.options.timeout_s)[0].offset > batch_id:
+            if self.kept and self.last_committed is not None:
+                # No other producer of this id committed since ours unless it fenced ours, which the
+                # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
+                if self.last_committed >= batch_id:
+                    return False
+            elif self.marker.committed([marker], self.options.timeout_s)[0].offset > batch_id:
                 return False
             self.failures.clear()
             self.producer.begin_transaction()

@@ -10,10 +10,16 @@ batch that must always be returned. Large record sets stay in the segment file u
 socket takes them (`log/file_records.py`), so a consumer that does not read costs one write
 slice, not its whole response.
 
-A Fetch with `replica_id` >= 0 comes from a follower (up to v12 the id is a top-level field;
-v15 moved it into `replica_state`, which Ottla does not serve yet): it reads up to the
-leader's log end, not the HW, its fetch offset is the follower's progress the leader's
-state needs (HW, ISR), and the answer carries the HW the follower copies.
+From v13 topics are named by topic id (KIP-516), resolved through the metadata cache; an id
+it does not know is UNKNOWN_TOPIC_ID, and the response names topics by id too. From v16 a
+partition answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names its current leader
+(KIP-951, `server/leader_hints.py`).
+
+A Fetch with a replica id >= 0 comes from a follower (up to v14 the id is a top-level field;
+v15 moved it into `replica_state`, KIP-903): it reads up to the leader's log end, not the HW,
+its fetch offset is the follower's progress the leader's state needs (HW, ISR), and the
+answer carries the HW the follower copies. Ottla's own followers send v12
+(`server/replica_fetcher.py`).
 """
 
 import time
@@ -24,11 +30,12 @@ from ...protocol.build import make, nested
 from ...records.legacy import down_convert
 from ...replication.epochs import diverging_epoch
 from ..leader_epochs import leader_partition_at
+from ..leader_hints import LeaderHints
 
 API_KEY = 1
 # v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
 # Kafka 3.9 did (removed in Kafka 4.0, KIP-896). v3 adds the response size limit.
-VERSIONS = (0, 12)
+VERSIONS = (0, 16)
 _NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
@@ -44,38 +51,53 @@ def _diverging(wanted, partition, epoch_type):
     return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
 
 
-def _distinct_partitions(request) -> list[tuple[str, list]]:
+def _replica_id(request) -> int:
+    """The follower's broker id, or -1 for a consumer: v15+ carry it in `replica_state` (KIP-903)."""
+    state = getattr(request, "replica_state", None)
+    return state.replica_id if state is not None else getattr(request, "replica_id", -1)
+
+
+def _distinct_partitions(ctx, request) -> list[tuple[str | None, object, list]]:
     """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
-    FetchResponse.toMessage does: consecutive partitions of one topic share an entry."""
+    FetchResponse.toMessage does: consecutive partitions of one topic share an entry. Each
+    topic is (name, topic id, partitions); v13+ name topics by id, resolved through the
+    metadata cache (name None: an id it does not know)."""
+    by_id = ctx.api_version >= 13
     wanted = {}
     for topic in request.topics:
+        key = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
-            wanted[(topic.topic, partition.partition)] = partition
-    grouped: list[tuple[str, list]] = []
-    for (name, _), partition in wanted.items():
-        if grouped and grouped[-1][0] == name:
-            grouped[-1][1].append(partition)
+            wanted[(key, partition.partition)] = partition
+    grouped: list[tuple[str | None, object, list]] = []
+    for (key, _), partition in wanted.items():
+        if grouped and grouped[-1][1 if by_id else 0] == key:
+            grouped[-1][2].append(partition)
+        elif by_id:
+            info = ctx.broker.metadata.topic_by_id(key)
+            grouped.append((info.name if info is not None else None, key, [partition]))
         else:
-            grouped.append((name, [partition]))
+            grouped.append((key, None, [partition]))
     return grouped
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type):
+def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHints):
     broker = ctx.broker
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
-    replica_id = getattr(request, "replica_id", -1)
+    replica_id = _replica_id(request)
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
     remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
     topics = []
-    for topic_name, wanted_partitions in wanted_topics:
+    for topic_name, topic_id, wanted_partitions in wanted_topics:
         partitions = []
         for wanted in wanted_partitions:
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
+                if topic_name is None:
+                    raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
                 partition = leader_partition_at(broker, topic_name, wanted.partition,
                                                 getattr(wanted, "current_leader_epoch", -1))
                 log = partition.log
@@ -83,7 +105,8 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                 partitions.append(make(partition_type, partition_index=wanted.partition,
                                        error_code=exc.code, high_watermark=-1,
                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                       preferred_read_replica=-1, records=b""))
+                                       preferred_read_replica=-1, records=b"",
+                                       **hints.current_leader(topic_name, wanted.partition, exc.code)))
                 failed = True
                 continue
             high_watermark = log.high_watermark
@@ -126,8 +149,9 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                                    high_watermark=high_watermark, last_stable_offset=stable,
                                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
                                    preferred_read_replica=-1, records=records,
-                                   **({} if diverging is None else {"diverging_epoch": diverging})))
-        topics.append(make(topic_type, topic=topic_name, partitions=tuple(partitions)))
+                                   **({} if diverging is None else {"diverging_epoch": diverging}),
+                                   **hints.current_leader(topic_name, wanted.partition, error)))
+        topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(partitions)))
     return topics, total, failed
 
 
@@ -140,14 +164,16 @@ async def handle(ctx, request):
         return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    wanted = _distinct_partitions(request)
-    topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
-    keys = [(name, p.partition) for name, partitions in wanted for p in partitions]
+    wanted = _distinct_partitions(ctx, request)
+    hints = LeaderHints(ctx.broker.metadata, response_type)
+    topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
+    keys = [(name, p.partition) for name, _, partitions in wanted if name is not None for p in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         await ctx.broker.replicas.wait_for_data(keys, remaining)
-        topics, total, failed = _read_partitions(ctx, request, wanted, response_type)
+        hints = LeaderHints(ctx.broker.metadata, response_type)
+        topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
-                responses=tuple(topics))
+                responses=tuple(topics), node_endpoints=hints.node_endpoints())

@@ -1,6 +1,10 @@
 """Metadata: brokers, topics (with ids) and partition leaders, from the metadata cache;
 auto-creates topics when allowed.
 
+Each topic's part of the answer is built and encoded once per change of the metadata cache
+and per version (`MetadataCache.derived`), then reused: an all-topics request for 1,000
+partitions built 1,000 entities and encoded them field by field every time.
+
 Each auto-created topic, and every `_YIELD_EVERY` topics of the answer, is a step of its own:
 the loop serves other connections in between (a request naming thousands of topics held it
 for seconds).
@@ -12,6 +16,7 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...producer_state.authorizer import CLUSTER_NAME, ResourceType
 from ...protocol.build import make, nested
+from ...protocol.codec import Encoded, encode_item
 from .. import cluster_admin
 from ..replies import NOT_REQUESTED, authorized_operations
 
@@ -52,6 +57,19 @@ def _error_response(ctx, request, error):
                 topics=topics, cluster_authorized_operations=-2147483648)
 
 
+def _topic(metadata, info, topic_type, operations):
+    partition_type = nested(topic_type, "MetadataResponsePartition")
+    partitions = tuple(
+        make(partition_type, error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
+             partition_index=index, leader_id=leader, leader_epoch=state.leader_epoch,
+             replica_nodes=state.replicas, isr_nodes=state.isr, offline_replicas=state.offline_replicas)
+        for index, state, leader in ((i, s, metadata.alive_leader(s)) for i, s in sorted(info.partitions.items()))
+    )
+    return make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
+                is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,
+                topic_authorized_operations=operations)
+
+
 async def handle(ctx, request):
     broker = ctx.broker
     metadata = broker.metadata
@@ -60,7 +78,6 @@ async def handle(ctx, request):
         return _error_response(ctx, request, ErrorCode.invalid_request)
     broker_type = nested(response_type, "MetadataResponseBroker")
     topic_type = nested(response_type, "MetadataResponseTopic")
-    partition_type = nested(response_type, "MetadataResponsePartition")
     names = _requested_names(ctx, request)
     allow_create = getattr(request, "allow_auto_topic_creation", True) and broker.config["auto.create.topics.enable"]
 
@@ -84,20 +101,13 @@ async def handle(ctx, request):
         if info is None and names is None:
             continue  # deleted while an earlier step yielded: an all-topics answer leaves it out
         if info is None:
-            topics.append(make(topic_type, error_code=error if error != ErrorCode.none else ErrorCode.unknown_topic_or_partition,
-                               name=name, topic_id=None, is_internal=False, partitions=(),
-                               topic_authorized_operations=NOT_REQUESTED))
+            topics.append(encode_item(make(
+                topic_type, error_code=error if error != ErrorCode.none else ErrorCode.unknown_topic_or_partition,
+                name=name, topic_id=None, is_internal=False, partitions=(), topic_authorized_operations=NOT_REQUESTED)))
             continue
-        partitions = tuple(
-            make(partition_type, error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
-                 partition_index=index, leader_id=leader, leader_epoch=state.leader_epoch,
-                 replica_nodes=state.replicas, isr_nodes=state.isr, offline_replicas=state.offline_replicas)
-            for index, state, leader in ((i, s, metadata.alive_leader(s)) for i, s in sorted(info.partitions.items()))
-        )
-        topics.append(make(topic_type, error_code=ErrorCode.none, name=info.name, topic_id=info.topic_id,
-                           is_internal=info.name in INTERNAL_TOPICS, partitions=partitions,
-                           topic_authorized_operations=authorized_operations(
-                               ctx, ResourceType.TOPIC, info.name, include_topic_ops)))
+        operations = authorized_operations(ctx, ResourceType.TOPIC, info.name, include_topic_ops)
+        topics.append(metadata.derived((API_KEY, ctx.api_version, info.name, operations),
+                                       lambda: encode_item(_topic(metadata, info, topic_type, operations))))
     return make(
         response_type,
         throttle_time=timedelta(0),
@@ -105,7 +115,7 @@ async def handle(ctx, request):
                       for b in metadata.brokers),
         cluster_id=metadata.cluster_id,
         controller_id=metadata.controller_id,
-        topics=tuple(topics),
+        topics=Encoded(topics),
         cluster_authorized_operations=authorized_operations(
             ctx, ResourceType.CLUSTER, CLUSTER_NAME, getattr(request, "include_cluster_authorized_operations", False)),
     )

@@ -3,7 +3,9 @@ KIP-279), for followers deciding where to truncate and for consumers checking fo
 after a leader change (KIP-320).
 
 As in Kafka, `replica_id` only says who asks (a follower's id, -1 for a consumer, -2 for a
-debugging tool); the answer is the leader's either way.
+debugging tool); the answer is the leader's either way. v0-1 (followers of Kafka 2.0 and
+older) carry neither `replica_id` nor `current_leader_epoch`: Kafka 3.9 served them without
+an epoch check, and v0's answer has no leader epoch.
 """
 
 from datetime import timedelta
@@ -14,13 +16,14 @@ from ...replication.epochs import epoch_end_offset
 from ..leader_epochs import leader_partition_at
 
 API_KEY = 23
-VERSIONS = (2, 4)
+VERSIONS = (0, 4)
 
 
 def _answer(broker, topic: str, wanted) -> tuple[ErrorCode, int, int]:
     """(error, leader epoch, end offset); an epoch the log cannot place answers (-1, -1)."""
     try:
-        partition = leader_partition_at(broker, topic, wanted.partition, wanted.current_leader_epoch)
+        partition = leader_partition_at(broker, topic, wanted.partition,
+                                        getattr(wanted, "current_leader_epoch", -1))
     except KafkaError as exc:
         return exc.code, -1, -1
     found = epoch_end_offset(partition.log, partition.leader_epoch, wanted.leader_epoch)
@@ -30,7 +33,9 @@ def _answer(broker, topic: str, wanted) -> tuple[ErrorCode, int, int]:
 async def handle(ctx, request):
     response_type = ctx.response_type
     topic_type = nested(response_type, "OffsetForLeaderTopicResult")
-    partition_type = nested(response_type, "EpochEndOffset")
+    # kio names the partition class EpochEndOffset; Kafka 3.9's v0-1 schema, OffsetForLeaderPartitionResult.
+    partition_type = (nested(response_type, "EpochEndOffset")
+                      or nested(response_type, "OffsetForLeaderPartitionResult"))
     topics = []
     for topic in request.topics:
         partitions = []

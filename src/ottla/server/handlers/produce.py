@@ -1,4 +1,7 @@
-"""Produce: validate and append opaque batches; acks 0, 1 and -1 (all)."""
+"""Produce: validate and append opaque batches; acks 0, 1 and -1 (all).
+
+From v10 a partition answered NOT_LEADER_OR_FOLLOWER names its current leader and the
+response lists its endpoint (KIP-951, `server/leader_hints.py`)."""
 
 import datetime
 from datetime import timedelta
@@ -9,6 +12,7 @@ from ...records.batch import HEADER_SIZE, read_header
 from ...records.legacy import up_convert
 from ..clock import now_ms
 from ..context import CloseConnection
+from ..leader_hints import LeaderHints
 from ..replica_manager import ProduceResult
 from .. import txn_verification
 from ..replies import fencing_as_version_says
@@ -95,6 +99,7 @@ async def handle(ctx, request):
         results.update(await broker.replicas.append_records(
             entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
             origin="client", precheck=_precheck(INTERNAL_TOPICS, unverified)))
+    hints = LeaderHints(broker.metadata, response_type)
     topics = []
     for name, indexes in order:
         partitions = []
@@ -106,7 +111,8 @@ async def handle(ctx, request):
                                    base_offset=result.base_offset,
                                    log_append_time=_append_time(result.log_append_time),
                                    log_start_offset=result.log_start_offset, record_errors=record_errors,
-                                   error_message=result.message))
+                                   error_message=result.message,
+                                   **hints.current_leader(name, index, result.error)))
         topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
     if acks == 0:
         failed = [f"{t.name}-{p.index}: {p.error_code.name}" for t in topics for p in t.partition_responses
@@ -116,4 +122,5 @@ async def handle(ctx, request):
             # closing the connection makes the client refresh its metadata and notice.
             raise CloseConnection(f"acks=0 produce failed ({', '.join(failed)})")
         return None
-    return make(response_type, responses=tuple(topics), throttle_time=timedelta(0), node_endpoints=())
+    return make(response_type, responses=tuple(topics), throttle_time=timedelta(0),
+                node_endpoints=hints.node_endpoints())
