@@ -5,13 +5,15 @@ responses, fetches asking for gigabytes, and a bystander producer measuring its 
 
 Each stuck consumer sends one Fetch (v11, max_bytes and partition_max_bytes 2^31-1, from
 offset 0 of a topic holding --fill-mb MB) and never reads. Prints the broker's RSS before,
-at its peak and after, and the bystander's acks=all produce latency percentiles before and
-during the load.
+at its peak and after, the bystander's acks=all produce latency percentiles before and
+during the load, and the broker's own account of its event loop (worst lag, longest steps
+and garbage collections, logged at shutdown).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import resource
 import socket
 import statistics
@@ -72,7 +74,7 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the broker inherits it
     config = dict(item.split("=", 1) for item in args.config)
-    with broker(config) as handle:
+    with broker(config, log_level="info") as handle:
         admin = AdminClient({"bootstrap.servers": handle.bootstrap})
         for future in admin.create_topics([NewTopic("load", 1, 1), NewTopic("bystander", 1, 1)]).values():
             future.result(60)
@@ -118,8 +120,12 @@ def main() -> int:
         alive = handle.running()
         for sock in idle + stuck:
             sock.close()
-        time.sleep(2)
+        time.sleep(3)
         rss_after = _rss(handle.pid) if alive else 0
+        handle.stop()
+        log = handle.read_stderr()
+        lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+        steps = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", log)
         rows = [
             ("idle connections", args.idle),
             ("stuck consumers (fetch 2 GiB, never read)", args.stuck),
@@ -130,6 +136,9 @@ def main() -> int:
             ("RSS after closing them (MiB)", rss_after >> 20),
             ("bystander produce, quiet", _percentiles(quiet)),
             ("bystander produce, under load", _percentiles(loaded)),
+            ("broker's worst event-loop lag: wall / own CPU (ms)", " / ".join(lag[-1]) if lag else "?"),
+            ("longest single steps, by request (broker CPU)", steps[-1][0] if steps else "?"),
+            ("longest garbage collections", steps[-1][1] if steps else "?"),
         ]
         width = max(len(name) for name, _ in rows)
         for name, value in rows:

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .config_names import is_kafka_broker_config
 from .errors import ConfigError
 
 _log = logging.getLogger("ottla.config")
@@ -100,6 +101,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("delete.topic.enable", _bool, True),
         ConfigDef("message.max.bytes", _int, 1048588, 0),
         ConfigDef("socket.request.max.bytes", _int, 104857600, 1),
+        ConfigDef("socket.send.buffer.bytes", _int, 102400, -1),
+        ConfigDef("socket.receive.buffer.bytes", _int, 102400, -1),
         # server/connections.py: what all connections together may hold
         ConfigDef("queued.max.request.bytes", _int, -1, -1),
         ConfigDef("connections.max.idle.ms", _int, 600000, 1),
@@ -267,12 +270,16 @@ _reported: set[str] = set()
 
 
 def report_not_applied_broker_configs(config: "BrokerConfig") -> list[str]:
-    """One warning line per broker config set on this broker that Ottla does not apply."""
+    """One warning line per broker config set on this broker that Ottla does not apply: those
+    it knows but does not act on, and Kafka's that it does not implement (named without their
+    value, which may be a password)."""
     names = sorted(set(config.overrides) & set(NOT_APPLIED_BROKER_CONFIGS))
     for name in names:
         _log.warning("broker config %s=%s is accepted but not applied by Ottla: %s",
                      name, config.overrides[name], NOT_APPLIED_BROKER_CONFIGS[name])
-    return names
+    for name in sorted(config.not_implemented):
+        _log.warning("broker config %s is a Kafka config Ottla does not implement: it is ignored", name)
+    return names + sorted(config.not_implemented)
 
 
 def report_not_applied(names) -> None:
@@ -320,7 +327,9 @@ DYNAMIC_BROKER_CONFIGS = frozenset(set(TOPIC_TO_BROKER_SYNONYM.values()) - {"unc
 
 
 class BrokerConfig:
-    """Validated broker settings; unknown names are rejected so typos do not pass silently.
+    """Validated broker settings. Kafka's names that Ottla does not implement are accepted and
+    reported at start (`report_not_applied_broker_configs`); names Kafka does not know either
+    are rejected, so typos do not pass silently.
 
     Three layers, Kafka's order of precedence: this broker's dynamic configs, the cluster-wide
     dynamic defaults (both replaced at runtime by `set_dynamic`), the static ones it started with.
@@ -330,10 +339,14 @@ class BrokerConfig:
         self.dynamic: dict[str, Any] = {}
         self.dynamic_default: dict[str, Any] = {}
         self.overrides: dict[str, Any] = {}
+        self.not_implemented: list[str] = []  # Kafka's names Ottla has no behaviour for (config_names.py)
         for name, raw in (overrides or {}).items():
             definition = BROKER_CONFIGS.get(name)
             if definition is None:
-                raise ConfigError(f"unknown broker config {name!r}")
+                if not is_kafka_broker_config(name):
+                    raise ConfigError(f"unknown broker config {name!r}")
+                self.not_implemented.append(name)
+                continue
             self.overrides[name] = definition.coerce(raw)
         ids = {self.overrides[n] for n in ("broker.id", "node.id") if n in self.overrides}
         if len(ids) > 1:

@@ -47,6 +47,14 @@ def test_bad_configuration_is_refused_with_a_clear_message(tmp_path, args, messa
     assert "Traceback" not in result.stderr
 
 
+def test_kafka_configs_ottla_does_not_implement_start_with_one_warning_each(ottla_broker_factory):
+    broker = ottla_broker_factory({"num.io.threads": 16, "socket.listen.backlog.size": 100})
+    warnings = [line for line in broker.read_stderr().splitlines() if "level=WARNING" in line]
+    assert [line.split("logger=ottla.config ", 1)[1] for line in warnings] == [
+        f"broker config {name} is a Kafka config Ottla does not implement: it is ignored"
+        for name in ("num.io.threads", "socket.listen.backlog.size")]
+
+
 def test_port_in_use_is_reported_and_leaves_a_clean_log(ottla_broker, tmp_path):
     result = _serve("--data-dir", str(tmp_path / "other"), "--listen", ottla_broker.bootstrap)
     assert result.returncode == 1

@@ -121,3 +121,49 @@ def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw
         for sock in stuck:
             sock.close()
     assert broker.running()
+
+
+def _send_queue(local_port: int, remote_port: int) -> int | None:
+    """Bytes the socket from `local_port` to `remote_port` holds unacknowledged in the kernel
+    (tx_queue of /proc/net/tcp: the broker's side of a connection, seen from here)."""
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local, remote, queues = fields[1], fields[2], fields[4]
+            if int(local.split(":")[1], 16) == local_port and int(remote.split(":")[1], 16) == remote_port:
+                return int(queues.split(":")[0], 16)
+    return None
+
+
+def test_an_unread_response_pins_at_most_the_socket_send_buffer_in_the_kernel(ottla_broker_factory, raw_connection):
+    """Kafka's socket.send.buffer.bytes (100 KiB) on every connection: left to Linux's
+    autotuning the send buffer of a consumer that does not read grew to 4 MiB, and the event
+    loop copied that much into the kernel for each such consumer before pausing (200 of them
+    held every other client for 6 s, docs/performance.md)."""
+    broker = ottla_broker_factory()
+    host, _, port = broker.bootstrap.rpartition(":")
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    producer = raw_connection(broker.bootstrap, timeout=60)
+    for i in range(BATCHES):
+        _, response = roundtrip(producer, ProduceRequest(transactional_id=None, acks=-1, timeout=timedelta(seconds=30),
+                                topic_data=(TopicProduceData(name=TOPIC, partition_data=(
+                                    PartitionProduceData(index=0, records=_batch(i)),)),)))
+        assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect((host, int(port)))
+    try:
+        stuck.sendall(encode_request(_fetch_request(), correlation_id=1))
+        wait_for(lambda: _unread_bytes(stuck) > 0, timeout=120, what="the response's first bytes")
+        readings = [-1]
+
+        def settled():  # the same send queue twice in a row: the broker stopped writing
+            readings.append(_send_queue(int(port), stuck.getsockname()[1]))
+            return readings[-1] is not None and readings[-1] == readings[-2]
+        wait_for(settled, timeout=120, interval=0.5, what="the broker's send queue to settle")
+        # 100 KiB asked, which Linux doubles for its bookkeeping; the response is 4 MB.
+        assert readings[-1] <= 2 * 102400, f"the kernel holds {readings[-1]} bytes of the unread response"
+    finally:
+        stuck.close()

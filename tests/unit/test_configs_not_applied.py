@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from ottla import config as config_module
 from ottla.config import BrokerConfig, report_not_applied_broker_configs, validate_topic_configs
+from ottla.errors import ConfigError
 
 
 def test_broker_configs_set_but_not_applied_are_reported_at_start(caplog, monkeypatch):
@@ -36,3 +39,24 @@ def test_topic_configs_not_applied_are_reported_once(caplog, monkeypatch):
         validate_topic_configs({"file.delete.delay.ms": "0"})
     lines = sorted(r.getMessage() for r in caplog.records)
     assert lines == ["topic config file.delete.delay.ms is accepted and stored but not applied by Ottla"]
+
+
+def test_kafka_broker_configs_ottla_does_not_implement_are_accepted_with_one_warning_each(caplog):
+    """A Kafka server.properties starts: each Kafka name Ottla has no behaviour for is one
+    warning at start, named without its value (it may be a password), as Kafka warns of names
+    it does not know."""
+    config = BrokerConfig({"num.network.threads": "3", "log.dirs": "/var/lib/kafka",
+                           "ssl.keystore.password": "secret", "num.partitions": "2"})
+    assert config["num.partitions"] == 2
+    with caplog.at_level(logging.WARNING, logger="ottla.config"):
+        reported = report_not_applied_broker_configs(config)
+    assert reported == ["log.dirs", "num.network.threads", "ssl.keystore.password"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"broker config {name} is a Kafka config Ottla does not implement: it is ignored" for name in reported]
+    assert "secret" not in caplog.text
+
+
+def test_names_kafka_does_not_know_are_still_refused():
+    """Kafka would only warn; a typo that passes silently is worse than a broker that does not start."""
+    with pytest.raises(ConfigError, match="unknown broker config 'num.netwrok.threads'"):
+        BrokerConfig({"num.netwrok.threads": "3"})

@@ -157,3 +157,29 @@ def test_a_follower_fetch_moves_the_high_watermark_and_asks_to_rejoin_the_isr(ma
     with pytest.raises(KafkaError) as e:
         manager.follower_fetched("t", 0, 3, 0, NOW)
     assert e.value.code == E.not_leader_or_follower  # not a replica
+
+
+def test_a_resent_state_older_than_the_leaders_own_isr_write_changes_nothing(manager):
+    """A new controller reads the partition state, the leader's ISR shrink lands in
+    ZooKeeper, then the controller's LeaderAndIsr arrives with the older ISR and version at
+    the same leader epoch. Applied, it put the shrunk-out follower back into the leader's
+    ISR while ZooKeeper kept it out, and the leader never proposed it again (seen in the
+    copier test on three brokers: an ISR stuck at [1, 3] for good)."""
+    proposals = []
+
+    class Recorder:
+        def propose(self, partition, isr):
+            proposals.append(isr)
+    manager.isr_updates = Recorder()
+    manager.apply_partition_states([PartitionState("t", 0, 1, 5, (1, 2), (1, 2), zk_version=10)], now_ms=NOW)
+    partition = manager.get_partition("t", 0)
+    partition.isr_committed({1}, 11)  # the leader's own shrink, written at version 11
+    assert manager.apply_partition_states([PartitionState("t", 0, 1, 5, (1, 2), (1, 2), zk_version=10)],
+                                          now_ms=NOW) == {("t", 0): E.none}
+    assert partition.isr == frozenset({1}) and partition.zk_version == 11
+    manager.append("t", 0, batch(2), now_ms=NOW)
+    manager.follower_fetched("t", 0, 2, 2, NOW + 1)
+    assert proposals == [frozenset({1, 2})]  # the follower caught up: back in, through ZooKeeper
+    # a newer version at the same epoch (the controller wrote it) is taken
+    manager.apply_partition_states([PartitionState("t", 0, 1, 5, (1, 2), (1, 2), zk_version=12)], now_ms=NOW)
+    assert partition.isr == frozenset({1, 2}) and partition.zk_version == 12

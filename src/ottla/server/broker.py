@@ -34,7 +34,8 @@ from ..producer_state.authorizer import AllowAllAuthorizer
 from .clock import now_ms
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
-from .connections import Connections
+from .heap import release_after_connection_storms
+from .connections import Connections, size_socket_buffers
 from .dynamic_configs import DynamicConfigs
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
@@ -169,8 +170,11 @@ class Broker:
         await self.transactions.start()
         try:
             self._server = await loop.create_server(
-                lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024
+                lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024,
+                start_serving=False,
             )
+            size_socket_buffers(self._server.sockets, self.config)
+            await self._server.start_serving()
         except OSError:
             await self.stop()  # a broker that never served still shuts down cleanly
             raise
@@ -195,6 +199,7 @@ class Broker:
             await self.dynamic_configs.start()
         self._duties.append(loop.create_task(self._periodic_flush()))
         self._duties.append(loop.create_task(self.connections.expire_idle()))
+        self._duties.append(loop.create_task(release_after_connection_storms(self.connections)))
         self.cleaner.start(_runner_on(loop))
         log.info("broker %d listening on %s:%d (advertised %s:%d), data in %s",
                  self.node_id, self.host, self.port, *self.advertised, self.data_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import gc
 import logging
 import os
@@ -15,6 +14,7 @@ from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
 from ..config import BrokerConfig, ConfigError, report_not_applied_broker_configs
 from .broker import Broker
+from .heap import keep_freed_request_buffers
 from .loop_lag import GcPauses, LoopLag, steps_summary
 
 
@@ -29,24 +29,6 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ConfigError(f"{what}: port {number} is out of range")
     return host.strip("[]"), number
-
-
-def keep_freed_request_buffers() -> None:
-    """Every produce request brings a buffer of up to a few MB that lives for one request.
-
-    glibc serves allocations that large with a fresh mmap and unmaps them on free, so each
-    request paid for faulting in and zeroing its pages again: measured, half the broker's CPU
-    on 1 KiB-record produce. Raising glibc's mmap and trim thresholds (its documented
-    `mallopt` knobs) lets freed buffers be reused from the heap. Skipped where libc is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum
-    mallopt(m_trim_threshold, 128 << 20)
 
 
 def raise_open_files_limit() -> tuple[int, int]:

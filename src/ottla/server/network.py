@@ -156,7 +156,11 @@ class Connection(asyncio.BufferedProtocol):
         self.writable.set()
         self.wakeup.set()
         if self.worker is not None:
-            self.worker.cancel()
+            # Dropped: the cancelled task keeps its CancelledError, whose traceback holds our
+            # frames, so a reference back to it would make every closed connection cyclic
+            # garbage, freed only by a full collection.
+            self.worker, worker = None, self.worker
+            worker.cancel()
 
     def pause_writing(self):
         self.writable.clear()

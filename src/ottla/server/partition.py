@@ -80,6 +80,13 @@ class Partition:
         """
         self._check_epoch(leader_epoch)
         became = not self.is_leader or leader_epoch != self.leader_epoch
+        if not became and 0 <= zk_version <= self.zk_version:
+            # The same epoch from a state this leader already moved past (a new controller's
+            # resend read before this leader's own ISR write landed): applying it would put
+            # back the old ISR and version, and the leader would never propose the ISR
+            # ZooKeeper lacks. Kafka applies an equal leader epoch only with a newer
+            # partition epoch (the znode version).
+            return False
         if became:
             become_leader(self.log, leader_epoch)
         previous = self.leader_state

@@ -226,7 +226,12 @@ class _TransactionalTask:
         self.kept = False
 
     def _fence(self) -> Producer:
-        producer = Producer(_producer_config(self.options, self.failures, **{"transactional.id": self.ident}))
+        # librdkafka's default re-bootstrap, when every broker it knows is down at once (always, with one
+        # broker), drops those brokers while its coordinator cache keeps one: send_offsets_to_transaction
+        # then waits for it past its timeout (librdkafka #5511, #5456). Option kafka.metadata.recovery.strategy
+        # overrides this.
+        producer = Producer({"metadata.recovery.strategy": "none",
+                             **_producer_config(self.options, self.failures, **{"transactional.id": self.ident})})
         # Connected before init_transactions: librdkafka sends FindCoordinator on the bootstrap connection,
         # loses it when the first Metadata answer replaces that connection by the broker's own, and asks
         # again only on a 500 ms timer (half of the new producers waited so). The second Metadata request
