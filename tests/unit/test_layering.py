@@ -8,7 +8,8 @@ import pytest
 
 SEAMS = ["ottla.server.metadata_cache", "ottla.server.partition", "ottla.server.replica_manager",
          "ottla.server.coordinator_runtime", "ottla.server.interbroker", "ottla.coordinator.runtime",
-         "ottla.coordinator.group.service", "ottla.coordinator.transaction.service"]
+         "ottla.coordinator.group.service", "ottla.coordinator.transaction.service",
+         "ottla.cluster.zk", "ottla.cluster.zk_session"]
 
 
 def _modules_after_import(module: str) -> set[str]:

@@ -10,6 +10,8 @@ any `StaleVersion`.
 Fencing follows Kafka's `KafkaZkClient`: a controller's write is a ZooKeeper multi that
 starts with a check of `/controller_epoch`'s version; the controller znode and the epoch
 bump are created in one multi too, so exactly one broker wins an election.
+
+The session, its requests and multis are `zk_session.py`'s; this module is Kafka's layout.
 """
 
 from __future__ import annotations
@@ -17,212 +19,39 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-import warnings
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss, KazooException,
-                              NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
-                              RolledBackError, RuntimeInconsistency, SessionExpiredError)
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
-from kazoo.retry import KazooRetry
 
 from ..producer_state.allocator import (BLOCK_SIZE, MAX_PRODUCER_ID, ProducerIdBlock, ProducerIdBlockStore,
                                         ProducerIdsExhaustedError)
-from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, ControllerMoved, LeaderAndIsr,
-                    NoSuchTopic, StaleVersion, StoreError, StoreUnavailable, TopicAssignment, TopicExists,
-                    TopicPartition, WatchTarget)
-from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGE_PREFIX, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS,
-                      INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
+from .store import (BrokerIdInUse, BrokerRegistration, ControllerEpoch, LeaderAndIsr, NoSuchTopic, StaleVersion,
+                    StoreError, TopicAssignment, TopicExists, TopicPartition, WatchTarget)
+from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGE_PREFIX, CONFIG_CHANGES, CONTROLLER, CONTROLLER_EPOCH,
+                      DELETE_TOPICS, INITIAL_CONTROLLER_EPOCH, ISR_CHANGES, PERSISTENT_PATHS, PREFERRED_ELECTION,
                       PRODUCER_ID_BLOCK, REASSIGN, TOPICS, config_bytes, decode_assignment, decode_broker,
-                      decode_config_change,
-                      decode_state, encode_assignment, encode_broker, encode_state, now_ms, partition_list,
-                      split_chroot, state_path, to_json, topic_path)
+                      decode_config_change, decode_state, encode_assignment, encode_broker, encode_state, now_ms,
+                      partition_list, state_path, to_json, topic_path)
+from .zk_session import ZkSession
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_S = 0.1
 # Operations per multi: ZooKeeper refuses a request over jute.maxbuffer (1 MB), and Kafka
 # itself fences each partition's write separately, so large topics take several multis.
 MULTI_MAX_OPS = 1000
 
 
-class ZkClusterStore:
+class ZkClusterStore(ZkSession):
     """The cluster's metadata in ZooKeeper. See `store.ClusterStore` for each method's meaning."""
 
     def __init__(self, connect: str, *, session_timeout_ms: int = 18000,
                  connection_timeout_ms: int | None = None):
-        # Kafka: zookeeper.connection.timeout.ms defaults to zookeeper.session.timeout.ms.
-        self.connect = connect
-        self._timeout = (connection_timeout_ms if connection_timeout_ms is not None else session_timeout_ms) / 1000
-        self._session_lost: list[Callable[[], None]] = []
         self._watches: list[object] = []
         self._topic_watches: dict[str, DataWatch] = {}
         self._lock = threading.Lock()
-        self._closing = False
-        self._zk = KazooClient(hosts=connect, timeout=session_timeout_ms / 1000,
-                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
-        try:
-            with warnings.catch_warnings():  # kazoo warns of a missing chroot; we report it below
-                warnings.simplefilter("ignore", UserWarning)
-                self._zk.start(timeout=self._timeout)
-        except KazooTimeoutError:
-            self._zk.stop()
-            self._zk.close()
-            raise StoreUnavailable(f"zookeeper.connect={connect}: no ZooKeeper answered within "
-                                   f"{int(self._timeout * 1000)} ms") from None
-        try:
-            hosts, chroot = split_chroot(connect)
-            if chroot is not None and self._call("exists", "/") is None:
-                raise StoreUnavailable(f"zookeeper.connect={connect}: chroot {chroot} does not exist in "
-                                       f"ZooKeeper at {hosts}; create it first")
-            for path in PERSISTENT_PATHS:
-                self._call("ensure_path", path)
-        except BaseException:
-            self.close()
-            raise
-        self._zk.add_listener(self._state_changed)
-
-    # -- plumbing --------------------------------------------------------------------------
-    def _call(self, operation: str, *args, **kwargs):
-        """One kazoo operation by name (`"get"`, `"create"`, ...); see `_wait`."""
-        return self._wait(lambda: getattr(self._zk, operation + "_async")(*args, **kwargs))
-
-    def _wait(self, start: Callable[[], Any]):
-        """Start an operation and wait for it, again after a lost connection or session, until
-        the connection timeout; then StoreUnavailable. kazoo keeps a request queued while it
-        reconnects, so a write that timed out may still apply later (fenced writes stay fenced)."""
-        deadline = time.monotonic() + self._timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
-                                       f"{int(self._timeout * 1000)} ms")
-            try:
-                return start().get(timeout=remaining)
-            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
-                time.sleep(min(RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
-            except KazooTimeoutError:
-                continue  # the deadline check above reports it
-            except ConnectionClosedError:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
-
-    def _get(self, path: str) -> tuple[bytes, Any] | None:
-        try:
-            return self._call("get", path)
-        except NoNodeError:
-            return None
-
-    def _delete_if_exists(self, path: str) -> None:
-        try:
-            self._call("delete", path)
-        except NoNodeError:
-            pass  # already gone (another broker, or never there)
-
-    def _children(self, path: str) -> list[str]:
-        try:
-            return self._call("get_children", path)
-        except NoNodeError:
-            return []
-
-    def _many(self, operation: str, paths: list[str], **kwargs) -> dict[str, Any]:
-        """The same operation on many paths, pipelined (as Kafka's ZooKeeperClient does): one
-        round trip's latency instead of one per path. A missing node gives None (NodeExists
-        too, for creates); a path whose request was lost is done again on its own."""
-        pending = [(path, getattr(self._zk, operation + "_async")(path, **kwargs)) for path in paths]
-        results: dict[str, Any] = {}
-        for path, request in pending:
-            try:
-                results[path] = request.get(timeout=self._timeout)
-            except (NoNodeError, NodeExistsError):
-                results[path] = None
-            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
-                try:
-                    results[path] = self._call(operation, path, **kwargs)
-                except (NoNodeError, NodeExistsError):
-                    results[path] = None
-            except KazooTimeoutError:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
-                                       f"{int(self._timeout * 1000)} ms") from None
-            except ConnectionClosedError:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
-        return results
-
-    def _commit(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None) -> list:
-        """Run `ops(transaction)` as one multi, first checking the controller epoch's version.
-        Returns the results of `ops`' own operations; raises the first failure."""
-        return self._outcome(self._wait(lambda: self._start_multi(ops, epoch)), epoch)
-
-    def _start_multi(self, ops: Callable[[Any], None], epoch: ControllerEpoch | None):
-        txn = self._zk.transaction()
-        if epoch is not None:
-            txn.check(CONTROLLER_EPOCH, epoch.version)
-        ops(txn)
-        return txn.commit_async()
-
-    def _commit_many(self, multis: Mapping[Any, Callable[[Any], None]],
-                     epoch: ControllerEpoch | None) -> dict[Any, list | Exception]:
-        """Several independent multis, pipelined: all sent, then all awaited (`_many` for
-        multis). Per key: the results of its `ops`, or the exception that refused it; a multi
-        whose request was lost is sent again on its own."""
-        pending = [(key, ops, self._start_multi(ops, epoch)) for key, ops in multis.items()]
-        out: dict[Any, list | Exception] = {}
-        for key, ops, request in pending:
-            try:
-                results = request.get(timeout=self._timeout)
-            except (ConnectionLoss, OperationTimeoutError, SessionExpiredError):
-                results = self._wait(lambda ops=ops: self._start_multi(ops, epoch))
-            except KazooTimeoutError:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect} did not answer within "
-                                       f"{int(self._timeout * 1000)} ms") from None
-            except ConnectionClosedError:
-                raise StoreUnavailable(f"ZooKeeper at {self.connect}: the store is closed") from None
-            try:
-                out[key] = self._outcome(results, epoch)
-            except KazooException as error:
-                out[key] = error
-        return out
-
-    @staticmethod
-    def _outcome(results: list, epoch: ControllerEpoch | None) -> list:
-        """A multi's results without the epoch check; raises ControllerMoved or the failing
-        operation's error."""
-        if epoch is not None:
-            if isinstance(results[0], (BadVersionError, NoNodeError)):
-                raise ControllerMoved(f"controller epoch {epoch.epoch} (znode version {epoch.version}) is stale")
-            results = results[1:]
-        # The failing operation carries the real error; the others report a rollback.
-        failures = [r for r in results if isinstance(r, KazooException)
-                    and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
-        if failures:
-            raise failures[0]
-        return results
-
-    def _update_json(self, path: str, change: Callable[[dict | None], dict | None]) -> None:
-        """Read-modify-write with a conditional update, retried on conflicts."""
-        while True:
-            current = self._get(path)
-            new = change(json.loads(current[0]) if current and current[0] else None)
-            try:
-                if current is None:
-                    if new is not None:
-                        self._call("create", path, to_json(new), makepath=True)
-                elif new is None:
-                    self._call("delete", path, version=current[1].version)
-                else:
-                    self._call("set", path, to_json(new), version=current[1].version)
-                return
-            except (BadVersionError, NodeExistsError, NoNodeError):
-                continue
-
-    def _state_changed(self, state: str) -> None:
-        # Runs on kazoo's connection thread, which must not block: callbacks get a thread.
-        # kazoo reports LOST for its own close too; that is no session loss to react to.
-        if state == KazooState.LOST and not self._closing:
-            for callback in list(self._session_lost):
-                threading.Thread(target=callback, name="zk-session-lost", daemon=True).start()
+        super().__init__(connect, session_timeout_ms=session_timeout_ms,
+                         connection_timeout_ms=connection_timeout_ms, persistent_paths=PERSISTENT_PATHS)
 
     # -- cluster ---------------------------------------------------------------------------
     def cluster_id(self, proposed: str) -> str:
@@ -569,7 +398,7 @@ class ZkClusterStore:
             except (BadVersionError, NodeExistsError):
                 continue  # another broker claimed a block meanwhile: claim the one after it
 
-    # -- watches and lifecycle -------------------------------------------------------------
+    # -- watches ---------------------------------------------------------------------------
     def watch(self, target: WatchTarget, callback: Callable[[], None]) -> None:
         children = {"brokers": BROKER_IDS, "topic_deletions": DELETE_TOPICS, "isr_changes": ISR_CHANGES,
                     "config_changes": CONFIG_CHANGES}
@@ -613,20 +442,6 @@ class ZkClusterStore:
                 return None
             return changed
         return on_children
-
-    def on_session_lost(self, callback: Callable[[], None]) -> None:
-        self._session_lost.append(callback)
-
-    @property
-    def connected(self) -> bool:
-        return self._zk.connected
-
-    def close(self) -> None:
-        self._closing = True
-        try:
-            self._zk.stop()
-        finally:
-            self._zk.close()
 
 
 def _with_version(state: LeaderAndIsr, version: int) -> LeaderAndIsr:
