@@ -224,17 +224,25 @@ def _fast_walk(data, expected: int) -> bool:
 
 
 def _varints(buf, p):
-    """The zigzag varints of one or two bytes at `p` and where they end; None if any is longer."""
+    """The zigzag varints of one to three bytes at `p` and where they end; None if any is longer.
+
+    Three bytes cover every offset delta a batch within max.message.bytes can have: librdkafka
+    sends batches of up to 10,000 records, whose offset deltas from 8,192 on take three bytes.
+    """
     import numpy as np
 
     b = buf.take(p, mode="clip").astype(np.int64)
     more = b >= 0x80
-    if more.any():
-        c = buf.take(p + 1, mode="clip").astype(np.int64)
-        if (c[more] >= 0x80).any():
-            return None, None
-        b = np.where(more, (b & 0x7F) | (c << 7), b)
-        p = p + 1 + more
+    b &= 0x7F
+    end = p + 1
+    for shift in (7, 14):
+        if not more.any():
+            break
+        c = buf.take(end, mode="clip").astype(np.int64)
+        b |= np.where(more, (c & 0x7F) << shift, 0)
+        end = end + more
+        more &= c >= 0x80
     else:
-        p = p + 1
-    return (b >> 1) ^ -(b & 1), p
+        if more.any():
+            return None, None
+    return (b >> 1) ^ -(b & 1), end
