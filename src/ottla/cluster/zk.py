@@ -17,7 +17,6 @@ The session, its requests and multis are `zk_session.py`'s; this module is Kafka
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from typing import Callable, Mapping
 
@@ -35,7 +34,6 @@ from .zk_data import (BROKER_IDS, CLUSTER_ID, CONFIG_CHANGE_PREFIX, CONFIG_CHANG
                       partition_list, state_path, to_json, topic_path)
 from .zk_session import ZkSession
 
-log = logging.getLogger(__name__)
 
 # Operations per multi: ZooKeeper refuses a request over jute.maxbuffer (1 MB), and Kafka
 # itself fences each partition's write separately, so large topics take several multis.
