@@ -69,9 +69,9 @@ def _unread_bytes(sock: socket.socket) -> int:
     return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
-def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw_connection):
+def _broker_with_a_full_log(ottla_broker_factory, raw_connection):
+    """A broker whose one-partition topic holds BATCHES batches."""
     broker = ottla_broker_factory()
-    host, _, port = broker.bootstrap.rpartition(":")
     from confluent_kafka.admin import AdminClient, NewTopic
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
@@ -81,6 +81,12 @@ def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw
                                 topic_data=(TopicProduceData(name=TOPIC, partition_data=(
                                     PartitionProduceData(index=0, records=_batch(i)),)),)))
         assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
+    return broker
+
+
+def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw_connection):
+    broker = _broker_with_a_full_log(ottla_broker_factory, raw_connection)
+    host, _, port = broker.bootstrap.rpartition(":")
     log_bytes = BATCHES * len(_batch(0))
     before = _rss(broker.pid, "VmRSS")
 
@@ -140,17 +146,8 @@ def test_an_unread_response_pins_at_most_the_socket_send_buffer_in_the_kernel(ot
     autotuning the send buffer of a consumer that does not read grew to 4 MiB, and the event
     loop copied that much into the kernel for each such consumer before pausing (200 of them
     held every other client for 6 s, docs/performance.md)."""
-    broker = ottla_broker_factory()
+    broker = _broker_with_a_full_log(ottla_broker_factory, raw_connection)
     host, _, port = broker.bootstrap.rpartition(":")
-    from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
-    producer = raw_connection(broker.bootstrap, timeout=60)
-    for i in range(BATCHES):
-        _, response = roundtrip(producer, ProduceRequest(transactional_id=None, acks=-1, timeout=timedelta(seconds=30),
-                                topic_data=(TopicProduceData(name=TOPIC, partition_data=(
-                                    PartitionProduceData(index=0, records=_batch(i)),)),)))
-        assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
     stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stuck.connect((host, int(port)))
