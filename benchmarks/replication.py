@@ -89,11 +89,17 @@ def latency(bootstrap: str, topic: str, samples: int) -> tuple[float, float]:
     return statistics.median(seen), seen[int(len(seen) * 0.99) - 1]
 
 
+def failover_producer(bootstrap: str) -> Producer:
+    """An idempotent acks=all producer that sends one record at a time and re-asks for leaders
+    often, so the gaps between its acknowledgements show the broker's unavailability."""
+    return Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                     "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
+                     "topic.metadata.refresh.interval.ms": 500})
+
+
 def failover(handle, topic: str) -> float:
     acked: list[tuple[float, float]] = []  # (sent, acknowledged)
-    producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
-                         "topic.metadata.refresh.interval.ms": 500})
+    producer = failover_producer(handle.bootstrap)
     stop = threading.Event()
 
     def run():
@@ -126,9 +132,7 @@ def controlled_shutdown(handle, topic: str, rounds: int) -> list[tuple[float, fl
     longest gap in the 2 s before the SIGTERM (the producer's own pace), and how long the
     broker took to stop."""
     acked: list[float] = []
-    producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 0, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
-                         "topic.metadata.refresh.interval.ms": 500})
+    producer = failover_producer(handle.bootstrap)
     stop = threading.Event()
 
     def run():
