@@ -17,8 +17,11 @@ a supervisor would.
 Found here too: a follower that had led an epoch without writing in it kept that epoch
 after truncating and fetched with it forever (Log.truncate_to, KAFKA-7415); a broker
 restarted right after kill -9 answered Metadata naming itself alone before it had
-registered (test_cluster_membership.py). Client bugs met here, and what the copiers do
-about them: docs/compatibility.md.
+registered (test_cluster_membership.py); a restarted broker that kept leading its
+`__transaction_state` partition completed a prepared commit without the output
+partition's marker, its metadata not knowing the topic yet (the controller sent
+LeaderAndIsr before UpdateMetadata, test_controller.py): 20 records lost. Client bugs met
+here, and what the copiers do about them: docs/compatibility.md.
 """
 
 from __future__ import annotations
