@@ -92,7 +92,10 @@ def test_torn_last_batch_is_cut_on_restart(ottla_broker_factory):
     size = segment.stat().st_size
     with open(segment, "r+b") as handle:
         handle.truncate(size - 5)  # a torn write of the last batch
+    indexes = [segment.with_suffix(".index"), segment.with_suffix(".timeindex")]
+    assert [p.stat().st_size for p in indexes] == [10485760, 10485760 // 12 * 12]  # preallocated, untrimmed
     broker.start()
+    assert [p.stat().st_size for p in indexes] == [0, 0]  # recovery trims them (no entry: 9 small batches)
     records = _read_partition(broker.bootstrap, 0)
     assert [value for _, value in records] == [f"r{i}".encode() for i in range(9)]
     producer = Producer({"bootstrap.servers": broker.bootstrap})

@@ -162,6 +162,36 @@ def test_preallocated_active_index_left_by_a_crash_is_rebuilt(written, tmp_path)
     assert 0 < recovered.segments[-1].offset_index.entries < 20
 
 
+def test_recovery_trims_the_preallocated_indexes_it_rebuilds(written, tmp_path):
+    """Not only at the next close: a recovered broker may run for days before its active
+    segment rolls, and a 1,000-partition broker would keep 2,000 files of 10 MB each."""
+    directory = crashed_copy(written, tmp_path)
+    assert segment_files(directory, ".index")[-1].stat().st_size == 10485760
+    assert segment_files(directory, ".timeindex")[-1].stat().st_size == 10485760 // 12 * 12
+    recovered = Log(directory, CFG, recovery_point=0)
+    active = recovered.segments[-1]
+    assert 0 < active.offset_index.entries < 20
+    assert segment_files(directory, ".index")[-1].stat().st_size == active.offset_index.entries * 8
+    assert segment_files(directory, ".timeindex")[-1].stat().st_size == active.time_index.entries * 12
+    expected = contents(written)
+    assert contents(recovered) == expected  # reads go through the trimmed index
+    recovered.append(batch(60), now_ms=0)  # the next append preallocates again
+    assert contents(recovered)[: len(expected)] == expected
+
+
+def test_recovery_of_an_empty_active_segment_leaves_empty_indexes(tmp_path):
+    log = Log(tmp_path / "e-0", CFG)
+    log.append(batch(0), now_ms=0)
+    log.roll(now_ms=0)
+    log.active_segment.indexes_full()  # maps them at full size, as a running broker does
+    directory = crashed_copy(log, tmp_path)
+    assert segment_files(directory, ".index")[-1].stat().st_size == 10485760
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 2
+    assert [p.stat().st_size for p in segment_files(directory, ".index")[-1:]] == [0]
+    assert [p.stat().st_size for p in segment_files(directory, ".timeindex")[-1:]] == [0]
+
+
 def test_recovery_logs_one_info_line_only_when_it_did_work(written, tmp_path, caplog):
     directory = crashed_copy(written, tmp_path)
     with caplog.at_level(logging.INFO, logger="ottla.log"):

@@ -91,6 +91,20 @@ class _Index:
         self._active = False
         return deferred
 
+    def trim(self) -> None:
+        """Cut an active index back to its entries, without fsync: recovery rebuilt it, and a
+        crash before the next checkpoint rebuilds it again. The next append maps it at full
+        size again; until then the file holds no preallocated tail (Kafka's trimToValidSize)."""
+        if self._fd < 0 or not self._active:
+            return
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        os.ftruncate(self._fd, self.entries * self.entry.size)
+        self._active = False
+        if self.entries:
+            self._mm = mmap.mmap(self._fd, self.entries * self.entry.size)
+
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""
         self.entries = 0

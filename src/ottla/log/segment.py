@@ -399,7 +399,8 @@ class LogSegment:
 
     def recover(self, on_batch: Callable[[BatchHeader, bytes, int], None] | None = None) -> tuple[int, int]:
         """Validate every batch (length, magic, CRC, ascending offsets), rebuild the offset and
-        time indexes, and cut the file at the first bad batch. Returns (next offset, bytes cut).
+        time indexes (trimmed to their entries), and cut the file at the first bad batch.
+        Returns (next offset, bytes cut).
 
         `on_batch(header, chunk, position_in_chunk)` sees each intact batch in order (the
         header carries its file position), so the log can rebuild producer state alongside.
@@ -451,6 +452,8 @@ class LogSegment:
         truncated = file_size - position
         if truncated:
             os.ftruncate(fd, position)
+        self.offset_index.trim()  # else a crash's 10 MB preallocation stays until the segment rolls
+        self.time_index.trim()
         self._size = position
         self.writeback_started_to = min(self.writeback_started_to, position)
         return next_offset, truncated
