@@ -14,8 +14,11 @@ the same for an empty data directory ("baseline"); the difference is loading
 serving, so "offsets" is the time from launching until OffsetFetch for the group answers
 with every committed offset (no COORDINATOR_LOAD_IN_PROGRESS): what a consumer waits for.
 "serving s" is the broker's own figure, from the kernel's start of its process (interpreter
-start and imports included) to its "serving on" line. A kill -9 restart (the active segment is
-rescanned) is timed as well. With --restarts N the clean restart is timed N times and each
+start and imports included) to its "serving on" line. A kill -9 restart is timed as well: the
+broker is killed after the clean restarts and its recovery point for `__consumer_offsets-0` is
+put back to the active segment's base offset, where a kill -9 during the storm leaves it (the
+commits fdatasync the .log but do not move the recovery point), so the active segment is
+rescanned as it would be. With --restarts N the clean restart is timed N times and each
 figure is the median (min-max).
 With --no-cleaner the storm runs with log.cleaner.enable=false, for comparison. With
 --data-dir DIR the stormed data directory is DIR and is kept; if DIR already holds a storm,
@@ -180,6 +183,14 @@ def checkpoint(data_dir: Path) -> int:
     return -1
 
 
+def rewind_recovery_point(data_dir: Path, offset: int) -> None:
+    """Set `__consumer_offsets-0`'s entry of recovery-point-offset-checkpoint to `offset`."""
+    path = data_dir / "recovery-point-offset-checkpoint"
+    lines = path.read_text().splitlines()
+    lines = [f"__consumer_offsets 0 {offset}" if line.startswith("__consumer_offsets 0 ") else line for line in lines]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def partition_stats(directory: Path) -> tuple[int, int, int, int]:
     """(bytes, records, segments, records in the active segment) of a partition directory."""
     logs = sorted(directory.glob("*.log"), key=lambda p: int(p.name[:-4]))
@@ -239,6 +250,7 @@ def main() -> None:
             progress(f"restart {i + 1}: {starts[-1]}")
         os.kill(broker.proc.pid, signal.SIGKILL)
         broker.proc.wait()
+        rewind_recovery_point(broker.data_dir, max(int(p.name[:-4]) for p in directory.glob("*.log")))
         crash = timed_start(broker, args.connections)
         broker.stop()
         if args.data_dir is not None:
