@@ -223,6 +223,33 @@ def test_producer_state_survives_a_crash(tmp_path):
     assert recovered.append(batch(40, producer_id=5, producer_epoch=0, base_sequence=80), now_ms=0).base_offset == 85
 
 
+def test_batches_without_a_producer_id_between_producers_recover_alike(tmp_path):
+    """Recovery hands producer state only the batches that carry a producer id: plain batches
+    in between (most of an internal topic) change nothing it knows but its end offset."""
+    log = Log(tmp_path / "m-0", CFG)
+    for i in range(30):
+        log.append(batch(i), now_ms=0)  # no producer id
+        log.append(batch(100 + i, producer_id=5, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+        if i % 10 == 9:
+            log.append(batch(200 + i, producer_id=9, producer_epoch=0, base_sequence=2 * (i // 10),
+                             is_transactional=True), now_ms=0)
+            log.append(build_control_batch(9, 0, 0, i != 19, 0), now_ms=0, origin="coordinator")
+    log.append(batch(300, producer_id=9, producer_epoch=0, base_sequence=6, is_transactional=True), now_ms=0)
+    log.append(batch(301), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)
+    aborted = [t for segment in log.segments for t in segment.txn_index.entries]
+    assert len(aborted) == 1
+    directory = crashed_copy(log, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == log.log_end_offset
+    assert recovered.last_stable_offset == log.last_stable_offset < log.log_end_offset  # 9's last txn open
+    assert [t for segment in recovered.segments for t in segment.txn_index.entries] == aborted
+    assert recovered.producer_state.map_end_offset == log.log_end_offset
+    retry = recovered.append(batch(129, producer_id=5, producer_epoch=0, base_sequence=58), now_ms=0)
+    assert retry.duplicate
+    assert contents(recovered) == contents(log)
+
+
 def test_transaction_index_is_rebuilt_by_recovery(tmp_path):
     log = Log(tmp_path / "x-0", CFG)
     for i in range(30):  # transaction i: offsets 3i, 3i+1, marker 3i+2; every third one commits
