@@ -179,6 +179,21 @@ def test_recovery_trims_the_preallocated_indexes_it_rebuilds(written, tmp_path):
     assert contents(recovered)[: len(expected)] == expected
 
 
+def test_indexes_trimmed_by_recovery_are_fsynced_at_close(written, tmp_path, monkeypatch):
+    """A clean shutdown must make the rebuilt entries durable, as it does an active index's:
+    the next start trusts them without a rescan."""
+    from ottla.log import index
+
+    directory = crashed_copy(written, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    synced = []
+    real = index.fsync
+    monkeypatch.setattr(index, "fsync", lambda fd, path: (synced.append(path), real(fd, path)))
+    recovered.close()
+    active = recovered.segments[-1]
+    assert {active.offset_index.path, active.time_index.path} <= set(synced)
+
+
 def test_recovery_of_an_empty_active_segment_leaves_empty_indexes(tmp_path):
     log = Log(tmp_path / "e-0", CFG)
     log.append(batch(0), now_ms=0)
