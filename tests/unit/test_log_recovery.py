@@ -89,6 +89,20 @@ def test_garbage_after_the_last_batch(written, tmp_path, tail):
     assert recovered.append(batch(0), now_ms=0).base_offset == 120
 
 
+@pytest.mark.parametrize("chunk", [100, 300], ids=["every-batch-bigger-than-a-chunk", "batches-straddle-chunks"])
+def test_recovery_reads_batches_across_and_beyond_its_chunks(written, tmp_path, monkeypatch, chunk):
+    from ottla.log import segment
+
+    monkeypatch.setattr(segment, "_RECOVERY_CHUNK", chunk)  # 4 MiB otherwise: batches of ~200 bytes here
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    last = segment_files(directory, ".log")[-1]
+    os.truncate(last, last.stat().st_size - 7)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 118
+    assert contents(recovered) == expected[:118]
+
+
 def test_corrupt_crc_in_an_older_segment_cuts_the_log_there(written, tmp_path):
     expected = contents(written)
     directory = crashed_copy(written, tmp_path)

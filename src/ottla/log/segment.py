@@ -459,7 +459,6 @@ class LogSegment:
                     on_producer_batch(read_header(chunk, offset)._replace(position=position + offset), chunk, offset)
                 next_offset = base_offset + last_delta + 1
                 offset += size
-            view.release()
             position += offset
             if offset == 0:
                 break
