@@ -9,14 +9,12 @@ from ..replication.epochs import check_current_leader_epoch
 
 
 def leader_partition_at(broker, topic: str, partition: int, current_leader_epoch: int):
-    """The leader's `Partition`. Raises UNKNOWN_TOPIC_OR_PARTITION when it is not here,
-    FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH when the request names an older / newer leader
+    """The leader's `Partition`. Raises UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER
+    when it is not here (`ReplicaManager.hosted_partition`), FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH when the request names an older / newer leader
     epoch than this broker's (-1: no check), then NOT_LEADER_OR_FOLLOWER when this broker does
     not lead it: the epoch comes first, so a client with newer metadata waits instead of
     looking for another leader."""
-    found = broker.replicas.get_partition(topic, partition)
-    if found is None:
-        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown partition {topic}-{partition}")
+    found = broker.replicas.hosted_partition(topic, partition)
     error = check_current_leader_epoch(current_leader_epoch, found.leader_epoch)
     if error is not ErrorCode.none:
         raise KafkaError(error, f"request names leader epoch {current_leader_epoch} of {topic}-{partition}, "
