@@ -64,9 +64,10 @@ def _precheck(broker, internal_topics, unverified: dict, ids: dict):
     def check(topic: str, index: int, records):
         if topic in internal_topics:
             return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
-        local = broker.logs.topics.get(topic)
-        if topic in ids and local is not None and local.topic_id != ids[topic]:
-            return ErrorCode.unknown_topic_id, f"topic id {ids[topic]} of {topic} is not the local log's {local.topic_id}"
+        if topic in ids:
+            local = broker.logs.topics.get(topic)
+            if local is not None and local.topic_id != ids[topic]:
+                return ErrorCode.unknown_topic_id, f"topic id {ids[topic]} of {topic} is not the local log's"
         if not records:
             return ErrorCode.invalid_record, "empty record set"
         return unverified.get((topic, index))
