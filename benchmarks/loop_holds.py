@@ -102,7 +102,7 @@ def _broker_cpu_s(pid: int) -> float:
 
 def _storm(count: int) -> list[tuple[str, str]]:
     """Open `count` connections at once and report the broker's worst event-loop lag."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the broker inherits it too
     with broker(log_level="info") as handle:
         address = (handle.host, handle.port)
