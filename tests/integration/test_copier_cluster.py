@@ -13,6 +13,11 @@ read_committed is the input exactly once, and the reader never saw a record of a
 transaction. A copier that ends (fenced, or its watchdog after a kafka-python hang, see
 kp_copier.py) is started again, as a supervisor would.
 
+On the same cluster, the copier again over topics with replication factor 1, one
+partition per broker: kill -9 of a broker leaves its partitions without a leader
+(LEADER_NOT_AVAILABLE) while the copier goes on with the others; once it is back, nothing
+acknowledged is lost and nothing is there twice.
+
 Found here too: a follower that had led an epoch without writing in it kept that epoch
 after truncating and fetched with it forever (Log.truncate_to, KAFKA-7415). The librdkafka
 copier (copier.py) is not run here: see docs/compatibility.md for what it did.
@@ -34,7 +39,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaError as KafkaPythonError
+from kafka.errors import for_code
+from kio.schema.errors import ErrorCode as KafkaErrorCode
 
+from ottla.admin_client import AdminProtocolClient, ProtocolClientError
 from ottla.coordinator.partitioning import partition_for
 from ottla.testing import cluster
 from tests.transactional_reads import read_all, wait_until_stable
@@ -116,11 +124,29 @@ class Reader(threading.Thread):
         self.consumer.close()
 
 
-def start_copier(bootstrap: str, log_path: Path) -> subprocess.Popen:
+def start_copier(bootstrap: str, log_path: Path, topics: tuple[str, str] = ("eos-in", "eos-out"),
+                 group: str = GROUP, transactional_id: str = TXN_ID) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, str(COPIER), bootstrap, "eos-in", "eos-out", "--group", GROUP,
-                                 "--transactional-id", TXN_ID, "--commit-every", "20", "--abort-every", "7",
+        return subprocess.Popen([sys.executable, str(COPIER), bootstrap, *topics, "--group", group,
+                                 "--transactional-id", transactional_id, "--commit-every", "20", "--abort-every", "7",
                                  "--pause-ms", "20"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """Partition -> the group's committed offset (absent: none yet), {} while the coordinator
+    cannot answer. (kafka-python's admin: librdkafka 2.16's list_consumer_group_offsets crashed
+    the test process in rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op while the coordinator moved.)"""
+    try:
+        client = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=10000)
+    except KafkaPythonError:
+        return {}
+    try:
+        offsets = client.list_group_offsets({group: [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]})
+    except KafkaPythonError:
+        return {}
+    finally:
+        client.close()
+    return {tp.partition: meta.offset for tp, meta in offsets[group].items() if meta.offset >= 0}
 
 
 def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_controller(three, tmp_path):
@@ -150,20 +176,8 @@ def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_cont
     starts = 1
 
     def committed() -> int:
-        """Input records whose copies are committed, as the group's committed offsets say.
-        (kafka-python's admin: librdkafka 2.16's list_consumer_group_offsets crashed the test
-        process in rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op while the coordinator moved.)"""
-        try:
-            client = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), request_timeout_ms=10000)
-        except KafkaPythonError:
-            return -1
-        try:
-            offsets = client.list_group_offsets({GROUP: [KafkaTopicPartition("eos-in", p) for p in range(PARTITIONS)]})
-        except KafkaPythonError:
-            return -1
-        finally:
-            client.close()
-        return sum(meta.offset for meta in offsets[GROUP].values() if meta.offset >= 0)
+        """Input records whose copies are committed, as the group's committed offsets say."""
+        return sum(group_offsets(bootstrap, GROUP, "eos-in").values())
 
     def progressed_to(target: int) -> bool:
         nonlocal copier, starts
@@ -232,3 +246,104 @@ def _victim(bootstrap: str, role: str) -> int:
     }[role]
     return wait_for(lambda: max(leaders(bootstrap, topic).get(partition, (-1, 0))[0], 0), timeout=LIMIT_S,
                     what=f"a leader of {topic}-{partition}")
+
+
+def _metadata_errors(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Partition -> (leader, error code) as a live broker's Metadata answers."""
+    try:
+        with AdminProtocolClient(bootstrap, timeout=10) as client:
+            [info] = [t for t in client.metadata_response([topic]).topics if t.name == topic]
+    except (ProtocolClientError, ValueError):
+        return {}
+    return {int(p.partition_index): (int(p.leader_id), int(p.error_code)) for p in info.partitions}
+
+
+def test_copier_with_replication_factor_1_waits_out_a_killed_broker(three, tmp_path):
+    """Replication factor 1: each partition has one copy. While the broker holding some is
+    killed, Metadata answers them LEADER_NOT_AVAILABLE (retriable) with no leader, and the
+    copier goes on copying the other partitions; once the broker is back, its partitions are
+    copied too, and the output is the input exactly once: nothing acknowledged was lost,
+    nothing read twice, no aborted record read."""
+    bootstrap = three.bootstrap
+    topics, group, txn_id = ("rf1-in", "rf1-out"), "rf1-group", "rf1-copier"
+    brokers = sorted(three.brokers)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # Partition p of both topics on the same broker: the one killed takes an input partition
+    # and the output partition its records go to, and leaves whole pairs to copy.
+    for topic in topics:
+        admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS,
+                                      replica_assignment=[[b] for b in brokers])])[topic].result(60)
+    for topic in topics:
+        wait_for(lambda: len(led := leaders(bootstrap, topic)) == PARTITIONS and all(l >= 0 for l, _ in led.values()),
+                 timeout=LIMIT_S, what=f"{topic} led")
+    source = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    produced: dict[int, int] = dict.fromkeys(range(PARTITIONS), 0)
+    values: list[int] = []
+
+    def add_input(partitions) -> None:
+        for p in partitions:
+            for _ in range(CHUNK // PARTITIONS):
+                source.produce(topics[0], value=b"%d" % len(values), partition=p)
+                values.append(len(values))
+                produced[p] += 1
+        assert source.flush(LIMIT_S) == 0   # acknowledged
+
+    log_path = tmp_path / "copier.log"
+    copier = start_copier(bootstrap, log_path, topics, group, txn_id)
+    starts = 1
+    reader = Reader(bootstrap, topics[1])
+    reader.start()
+
+    def copied(partitions) -> bool:
+        nonlocal copier, starts
+        if copier.poll() is not None:
+            starts += 1
+            assert starts <= 10, f"the copier keeps failing:\n{log_path.read_text()[-3000:]}"
+            copier = start_copier(bootstrap, log_path, topics, group, txn_id)
+        offsets = group_offsets(bootstrap, group, topics[0])
+        return all(offsets.get(p, 0) >= produced[p] for p in partitions)
+
+    try:
+        add_input(range(PARTITIONS))
+        wait_for(lambda: copied(range(PARTITIONS)), timeout=LIMIT_S, what="the first chunk copied", interval=0.5)
+        controller_id = wait_for(lambda: controller(bootstrap), timeout=LIMIT_S, what="a controller")
+        victim = next(b for b in brokers if b != controller_id)   # controller failover is the RF=3 test's
+        down = brokers.index(victim)
+        live = [p for p in range(PARTITIONS) if p != down]
+        three.brokers[victim].kill()
+        survivor = three.brokers[controller_id].bootstrap
+        for topic in topics:
+            found = wait_for(lambda: (lambda m: m if m.get(down, (0, 0))[0] == -1 else None)(
+                _metadata_errors(survivor, topic)), timeout=LIMIT_S, what=f"{topic}-{down} without a leader")
+            assert found[down][1] == KafkaErrorCode.leader_not_available and for_code(found[down][1]).retriable
+            assert all(found[p] == (brokers[p], 0) for p in live), found
+        add_input(live)
+        wait_for(lambda: copied(live), timeout=LIMIT_S, what="the live partitions copied with a broker down",
+                 interval=0.5)
+        three.brokers[victim].start()
+        add_input(range(PARTITIONS))
+        wait_for(lambda: copied(range(PARTITIONS)), timeout=LIMIT_S, what="the copy complete", interval=0.5)
+    except AssertionError as exc:
+        reader.done.set()
+        raise AssertionError(f"{exc}\ncopier log:\n{log_path.read_text()[-8000:]}") from None
+    finally:
+        copier.send_signal(signal.SIGKILL)
+        copier.wait()
+    inputs = [TopicPartition(topics[0], p) for p in range(PARTITIONS)]
+    outputs = [TopicPartition(topics[1], p) for p in range(PARTITIONS)]
+    expected = Counter(b"copied:%d" % i for i in values)
+    try:
+        wait_until_stable(bootstrap, outputs)
+        assert Counter(v for _, _, _, v in read_all(bootstrap, inputs, "read_uncommitted")) == Counter(
+            b"%d" % i for i in values)   # every acknowledged input record, once
+        output = Counter(value for _, _, _, value in read_all(bootstrap, outputs, "read_committed"))
+        assert output == expected, f"missing {sorted(expected - output)[:10]}, extra {sorted((output - expected).items())[:10]}"
+        wait_for(lambda: len(reader.values) >= len(values), timeout=LIMIT_S, what="the reader at the end")
+    finally:
+        reader.done.set()
+        reader.join()
+    assert Counter(reader.values) == expected   # never an aborted record, nor one twice
+    aborted = [v for _, _, _, v in read_all(bootstrap, outputs, "read_uncommitted") if v.startswith(b"aborted:")]
+    assert aborted, "the copier aborted no transaction on purpose: the reader had nothing to not see"
+    print(f"{len(values)} records, {starts} copier starts, {len(aborted)} aborted records in the log")
+

@@ -139,7 +139,7 @@ class Broker:
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
-        self.replicas = ReplicaManager(self.node_id, self.logs)
+        self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
         self._publish_local_metadata()
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)
@@ -175,7 +175,8 @@ class Broker:
             listening = await bind(self.host, self.port)
             size_socket_buffers(listening, self.config)
             self._server = Acceptor(listening, lambda: Connection(self))
-            self._server.start()
+            if self.membership is None:
+                self._server.start()
         except OSError:
             await self.stop()  # a broker that never served still shuts down cleanly
             raise
@@ -188,11 +189,17 @@ class Broker:
             cluster = ClusterNode(self)
             cluster.attach()
             try:
+                # Bound but not listening until registered (Kafka processes requests only
+                # after registering): a broker restarted after kill -9 waits up to a session
+                # timeout for its old registration, and answered meanwhile with no controller
+                # and itself alone; the old incarnation's requests are refused, not applied.
                 await self.membership.start(*self.advertised)
+                await cluster.learn_cluster()
             except StoreError:
                 await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            self._server.start()
             self.cluster = cluster
             await self.cluster.start()
             # Once registered, the controller's requests may arrive at any await: logs created
