@@ -2,8 +2,8 @@
 
 asyncio's own server accepts, in one callback, as many connections as its listen backlog
 (1,024 here), and sets every one of them up in the same next loop iterations: 5,000
-connections opened at once held the event loop for a hundred ms of CPU and more
-(docs/performance.md, "Accept storms"). Here each listening
+connections opened at once held the event loop for up to 84 ms of CPU between two
+wake-ups of the lag probe (docs/performance.md, "Accept storms"). Here each listening
 socket has a task that accepts at most `ACCEPT_SLICE` connections, hands each to asyncio's
 `connect_accepted_socket` and yields before the next slice, so every loop iteration sets
 up a bounded number of them. The kernel's backlog is unchanged: what waits is queued there.
