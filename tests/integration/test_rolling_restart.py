@@ -26,9 +26,12 @@ INTERNAL = 3
 CONFIG = {"min.insync.replicas": 2, "group.initial.rebalance.delay.ms": 0,
           "offsets.topic.num.partitions": INTERNAL, "transaction.state.log.num.partitions": INTERNAL}
 LIMIT_S = 180  # guards against hangs only
-# librdkafka's own transport events: a broker's connection closed as it stopped. They are
-# informational (not `retriable()`, not fatal): the client reconnects or uses another broker.
-TRANSPORT = {KafkaError._TRANSPORT}
+# librdkafka's own transport events: a broker's connection closed as it stopped, and an
+# auto-commit that found no coordinator while the group's coordinator moved (its request went
+# down with the old coordinator's connection). They are informational (not `retriable()`, not
+# fatal): the client reconnects or uses another broker, and the next auto-commit carries the
+# same offsets (Kafka's Java client calls the latter a RetriableCommitFailedException).
+TRANSPORT = {KafkaError._TRANSPORT, KafkaError._WAIT_COORD}
 
 
 def acceptable(error: KafkaError) -> bool:

@@ -136,7 +136,7 @@ class Broker:
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
-        self.replicas = ReplicaManager(self.node_id, self.logs)
+        self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
         self._publish_local_metadata()
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Protocol
 from ..errors import ErrorCode, KafkaError
 from ..log.log import AppendResult
 from ..log.manager import LogManager
-from .metadata_cache import PartitionState
+from .metadata_cache import MetadataCache, PartitionState
 from .partition import Partition
 
 __all__ = ["ReplicaManager", "ProduceResult", "LeadershipListener"]
@@ -66,9 +66,12 @@ class ProduceResult:
 
 
 class ReplicaManager:
-    def __init__(self, node_id: int, logs: LogManager):
+    def __init__(self, node_id: int, logs: LogManager, metadata: MetadataCache | None = None):
         self.node_id = node_id
         self.logs = logs
+        # What the cluster knows of each partition: a partition it has and this broker does not
+        # host is NOT_LEADER_OR_FOLLOWER, not UNKNOWN_TOPIC_OR_PARTITION (`hosted_partition`).
+        self.metadata = metadata
         self.lag_time_max_ms = logs.broker_config["replica.lag.time.max.ms"]
         self.fetchers: Fetchers | None = None
         self.isr_updates: IsrUpdates | None = None
@@ -83,12 +86,23 @@ class ReplicaManager:
     def get_partition(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))
 
+    def hosted_partition(self, topic: str, partition: int) -> Partition:
+        """The partition if this broker hosts a replica of it. Else, as Kafka's
+        getPartitionOrError: NOT_LEADER_OR_FOLLOWER when the metadata knows the partition (the
+        client's metadata is stale, e.g. after a reassignment: it must refresh and go to the
+        leader), UNKNOWN_TOPIC_OR_PARTITION when it does not."""
+        found = self.partitions.get((topic, partition))
+        if found is not None:
+            return found
+        if self.metadata is not None and self.metadata.partition(topic, partition) is not None:
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"broker {self.node_id} hosts no replica of {topic}-{partition}")
+        raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown partition {topic}-{partition}")
+
     def leader_partition(self, topic: str, partition: int) -> Partition:
         """The partition if this broker leads it; else UNKNOWN_TOPIC_OR_PARTITION or
-        NOT_LEADER_OR_FOLLOWER."""
-        found = self.partitions.get((topic, partition))
-        if found is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition)
+        NOT_LEADER_OR_FOLLOWER (`hosted_partition`, then the partition's role)."""
+        found = self.hosted_partition(topic, partition)
         found.check_leader()
         return found
 
