@@ -316,19 +316,22 @@ class LogManager:
         for partition in info.hosted:
             self.logs.pop((name, partition)).delete()
 
-    def delete_partition(self, name: str, partition: int) -> None:
-        """Stop holding one partition (a replica moved away): the topic file records it absent
-        (the commit point), then its data goes. The last one held takes the topic with it."""
+    def delete_partitions(self, name: str, partitions: set[int]) -> None:
+        """Stop holding partitions (replicas moved away): the topic file records them absent
+        (the commit point, one write for all), then their data goes. The last ones held take
+        the topic with them."""
         info = self.topics.get(name)
-        if info is None or partition not in info.hosted:
+        gone = sorted(p for p in partitions if info is not None and p in info.hosted)
+        if not gone:
             return
-        if info.hosted == [partition]:
+        if len(gone) == len(info.hosted):
             self.delete_topic(name)
             return
-        updated = info._replace(absent=info.absent | {partition})
+        updated = info._replace(absent=info.absent | set(gone))
         self._write_topic(updated)
         self.topics[name] = updated
-        self.logs.pop((name, partition)).delete()
+        for partition in gone:
+            self.logs.pop((name, partition)).delete()
 
     def host_partitions(self, name: str, partitions: set[int]) -> None:
         """Hold `partitions` of a known topic again (a replica moved back here), empty."""

@@ -133,16 +133,16 @@ class ControllerLink:
             cached = metadata.topic(info.name)
             if cached is None or cached.topic_id != info.topic_id:
                 continue
-            for partition in info.hosted:
-                state = cached.partitions.get(partition)
-                if state is not None and node_id not in state.replicas:
-                    log.info("deleting %s-%d: its replicas are now %s (moved while broker %d was away)",
-                             info.name, partition, list(state.replicas), node_id)
-                    self._delete_partition(info.name, partition)
+            strays = {p for p in info.hosted if (state := cached.partitions.get(p)) is not None
+                      and node_id not in state.replicas}
+            if strays:
+                log.info("deleting partitions %s of %s: other brokers hold them now (moved while broker %d "
+                         "was away)", sorted(strays), info.name, node_id)
+                self._delete_partitions(info.name, strays)
 
-    def _delete_partition(self, topic: str, partition: int) -> None:
-        self.broker.replicas.remove_partitions([(topic, partition)])
-        self.broker.logs.delete_partition(topic, partition)
+    def _delete_partitions(self, topic: str, partitions: set[int]) -> None:
+        self.broker.replicas.remove_partitions([(topic, p) for p in partitions])
+        self.broker.logs.delete_partitions(topic, partitions)
 
     # -- StopReplica --------------------------------------------------------------------------
     async def stop_replica(self, request) -> dict[TopicPartition, ErrorCode]:
@@ -167,9 +167,8 @@ class ControllerLink:
             # by a reassignment goes alone.
             for name in sorted({topic for topic, _ in deleted if not self.broker.metadata.has_topic(topic)}):
                 self._delete_local(name)
-            for key in deleted:
-                if self.broker.metadata.has_topic(key[0]):
-                    self._delete_partition(*key)
+            for name in sorted({topic for topic, _ in deleted if self.broker.metadata.has_topic(topic)}):
+                self._delete_partitions(name, {p for topic, p in deleted if topic == name})
             return results
 
 
