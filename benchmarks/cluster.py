@@ -12,7 +12,12 @@
    time until it serves, and from then until every replica is back in the ISR. Repeated `--rounds` times; before each round a
    preferred leader election spreads leadership again.
 
-    PYTHONPATH=src python benchmarks/cluster.py [--partitions 1000] [--samples 300] [--rounds 3]
+With `--log-level info` the brokers log each request step that held the event loop 100 ms of
+CPU or more, and their worst steps at shutdown; the benchmark then prints the longest steps of
+LeaderAndIsr and UpdateMetadata and the worst loop lag seen by any broker (what a failover's
+role changes cost every other client of a survivor).
+
+    PYTHONPATH=src python benchmarks/cluster.py [--partitions 1000] [--samples 300] [--rounds 3] [--log-level info]
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import struct
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -205,14 +214,44 @@ def elect_preferred(handle, topic: str, partitions: int) -> None:
         client.close()
 
 
+HELD = re.compile(r"(\w+ v\d+) held the event loop for (\d+) ms of CPU in one step")
+LAG = re.compile(r"event loop: worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms")
+
+
+def loop_holds(root: Path) -> dict[str, list[int]]:
+    """From the brokers' logs (info level): every step of 100 ms of CPU or more per API, and each
+    broker run's worst loop lag and worst CPU between two wake-ups of the lag probe."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(root.glob("broker-*.stderr.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if (held := HELD.search(line)) is not None:
+                found.setdefault(held.group(1), []).append(int(held.group(2)))
+            elif (lag := LAG.search(line)) is not None:
+                found.setdefault("worst lag (wall ms)", []).append(int(lag.group(1)))
+                found.setdefault("worst CPU between wake-ups (ms)", []).append(int(lag.group(2)))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=300, help="Metadata requests per client and case")
     parser.add_argument("--rounds", type=int, default=3, help="controller kills")
+    parser.add_argument("--log-level", default="warning", choices=["warning", "info"],
+                        help="the brokers'; info also reports the steps that held their event loop")
     args = parser.parse_args()
     load = os.getloadavg()
-    with cluster(brokers=3, log_level="warning") as handle:
+    root = Path(tempfile.mkdtemp(prefix="ottla-bench-cluster-"))
+    try:
+        result = run(args, root)
+        holds = loop_holds(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report(args, load, *result, holds)
+
+
+def run(args, root: Path):
+    with cluster(brokers=3, log_level=args.log_level, root=root) as handle:
         session_ms = handle.session_timeout_ms
         progress(f"cluster up: {handle.bootstrap}, zookeeper.session.timeout.ms={session_ms}")
         admin = AdminClient({"bootstrap.servers": handle.bootstrap, "log_level": 0})
@@ -240,7 +279,10 @@ def main() -> None:
         finally:
             zk.stop()
             zk.close()
+    return session_ms, small, big, rounds
 
+
+def report(args, load, session_ms, small, big, rounds, holds) -> None:
     after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start, "
           f"{after[0]:.1f} {after[1]:.1f} {after[2]:.1f} at the end")
@@ -265,6 +307,13 @@ def main() -> None:
         values.append(statistics.median(known) if len(known) == len(values) else None)
         print(f"| {name} | " + " | ".join(f"> {WAIT_S:.0f}" if v is None else f"{v:.0f}" if key == "led"
                                           else f"{v:.2f}" for v in values) + " |")
+    if holds:
+        print("\n| event loop, all brokers | count | max | median |")
+        print("| --- | --- | --- | --- |")
+        for what, values in sorted(holds.items()):
+            unit = "" if "(" in what else " (ms of CPU, steps >= 100 ms)"
+            print(f"| {what}{unit} | {len(values)} | {max(values)} | {statistics.median(values):.0f} |")
+
 
 if __name__ == "__main__":
     main()

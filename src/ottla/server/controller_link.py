@@ -69,16 +69,20 @@ class ControllerLink:
             states = wire.partition_states(request)
             ids = wire.topic_ids(request)
             mine = [s for s in states if self.broker.node_id in s.replicas]
-            for topic in sorted({s.topic for s in mine}):
-                await self._ensure_logs(topic, ids.get(topic), {s.partition for s in mine if s.topic == topic})
+            by_topic: dict[str, set[int]] = {}
+            for s in mine:
+                by_topic.setdefault(s.topic, set()).add(s.partition)
+            for topic in sorted(by_topic):
+                await self._ensure_logs(topic, ids.get(topic), by_topic[topic])
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
                 fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
-            cached = [_cached(s) for s in mine]
-            errors = self.broker.replicas.apply_partition_states(cached, now_ms())
-            self.broker.metadata.update_from_leader_and_isr(
-                s for s in cached if errors.get((s.topic, s.partition)) == ErrorCode.none)
-            return errors
+
+            def applied(part, errors) -> None:
+                self.broker.metadata.update_from_leader_and_isr(
+                    s for s in part if errors.get((s.topic, s.partition)) == ErrorCode.none)
+
+            return await self.broker.replicas.apply_in_slices([_cached(s) for s in mine], now_ms(), applied)
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, partitions: set[int]) -> None:
         """The local catalog holds `partitions` of the topic under the cluster's topic id (a
