@@ -96,7 +96,10 @@ class ControllerLink:
         count = max(partitions) + 1
         if info is None:
             configs = await asyncio.to_thread(self.store.topic_configs, topic)
-            logs.create_topic(topic, count, configs, topic_id=topic_id, absent=frozenset(range(count)) - partitions)
+            info = logs.create_topic(topic, count, configs, topic_id=topic_id,
+                                     absent=frozenset(range(count)) - partitions, validate_only=True)
+            # The files in a worker thread (seconds for 1,000 partitions), the catalog on the loop.
+            logs.add_created_topic(info, await asyncio.to_thread(logs.write_topic_files, info))
             return
         if info.partitions < count:
             logs.add_partitions(topic, count, absent=frozenset(range(count)) - partitions)
