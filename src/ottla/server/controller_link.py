@@ -64,6 +64,12 @@ class ControllerLink:
 
     # -- LeaderAndIsr -------------------------------------------------------------------------
     async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
+        """Applied in several loop steps (`ReplicaManager.apply_in_slices`), and to the end even
+        if the controller's connection drops meanwhile (its handler is then cancelled): a
+        LeaderAndIsr half applied would leave roles no controller knows of."""
+        return await asyncio.shield(self._leader_and_isr(request))
+
+    async def _leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
         async with self._lock:
             self._check(request)
             states = wire.partition_states(request)
