@@ -13,6 +13,11 @@ read_committed is the input exactly once, and the reader never saw a record of a
 transaction. A copier that ends (fenced, or its watchdog after a kafka-python hang, see
 kp_copier.py) is started again, as a supervisor would.
 
+On the same cluster, the copier again over topics with replication factor 1, one
+partition per broker: kill -9 of a broker leaves its partitions without a leader
+(LEADER_NOT_AVAILABLE) while the copier goes on with the others; once it is back, nothing
+acknowledged is lost and nothing is there twice.
+
 Found here too: a follower that had led an epoch without writing in it kept that epoch
 after truncating and fetched with it forever (Log.truncate_to, KAFKA-7415). The librdkafka
 copier (copier.py) is not run here: see docs/compatibility.md for what it did.
