@@ -64,21 +64,31 @@ class ControllerLink:
 
     # -- LeaderAndIsr -------------------------------------------------------------------------
     async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
+        """Applied in several loop steps (`ReplicaManager.apply_in_slices`), and to the end even
+        if the controller's connection drops meanwhile (its handler is then cancelled): a
+        LeaderAndIsr half applied would leave roles no controller knows of."""
+        return await asyncio.shield(self._leader_and_isr(request))
+
+    async def _leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
         async with self._lock:
             self._check(request)
             states = wire.partition_states(request)
             ids = wire.topic_ids(request)
             mine = [s for s in states if self.broker.node_id in s.replicas]
-            for topic in sorted({s.topic for s in mine}):
-                await self._ensure_logs(topic, ids.get(topic), {s.partition for s in mine if s.topic == topic})
+            by_topic: dict[str, set[int]] = {}
+            for s in mine:
+                by_topic.setdefault(s.topic, set()).add(s.partition)
+            for topic in sorted(by_topic):
+                await self._ensure_logs(topic, ids.get(topic), by_topic[topic])
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
                 fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
-            cached = [_cached(s) for s in mine]
-            errors = self.broker.replicas.apply_partition_states(cached, now_ms())
-            self.broker.metadata.update_from_leader_and_isr(
-                s for s in cached if errors.get((s.topic, s.partition)) == ErrorCode.none)
-            return errors
+
+            def applied(part, errors) -> None:
+                self.broker.metadata.update_from_leader_and_isr(
+                    s for s in part if errors.get((s.topic, s.partition)) == ErrorCode.none)
+
+            return await self.broker.replicas.apply_in_slices([_cached(s) for s in mine], now_ms(), applied)
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, partitions: set[int]) -> None:
         """The local catalog holds `partitions` of the topic under the cluster's topic id (a
@@ -92,7 +102,10 @@ class ControllerLink:
         count = max(partitions) + 1
         if info is None:
             configs = await asyncio.to_thread(self.store.topic_configs, topic)
-            logs.create_topic(topic, count, configs, topic_id=topic_id, absent=frozenset(range(count)) - partitions)
+            info = logs.create_topic(topic, count, configs, topic_id=topic_id,
+                                     absent=frozenset(range(count)) - partitions, validate_only=True)
+            # The files in a worker thread (seconds for 1,000 partitions), the catalog on the loop.
+            logs.add_created_topic(info, await asyncio.to_thread(logs.write_topic_files, info))
             return
         if info.partitions < count:
             logs.add_partitions(topic, count, absent=frozenset(range(count)) - partitions)
