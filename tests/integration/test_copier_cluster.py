@@ -137,12 +137,14 @@ class Reader(threading.Thread):
         self.consumer.close()
 
 
-def start_copier(bootstrap: str, log_path: Path, topics: tuple[str, str], group: str, transactional_id: str,
-                 client: str = "kafka-python") -> subprocess.Popen:
+def start_copier(client: str, bootstrap: str, log_path: Path, topics: tuple[str, str] | None = None,
+                 group: str | None = None, transactional_id: str | None = None) -> subprocess.Popen:
     script, *options = COPIERS[client]
+    source, output = topics or (f"in-{client}", f"out-{client}")
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, script, bootstrap, *topics, "--group", group,
-                                 "--transactional-id", transactional_id, *options],
+        return subprocess.Popen([sys.executable, script, bootstrap, source, output,
+                                 "--group", group or f"group-{client}",
+                                 "--transactional-id", transactional_id or f"txn-{client}", *options],
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -166,8 +168,7 @@ def group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 @pytest.mark.parametrize("client", COPIERS)
 def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_controller(three, tmp_path, client):
     bootstrap = three.bootstrap
-    source_topic, output_topic = f"in-{client}", f"out-{client}"
-    group, txn_id = f"group-{client}", f"txn-{client}"
+    source_topic, output_topic, group = f"in-{client}", f"out-{client}", f"group-{client}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for topic in (source_topic, output_topic):
         admin.create_topics([NewTopic(topic, PARTITIONS, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
@@ -185,7 +186,7 @@ def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_cont
 
     log_path = tmp_path / "copier.log"
     add_input(CHUNK)
-    copier = start_copier(bootstrap, log_path, (source_topic, output_topic), group, txn_id, client)
+    copier = start_copier(client, bootstrap, log_path)
     reader = Reader(bootstrap, output_topic)
     reader.start()
     topics.update({"__consumer_offsets": INTERNAL, "__transaction_state": INTERNAL})
@@ -201,7 +202,7 @@ def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_cont
         if copier.poll() is not None:   # ended on an error it could not abort from: start another
             starts += 1
             assert starts <= 20, f"the copier keeps failing:\n{log_path.read_text()[-3000:]}"
-            copier = start_copier(bootstrap, log_path, (source_topic, output_topic), group, txn_id, client)
+            copier = start_copier(client, bootstrap, log_path)
         return committed() >= target
 
     def run_bounces() -> None:
@@ -214,7 +215,7 @@ def test_copier_is_exactly_once_through_bounces_of_leaders_coordinators_and_cont
             if role == "copier":
                 copier.send_signal(signal.SIGKILL)
                 copier.wait()
-                copier = start_copier(bootstrap, log_path, (source_topic, output_topic), group, txn_id, client)
+                copier = start_copier(client, bootstrap, log_path)
                 starts += 1
                 continue
             victim = _victim(bootstrap, role, client)
@@ -306,7 +307,7 @@ def test_copier_with_replication_factor_1_waits_out_a_killed_broker(three, tmp_p
         assert source.flush(LIMIT_S) == 0   # acknowledged
 
     log_path = tmp_path / "copier.log"
-    copier = start_copier(bootstrap, log_path, topics, group, txn_id)
+    copier = start_copier("kafka-python", bootstrap, log_path, topics, group, txn_id)
     starts = 1
     reader = Reader(bootstrap, topics[1])
     reader.start()
@@ -316,7 +317,7 @@ def test_copier_with_replication_factor_1_waits_out_a_killed_broker(three, tmp_p
         if copier.poll() is not None:
             starts += 1
             assert starts <= 10, f"the copier keeps failing:\n{log_path.read_text()[-3000:]}"
-            copier = start_copier(bootstrap, log_path, topics, group, txn_id)
+            copier = start_copier("kafka-python", bootstrap, log_path, topics, group, txn_id)
         offsets = group_offsets(bootstrap, group, topics[0])
         return all(offsets.get(p, 0) >= produced[p] for p in partitions)
 
