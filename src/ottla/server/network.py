@@ -30,6 +30,7 @@ from ..protocol.codec import (
     encode_response,
 )
 from .context import CloseConnection, RequestContext
+from .handlers import controlled_shutdown, leader_and_isr, stop_replica, update_metadata
 from .loop_lag import timed
 
 if TYPE_CHECKING:
@@ -51,8 +52,9 @@ _PRODUCE_KEY = b"\x00\x00"
 _ENCODE_ON_LOOP_ITEMS = 64
 _field_names: dict[type, tuple[str, ...]] = {}
 # What a cluster broker answers before the controller's first UpdateMetadata: ApiVersions and
-# the controller's own requests (LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown).
-_BEFORE_THE_CLUSTER = frozenset({API_VERSIONS_KEY, 4, 5, 6, 7})
+# the controller's own requests.
+_BEFORE_THE_CLUSTER = frozenset({API_VERSIONS_KEY, leader_and_isr.API_KEY, stop_replica.API_KEY,
+                                 update_metadata.API_KEY, controlled_shutdown.API_KEY})
 
 
 def _arrays(entity) -> list[tuple]:
