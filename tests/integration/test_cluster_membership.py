@@ -121,9 +121,10 @@ def test_session_expiry_unregisters_then_the_broker_registers_again(zk_cluster, 
 
 
 def test_a_broker_restarted_after_kill_9_answers_clients_once_it_knows_the_cluster(zk_cluster):
-    """Restarted at once after kill -9, a broker listens (to hear the controller) but waits out
-    its old ZooKeeper session before registering, and hears from the controller only then.
-    Its Metadata answers meanwhile named itself alone, and librdkafka drops every broker a
+    """Restarted at once after kill -9, a broker waits out its old ZooKeeper session before
+    registering, and hears from the controller only then. It listened meanwhile (it now
+    listens once registered), and until the controller's first UpdateMetadata its Metadata
+    answers named itself alone, and librdkafka drops every broker a
     Metadata answer leaves out, coordinators included: send_offsets_to_transaction() then hung
     (librdkafka #5511, #5456; test_copier_cluster.py's librdkafka copier). Its first answer
     names both brokers and the controller."""

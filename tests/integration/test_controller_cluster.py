@@ -3,13 +3,14 @@
 Topics created on any broker land on all three with leaders spread; clients produce and
 consume across partitions led by different brokers; kill -9 of the controller moves
 `/controller_epoch` and another broker takes over, after which topic creation works. A
-broker restarted after kill -9 names the controller in its first Metadata answer, and drops
-a partition that was moved off it while it was down.
+broker restarted after kill -9 accepts connections only once registered, and drops a
+partition that was moved off it while it was down.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -17,10 +18,12 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
+from kio.schema.metadata.v12.request import MetadataRequest
 
-from ottla.admin_client import AdminProtocolClient, ProtocolClientError
+from ottla.admin_client import AdminProtocolClient
 from ottla.testing import cluster
 from tests.waiting import wait_for
+from tests.wire import roundtrip
 
 
 def broker_logs(three) -> str:
@@ -197,24 +200,39 @@ def test_delete_while_a_broker_is_down_completes_when_it_returns(three, zk):
     wait_for(lambda: not list(three.brokers[down].data_dir.glob("doomed-*")), what="doomed removed on the returned broker")
 
 
-def test_a_restarted_broker_names_the_controller_from_its_first_answer(three, zk):
+def test_a_restarted_broker_accepts_connections_only_once_registered(three, zk):
     """A broker restarted after kill -9 waits up to a session timeout for its old registration
-    to go; it answered Metadata all that while with controller -1 and itself alone, and a
-    client bootstrapping from it (librdkafka's admin client) waited for a controller."""
+    to go. It listened all that while: clients got answers from a broker that knew itself
+    alone, and the controller's requests meant for its previous incarnation (still
+    registered) were applied, its broker epoch being unknown until it registered. Kafka
+    processes no request before registering; every connection it accepts now finds its new
+    registration in ZooKeeper, and every answer names the controller and all brokers."""
     controller = json.loads(zk.get("/controller")[0])["brokerid"]
-    handle = three.brokers[next(b for b in sorted(three.brokers) if b != controller)]
+    victim = next(b for b in sorted(three.brokers) if b != controller)
+    handle = three.brokers[victim]
+    old = zk.get(f"/brokers/ids/{victim}")[1].czxid
     handle.kill()
+    registrations: list[int | None] = []   # the registration's czxid at each accepted connection
     answers: list[tuple[int, tuple[int, ...]]] = []
     done = threading.Event()
 
     def ask() -> None:
         while not done.is_set():
             try:
-                with AdminProtocolClient(handle.bootstrap, timeout=2) as client:
-                    response = client.metadata_response(None)
-                answers.append((response.controller_id, tuple(sorted(b.node_id for b in response.brokers))))
-            except (ProtocolClientError, OSError):
-                pass  # not listening yet
+                sock = socket.create_connection((handle.host, handle.port), timeout=1)
+            except OSError:
+                time.sleep(0.02)
+                continue  # not listening yet
+            with sock:
+                found = zk.exists(f"/brokers/ids/{victim}")
+                registrations.append(None if found is None else found.czxid)
+                sock.settimeout(60)
+                try:
+                    _, response = roundtrip(sock, MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                                                  include_topic_authorized_operations=False))
+                except OSError:
+                    continue  # the connection ended (the broker was stopping): ask again
+            answers.append((response.controller_id, tuple(sorted(b.node_id for b in response.brokers))))
             time.sleep(0.02)
 
     asker = threading.Thread(target=ask, daemon=True)
@@ -225,6 +243,7 @@ def test_a_restarted_broker_names_the_controller_from_its_first_answer(three, zk
     finally:
         done.set()
         asker.join()
+    assert all(czxid is not None and czxid > old for czxid in registrations), (old, registrations[:5])
     assert set(answers) == {(controller, tuple(sorted(three.brokers)))}, answers[:5]
 
 

@@ -111,7 +111,7 @@ def test_a_cluster_broker_holds_only_its_partitions_and_drops_one_moved_away(man
     info = manager.create_topic("moved", 3, absent=frozenset({0}))
     assert not (tmp_path / "moved-0").exists() and info.hosted == [1, 2]
     manager.get_log("moved", 1).append(batch(), now_ms=0)
-    manager.delete_partition("moved", 1)
+    manager.delete_partitions("moved", {1})
     assert not (tmp_path / "moved-1").exists() and (tmp_path / "moved-2").is_dir()
     with pytest.raises(KafkaError) as e:
         manager.get_log("moved", 1)
@@ -124,8 +124,8 @@ def test_a_cluster_broker_holds_only_its_partitions_and_drops_one_moved_away(man
     assert reopened.get_log("moved", 1).log_end_offset == 0
     reopened.add_partitions("moved", 5, absent=frozenset({3}))
     assert reopened.topics["moved"].hosted == [1, 2, 4]
-    for partition in (1, 2, 4):
-        reopened.delete_partition("moved", partition)
+    reopened.delete_partitions("moved", {1})
+    reopened.delete_partitions("moved", {2, 4})
     assert "moved" not in reopened.topics  # the last one held takes the topic file with it
     assert not (tmp_path / ".topics" / f"{info.topic_id}.json").exists()
 

@@ -189,12 +189,11 @@ class Broker:
             cluster = ClusterNode(self)
             cluster.attach()
             try:
-                # Bound but not listening until registered (Kafka processes requests only
-                # after registering): a broker restarted after kill -9 waits up to a session
-                # timeout for its old registration, and answered meanwhile with no controller
-                # and itself alone; the old incarnation's requests are refused, not applied.
+                # Bound but not listening until registered (Kafka processes no request before
+                # registering): a broker restarted after kill -9 waits up to a session timeout
+                # for its old registration, and the controller's requests meant for that old
+                # incarnation (its broker epoch unknown here until registered) were applied.
                 await self.membership.start(*self.advertised)
-                await cluster.learn_cluster()
             except StoreError:
                 await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session

@@ -26,7 +26,6 @@ from ..errors import ErrorCode
 from .controller_link import ControllerLink
 from .interbroker import BrokerNotAvailable, InterBrokerClient
 from .isr_updates import IsrUpdates
-from .metadata_cache import NO_LEADER, BrokerInfo
 from .replica_fetcher import ReplicaFetcherManager
 
 __all__ = ["ClusterNode"]
@@ -60,18 +59,6 @@ class ClusterNode:
         self.isr_updates.start()
         self.broker.controller_link = self.link
         self.broker.controller_service = self.service
-
-    async def learn_cluster(self) -> None:
-        """Once registered, before serving: the controller and the live brokers from ZooKeeper,
-        so that Metadata names the controller from the first request on, as Kafka's cache does
-        after its first UpdateMetadata (which arrives only after the registration, and may
-        wait on a busy controller). The controller's UpdateMetadata replaces it all."""
-        controller_id, registrations = await asyncio.to_thread(
-            lambda: (self.store.controller_id(), self.store.live_brokers()))
-        if not self.link.metadata_received.is_set():
-            self.broker.metadata.learn_from_store(
-                NO_LEADER if controller_id is None else controller_id,
-                [BrokerInfo(r.broker_id, r.host, r.port, r.rack) for r in registrations.values()])
 
     async def start(self) -> None:
         """Once registered: stand for controller."""

@@ -64,21 +64,31 @@ class ControllerLink:
 
     # -- LeaderAndIsr -------------------------------------------------------------------------
     async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
+        """Applied in several loop steps (`ReplicaManager.apply_in_slices`), and to the end even
+        if the controller's connection drops meanwhile (its handler is then cancelled): a
+        LeaderAndIsr half applied would leave roles no controller knows of."""
+        return await asyncio.shield(self._leader_and_isr(request))
+
+    async def _leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
         async with self._lock:
             self._check(request)
             states = wire.partition_states(request)
             ids = wire.topic_ids(request)
             mine = [s for s in states if self.broker.node_id in s.replicas]
-            for topic in sorted({s.topic for s in mine}):
-                await self._ensure_logs(topic, ids.get(topic), {s.partition for s in mine if s.topic == topic})
+            by_topic: dict[str, set[int]] = {}
+            for s in mine:
+                by_topic.setdefault(s.topic, set()).add(s.partition)
+            for topic in sorted(by_topic):
+                await self._ensure_logs(topic, ids.get(topic), by_topic[topic])
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
                 fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
-            cached = [_cached(s) for s in mine]
-            errors = self.broker.replicas.apply_partition_states(cached, now_ms())
-            self.broker.metadata.update_from_leader_and_isr(
-                s for s in cached if errors.get((s.topic, s.partition)) == ErrorCode.none)
-            return errors
+
+            def applied(part, errors) -> None:
+                self.broker.metadata.update_from_leader_and_isr(
+                    s for s in part if errors.get((s.topic, s.partition)) == ErrorCode.none)
+
+            return await self.broker.replicas.apply_in_slices([_cached(s) for s in mine], now_ms(), applied)
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, partitions: set[int]) -> None:
         """The local catalog holds `partitions` of the topic under the cluster's topic id (a
@@ -92,7 +102,10 @@ class ControllerLink:
         count = max(partitions) + 1
         if info is None:
             configs = await asyncio.to_thread(self.store.topic_configs, topic)
-            logs.create_topic(topic, count, configs, topic_id=topic_id, absent=frozenset(range(count)) - partitions)
+            info = logs.create_topic(topic, count, configs, topic_id=topic_id,
+                                     absent=frozenset(range(count)) - partitions, validate_only=True)
+            # The files in a worker thread (seconds for 1,000 partitions), the catalog on the loop.
+            logs.add_created_topic(info, await asyncio.to_thread(logs.write_topic_files, info))
             return
         if info.partitions < count:
             logs.add_partitions(topic, count, absent=frozenset(range(count)) - partitions)
@@ -133,16 +146,16 @@ class ControllerLink:
             cached = metadata.topic(info.name)
             if cached is None or cached.topic_id != info.topic_id:
                 continue
-            for partition in info.hosted:
-                state = cached.partitions.get(partition)
-                if state is not None and node_id not in state.replicas:
-                    log.info("deleting %s-%d: its replicas are now %s (moved while broker %d was away)",
-                             info.name, partition, list(state.replicas), node_id)
-                    self._delete_partition(info.name, partition)
+            strays = {p for p in info.hosted if (state := cached.partitions.get(p)) is not None
+                      and node_id not in state.replicas}
+            if strays:
+                log.info("deleting partitions %s of %s: other brokers hold them now (moved while broker %d "
+                         "was away)", sorted(strays), info.name, node_id)
+                self._delete_partitions(info.name, strays)
 
-    def _delete_partition(self, topic: str, partition: int) -> None:
-        self.broker.replicas.remove_partitions([(topic, partition)])
-        self.broker.logs.delete_partition(topic, partition)
+    def _delete_partitions(self, topic: str, partitions: set[int]) -> None:
+        self.broker.replicas.remove_partitions([(topic, p) for p in partitions])
+        self.broker.logs.delete_partitions(topic, partitions)
 
     # -- StopReplica --------------------------------------------------------------------------
     async def stop_replica(self, request) -> dict[TopicPartition, ErrorCode]:
@@ -167,9 +180,8 @@ class ControllerLink:
             # by a reassignment goes alone.
             for name in sorted({topic for topic, _ in deleted if not self.broker.metadata.has_topic(topic)}):
                 self._delete_local(name)
-            for key in deleted:
-                if self.broker.metadata.has_topic(key[0]):
-                    self._delete_partition(*key)
+            for name in sorted({topic for topic, _ in deleted if self.broker.metadata.has_topic(topic)}):
+                self._delete_partitions(name, {p for topic, p in deleted if topic == name})
             return results
 
 

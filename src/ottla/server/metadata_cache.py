@@ -185,13 +185,6 @@ class MetadataCache:
         self._by_id = {t.topic_id: t.name for t in topics.values()}
         return sorted(before - set(topics))
 
-    def learn_from_store(self, controller_id: int, brokers: Iterable[BrokerInfo]) -> None:
-        """A cluster broker before its first UpdateMetadata: the controller and live brokers
-        as ZooKeeper has them. No controller epoch, so the first UpdateMetadata is accepted."""
-        self._derived = {}
-        self.controller_id = controller_id
-        self._brokers = {b.node_id: b for b in brokers}
-
     def update_from_leader_and_isr(self, states: Iterable[PartitionState]) -> None:
         """The leader, epoch and ISR of partitions whose roles this broker just took from a
         LeaderAndIsr. The controller's UpdateMetadata follows it, but a broker that has

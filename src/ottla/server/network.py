@@ -236,12 +236,11 @@ class Connection(asyncio.BufferedProtocol):
         what = self.what = f"{api_name(request.api_key)} v{request.api_version}"
         link = self.broker.controller_link
         if link is not None and not link.metadata_received.is_set() and request.api_key not in _BEFORE_THE_CLUSTER:
-            # Until then this broker knows itself alone (restarted after kill -9, it waits out
-            # its old ZooKeeper session before registering): a Metadata answer naming only it
-            # makes librdkafka drop the other brokers, coordinators included, and a
-            # send_offsets_to_transaction() then hangs (librdkafka #5511, #5456). Kafka
-            # processes no request before registering; this broker must listen to hear the
-            # controller, so clients wait instead.
+            # Until then this broker knows itself alone (it listens once registered, and the
+            # controller's UpdateMetadata follows): a Metadata answer naming only it makes
+            # librdkafka drop the other brokers, coordinators included, and a
+            # send_offsets_to_transaction() then hangs (librdkafka #5511, #5456). It must
+            # listen to hear the controller, so clients wait instead.
             await link.metadata_received.wait()
         try:
             response = await self.broker.handlers[request.api_key].handle(context, request.body)
