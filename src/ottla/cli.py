@@ -6,7 +6,9 @@ import argparse
 import sys
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(client_commands: bool = True) -> argparse.ArgumentParser:
+    """`client_commands=False` leaves out the client commands: `ottla serve` does not need
+    them, and importing their modules was a share of every broker start."""
     parser = argparse.ArgumentParser(prog="ottla", description="Kafka-compatible streaming log broker")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -21,18 +23,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="write HOST:PORT here once listening (for embedding)")
     serve.set_defaults(run="ottla.server.main:run")
 
-    from .cli_commands import add_commands
+    if client_commands:
+        from .cli_commands import add_commands
 
-    add_commands(commands)
+        add_commands(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"] and "hypothesis" not in sys.modules:
+    serve = (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]
+    if serve and "hypothesis" not in sys.modules:
         # kio registers its types with Hypothesis whenever it is installed (a test dependency);
         # a broker never uses it, and importing it took 0.1-1 s of every start.
         sys.modules["hypothesis"] = None
-    parser = build_parser()
+    parser = build_parser(client_commands=not serve)
     args = parser.parse_args(argv)
     module_name, _, function = args.run.partition(":")
     module = __import__(module_name, fromlist=[function])

@@ -79,8 +79,11 @@ def test_second_broker_on_the_same_data_dir_is_refused(ottla_broker):
 
 def test_a_single_node_broker_loads_no_module_it_does_not_serve_with(tmp_path):
     """Time to serving: ZooKeeper's client, the controller's state machines, Spark, Arrow, the
-    Kafka clients, numpy (the validator's fast path, loaded on the first large batch) and
-    Hypothesis (which kio registers its types with when installed) stay unloaded."""
+    Kafka clients, numpy (the validator's fast path, loaded on the first large batch),
+    Hypothesis (which kio registers its types with when installed), the client commands,
+    importlib.metadata (the crc32c package's `__init__` looks its version up with it),
+    multiprocessing (the cleaner's first pass needs it) and ctypes.util (its find_library runs
+    `ldconfig` in a subprocess) stay unloaded."""
     ready = tmp_path / "ready"
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "ottla.cli", "serve", "--data-dir",
                              str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--ready-file", str(ready)],
@@ -97,5 +100,6 @@ def test_a_single_node_broker_loads_no_module_it_does_not_serve_with(tmp_path):
     loaded = {line.rpartition("|")[2].strip() for line in stderr.splitlines() if line.startswith("import time:")}
     assert "ottla.server.broker" in loaded  # what -X importtime reports is what was imported
     unwanted = {"kazoo", "ottla.cluster.zk", "ottla.server.cluster_node", "ottla.server.replica_fetcher", "pyspark",
-                "pyarrow", "confluent_kafka", "kafka", "aiokafka", "numpy", "hypothesis"}
+                "pyarrow", "confluent_kafka", "kafka", "aiokafka", "numpy", "hypothesis", "ottla.cli_commands",
+                "importlib.metadata", "multiprocessing", "ctypes.util"}
     assert loaded & unwanted == set()

@@ -20,7 +20,6 @@ everything to the kernel, as Kafka does.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from collections import deque
@@ -40,11 +39,13 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _load_sync_file_range():
-    """The C library's sync_file_range, or None where there is none (not Linux)."""
+    """The C library's sync_file_range, or None where there is none (not Linux). Looked up in
+    the symbols the interpreter already has loaded (libc among them): `ctypes.util.find_library`
+    ran `ldconfig -p` in a subprocess at every broker start."""
     if not hasattr(os, "posix_fadvise"):
         return None
     try:
-        function = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
         return None
     function.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Iterator
 
-from crc32c import crc32c
+from ..records.crc import crc32c
 
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, BatchHeader, read_header

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from crc32c import crc32c
+from ..records.crc import crc32c
 
 from ._files import TEMP_SUFFIX, atomic_write
 from .entry import BatchMetadata, ProducerEntry

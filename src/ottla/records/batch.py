@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from crc32c import crc32c
+from .crc import crc32c
 
 from ..errors import ErrorCode, KafkaError
 

@@ -18,12 +18,6 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from kio.schema.write_txn_markers.v1.request import (
-    WritableTxnMarker,
-    WritableTxnMarkerTopic,
-    WriteTxnMarkersRequest,
-)
-
 from ..controller import admin
 from ..coordinator.group.records import OFFSETS_TOPIC
 from ..coordinator.runtime import OnDurable, OnLeadership, TopicPartition
@@ -223,6 +217,13 @@ class BrokerMarkerChannel:
                 outcomes[(topic, index)] = ErrorCode.unknown_topic_or_partition
             else:
                 outcomes[(topic, index)] = ErrorCode.not_leader_or_follower  # offline: retried
+        # Imported here, not at start: a kio message module costs a few ms of every broker start.
+        from kio.schema.write_txn_markers.v1.request import (
+            WritableTxnMarker,
+            WritableTxnMarkerTopic,
+            WriteTxnMarkersRequest,
+        )
+
         sends = []
         for node_id, topics in by_leader.items():
             request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(

@@ -15,7 +15,6 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
@@ -34,6 +33,7 @@ from .handlers import controlled_shutdown, leader_and_isr, stop_replica, update_
 from .loop_lag import timed
 
 if TYPE_CHECKING:
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse
     from .broker import Broker
 
 log = logging.getLogger("ottla.network")
@@ -301,6 +301,10 @@ class Connection(asyncio.BufferedProtocol):
                     await self.writable.wait()
 
     def _unsupported_api_versions(self) -> ApiVersionsResponse:
+        # Imported here: a kio message module costs a few ms of every broker start, and this
+        # answer is rare (a client asking for an ApiVersions version we do not have).
+        from kio.schema.api_versions.v0.response import ApiVersion, ApiVersionsResponse
+
         return ApiVersionsResponse(
             error_code=ErrorCode.unsupported_version,
             api_keys=tuple(

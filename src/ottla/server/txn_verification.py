@@ -9,12 +9,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kio.schema.add_partitions_to_txn.v4.request import (
-    AddPartitionsToTxnRequest,
-    AddPartitionsToTxnTopic,
-    AddPartitionsToTxnTransaction,
-)
-
 from ..coordinator.partitioning import partition_for
 from ..coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ..errors import ErrorCode
@@ -36,6 +30,13 @@ async def verify(broker, transactional_id: str, producer_id: int, producer_epoch
         TRANSACTION_STATE_TOPIC, partition_for(transactional_id, info.partition_count))
     if leader is None or leader.node_id == broker.node_id:
         return {tp: _retriable(error) for tp, error in local.items()}
+    # Imported here, not at start: a kio message module costs a few ms of every broker start.
+    from kio.schema.add_partitions_to_txn.v4.request import (
+        AddPartitionsToTxnRequest,
+        AddPartitionsToTxnTopic,
+        AddPartitionsToTxnTransaction,
+    )
+
     by_topic: dict[str, list[int]] = {}
     for topic, index in wanted:
         by_topic.setdefault(topic, []).append(index)

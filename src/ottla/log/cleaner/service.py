@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
@@ -64,8 +63,6 @@ __all__ = ["LogCleaner", "CLEANER_CHECKPOINT_FILE", "DirtyStats"]
 log = logging.getLogger(__name__)
 
 CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
-# Worker processes start fresh: forking a broker that runs threads and an event loop is unsafe.
-_SPAWN = multiprocessing.get_context("spawn")
 
 
 class DirtyStats(NamedTuple):
@@ -252,8 +249,13 @@ class LogCleaner:
         `stop` kills a worker mid-pass: it leaves only `.cleaned` files."""
         if not self._workers:
             return clean(task, OffsetMap(self._map_memory, self._load_factor), self._throttler, self._check)
-        receiver, sender = _SPAWN.Pipe(duplex=False)
-        worker = _SPAWN.Process(target=run_in_worker, name="kafka-log-cleaner-worker", daemon=True,
+        # Worker processes start fresh: forking a broker that runs threads and an event loop is
+        # unsafe. Imported here: multiprocessing is not needed until the first pass.
+        import multiprocessing
+
+        spawn = multiprocessing.get_context("spawn")
+        receiver, sender = spawn.Pipe(duplex=False)
+        worker = spawn.Process(target=run_in_worker, name="kafka-log-cleaner-worker", daemon=True,
                                 args=(sender, task, self._map_memory, self._load_factor,
                                       self._io_rate / self.threads))
         worker.start()

@@ -1,0 +1,114 @@
+"""How long `ottla serve` takes to start: from launching the process until its --ready-file
+appears (interpreter start, imports, building Broker(), opening the logs, listening), the CPU
+time the process had used by then, the broker's own "started in" figure, and, in separate
+runs under `python -X importtime`, the time its imports took and how many modules it loaded.
+
+Each --src is a source tree (what PYTHONPATH points at); their runs are interleaved, so a
+before/after comparison sees the same machine. The data dir is made once per source tree by a
+first start (the internal topics, 100 partitions), or copied from --data-dir (e.g. a stormed
+one from commit_storm.py) and restarted --runs times. Bytecode is cached, as an installed
+package has it.
+
+    .venv/bin/python benchmarks/startup.py --src before=/tmp/before/src --src after=src --runs 10
+    .venv/bin/python benchmarks/startup.py --src src --data-dir /tmp/stormed --config offsets.topic.num.partitions=1
+
+Results table (Markdown) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a running process, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_once(env: dict[str, str], data_dir: Path, extra: list[str], importtime: bool) -> dict[str, float]:
+    """One start until the ready file appears, then SIGTERM and wait for a clean stop."""
+    ready = data_dir.parent / f"{data_dir.name}.ready"
+    ready.unlink(missing_ok=True)
+    stderr = data_dir.parent / f"{data_dir.name}.err"
+    command = [sys.executable] + (["-X", "importtime"] if importtime else []) + [
+        "-m", "ottla.cli", "serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+        "--ready-file", str(ready)] + extra
+    with open(stderr, "w") as err:
+        launched = time.monotonic()
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"ottla serve exited with {proc.returncode}: see {stderr}")
+            time.sleep(0.002)
+        result = {"ready_s": time.monotonic() - launched, "cpu_s": cpu_seconds(proc.pid)}
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    lines = stderr.read_text(errors="replace").splitlines()
+    for line in lines:
+        if "(started in " in line:
+            result["started_s"] = float(line.rpartition("(started in ")[2].split()[0])
+    if importtime:
+        selfs = [int(line.split("|")[0].split(":")[1]) for line in lines
+                 if line.startswith("import time:") and "self [us]" not in line]
+        result = {"imports_s": sum(selfs) / 1e6, "modules": float(len(selfs))}
+    return result
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--src", action="append", required=True, metavar="[LABEL=]PATH",
+                        help="a source tree to put on PYTHONPATH (repeatable: runs are interleaved)")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--data-dir", type=Path, help="copy this data dir (not changed) and restart it")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    extra = [item for value in args.config for item in ("--config", value)]
+    trees = [(src.partition("=")[0], src.partition("=")[2]) if "=" in src else (src, src) for src in args.src]
+    load = [os.getloadavg()[0]]
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+    with tempfile.TemporaryDirectory(prefix="ottla-startup-") as tmp:
+        root = Path(tmp)
+        setups = []
+        for i, (label, path) in enumerate(trees):
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            env.update(PYTHONPATH=str(Path(path).resolve()), PYTHONPYCACHEPREFIX=str(root / f"pycache{i}"))
+            data_dir = root / f"data{i}"
+            if args.data_dir:
+                shutil.copytree(args.data_dir, data_dir)
+            start_once(env, data_dir, extra, importtime=False)  # warms the bytecode cache, makes the data dir
+            setups.append((label, env, data_dir))
+        for run in range(args.runs):
+            for label, env, data_dir in setups:
+                timed = start_once(env, data_dir, extra, importtime=False)
+                timed.update(start_once(env, data_dir, extra, importtime=True))
+                results[label].append(timed)
+                print(f"{label} run {run + 1}: {timed}", file=sys.stderr)
+            load.append(os.getloadavg()[0])
+    print("| code | runs | launch to ready file s | CPU at ready s | broker's 'started in' s | imports s (-X importtime) | modules imported |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, runs in results.items():
+        print(f"| {label} | {len(runs)} | {spread([r['ready_s'] for r in runs])} | {spread([r['cpu_s'] for r in runs])} | "
+              f"{spread([r['started_s'] for r in runs])} | {spread([r['imports_s'] for r in runs])} | "
+              f"{statistics.median([r['modules'] for r in runs]):.0f} |")
+    print()
+    print("- each cell: median / max")
+    print(f"- {os.cpu_count()} CPUs; load average {min(load):.1f}-{max(load):.1f} (`os.getloadavg`, before and after each round)")
+    print("- command: python benchmarks/startup.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
