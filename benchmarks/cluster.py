@@ -12,7 +12,12 @@
    time until it serves, and from then until every replica is back in the ISR. Repeated `--rounds` times; before each round a
    preferred leader election spreads leadership again.
 
-    PYTHONPATH=src python benchmarks/cluster.py [--partitions 1000] [--samples 300] [--rounds 3]
+With `--log-level info` the brokers log each request step that held the event loop 100 ms of
+CPU or more, and their longest step per API when they stop; the benchmark then prints the
+longest step per API over all brokers (LeaderAndIsr and UpdateMetadata: what creating the topic
+and each failover's role changes cost every other client of that broker).
+
+    PYTHONPATH=src python benchmarks/cluster.py [--partitions 1000] [--samples 300] [--rounds 3] [--log-level info]
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import struct
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -205,14 +214,48 @@ def elect_preferred(handle, topic: str, partitions: int) -> None:
         client.close()
 
 
+HELD = re.compile(r"(\w+ v\d+) held the event loop for (\d+) ms of CPU in one step")
+STEPS = re.compile(r"longest single steps: (.*?); longest garbage")
+STEP = re.compile(r"(\w+ v\d+) (\d+) ms")
+
+
+def loop_holds(root: Path) -> dict[str, int]:
+    """API -> its longest single step (ms of the loop thread's CPU) on any broker, from the
+    brokers' logs at info level: the summary each logs when it stops, and the steps of 100 ms
+    or more each logs as they happen (the only record a killed broker leaves)."""
+    found: dict[str, int] = {}
+    for path in sorted(root.glob("broker-*.stderr.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            steps = STEPS.search(line)
+            for what, ms in STEP.findall(steps.group(1)) if steps else HELD.findall(line):
+                found[what] = max(found.get(what, 0), int(ms))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=300, help="Metadata requests per client and case")
     parser.add_argument("--rounds", type=int, default=3, help="controller kills")
+    parser.add_argument("--log-level", default="warning", choices=["warning", "info"],
+                        help="the brokers'; info also reports the steps that held their event loop")
+    parser.add_argument("--keep", action="store_true", help="keep the brokers' data and logs (the path is printed)")
     args = parser.parse_args()
     load = os.getloadavg()
-    with cluster(brokers=3, log_level="warning") as handle:
+    root = Path(tempfile.mkdtemp(prefix="ottla-bench-cluster-"))
+    try:
+        result = run(args, root)
+        holds = loop_holds(root)
+    finally:
+        if args.keep:
+            progress(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    report(args, load, *result, holds)
+
+
+def run(args, root: Path):
+    with cluster(brokers=3, log_level=args.log_level, root=root) as handle:
         session_ms = handle.session_timeout_ms
         progress(f"cluster up: {handle.bootstrap}, zookeeper.session.timeout.ms={session_ms}")
         admin = AdminClient({"bootstrap.servers": handle.bootstrap, "log_level": 0})
@@ -240,7 +283,10 @@ def main() -> None:
         finally:
             zk.stop()
             zk.close()
+    return session_ms, small, big, rounds
 
+
+def report(args, load, session_ms, small, big, rounds, holds) -> None:
     after = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start, "
           f"{after[0]:.1f} {after[1]:.1f} {after[2]:.1f} at the end")
@@ -265,6 +311,11 @@ def main() -> None:
         values.append(statistics.median(known) if len(known) == len(values) else None)
         print(f"| {name} | " + " | ".join(f"> {WAIT_S:.0f}" if v is None else f"{v:.0f}" if key == "led"
                                           else f"{v:.2f}" for v in values) + " |")
+    if holds:
+        print("\n| longest single step on any broker (ms of the event loop's CPU) | " +
+              " | ".join(sorted(holds, key=lambda what: -holds[what])[:8]) + " |")
+        print("| --- |" + " --- |" * min(len(holds), 8))
+        print("| | " + " | ".join(str(ms) for ms in sorted(holds.values(), reverse=True)[:8]) + " |")
 
 if __name__ == "__main__":
     main()

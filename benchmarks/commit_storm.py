@@ -12,10 +12,15 @@ again: "start" is the time from launching `ottla serve` until it answers Metadat
 the same for an empty data directory ("baseline"); the difference is loading
 `__consumer_offsets`. The group's offsets are loaded on the event loop after the broker starts
 serving, so "offsets" is the time from launching until OffsetFetch for the group answers
-with every committed offset (no COORDINATOR_LOAD_IN_PROGRESS): what a consumer waits for.
+with every committed offset (no COORDINATOR_LOAD_IN_PROGRESS): what a consumer waits for;
+"load ms" is the broker's own "finished loading __consumer_offsets-0 ... in N ms" figure (the
+load alone, from its start on the event loop).
 "serving s" is the broker's own figure, from the kernel's start of its process (interpreter
-start and imports included) to its "serving on" line. A kill -9 restart (the active segment is
-rescanned) is timed as well. With --restarts N the clean restart is timed N times and each
+start and imports included) to its "serving on" line. A kill -9 restart is timed as well: the
+broker is killed after the clean restarts and its recovery point for `__consumer_offsets-0` is
+put back to the active segment's base offset, where a kill -9 during the storm leaves it (the
+commits fdatasync the .log but do not move the recovery point), so the active segment is
+rescanned as it would be. With --restarts N the clean restart is timed N times and each
 figure is the median (min-max).
 With --no-cleaner the storm runs with log.cleaner.enable=false, for comparison. With
 --data-dir DIR the stormed data directory is DIR and is kept; if DIR already holds a storm,
@@ -134,20 +139,26 @@ class Start(NamedTuple):
     serving_s: float  # the broker's own: process start to its "serving on" line
     metadata_s: float  # launch until Metadata answers
     offsets_s: float  # launch until OffsetFetch answers every committed offset
+    load_ms: float  # the broker's own figure for loading __consumer_offsets-0, on its event loop
 
 
 def timed_start(broker: Ottla, connections: int) -> Start:
+    logged = len(broker.log_lines())
     launched = time.monotonic()
     metadata_s = broker.start()
     offsets_s = offsets_served(broker.bootstrap, launched, connections)
-    return Start(broker.serving_s() or float("nan"), metadata_s, offsets_s)
+    load_ms = float("nan")
+    for line in broker.log_lines()[logged:]:  # "finished loading __consumer_offsets-0 (N bytes) in M ms"
+        if "finished loading __consumer_offsets-0 " in line:
+            load_ms = float(line.rpartition(" in ")[2].split()[0])
+    return Start(broker.serving_s() or float("nan"), metadata_s, offsets_s, load_ms)
 
 
-def spread(values: list[float]) -> str:
+def spread(values: list[float], digits: int = 2) -> str:
     """The median, and the range when there are several."""
     if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def storm(bootstrap: str, commits: int, connections: int) -> float:
@@ -178,6 +189,14 @@ def checkpoint(data_dir: Path) -> int:
     except FileNotFoundError:
         pass
     return -1
+
+
+def rewind_recovery_point(data_dir: Path, offset: int) -> None:
+    """Set `__consumer_offsets-0`'s entry of recovery-point-offset-checkpoint to `offset`."""
+    path = data_dir / "recovery-point-offset-checkpoint"
+    lines = path.read_text().splitlines()
+    lines = [f"__consumer_offsets 0 {offset}" if line.startswith("__consumer_offsets 0 ") else line for line in lines]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def partition_stats(directory: Path) -> tuple[int, int, int, int]:
@@ -239,20 +258,22 @@ def main() -> None:
             progress(f"restart {i + 1}: {starts[-1]}")
         os.kill(broker.proc.pid, signal.SIGKILL)
         broker.proc.wait()
+        rewind_recovery_point(broker.data_dir, max(int(p.name[:-4]) for p in directory.glob("*.log")))
         crash = timed_start(broker, args.connections)
         broker.stop()
         if args.data_dir is not None:
             shutil.rmtree(data_dir)
             shutil.copytree(root / "backup", data_dir)
     print("| cleaner | commits | commits/s | __consumer_offsets MiB | records | segments | records in active segment "
-          "| serving s | start s | offsets s | kill -9 serving s | kill -9 offsets s | baseline serving s "
-          "| baseline start s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| serving s | start s | offsets s | load ms | kill -9 serving s | kill -9 offsets s | kill -9 load ms "
+          "| baseline serving s | baseline start s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rate = "(reused)" if reused else f"{args.commits / storm_s:,.0f}"
     print(f"| {'off' if args.no_cleaner else 'on'} | {args.commits:,} | {rate} | "
           f"{size / 2**20:.1f} | {records:,} | {segments} | {in_active:,} | "
           f"{spread([s.serving_s for s in starts])} | {spread([s.metadata_s for s in starts])} | "
-          f"{spread([s.offsets_s for s in starts])} | {crash.serving_s:.2f} | {crash.offsets_s:.2f} | "
+          f"{spread([s.offsets_s for s in starts])} | {spread([s.load_ms for s in starts], 0)} | "
+          f"{crash.serving_s:.2f} | {crash.offsets_s:.2f} | {crash.load_ms:.0f} | "
           f"{baseline_serving_s:.2f} | {baseline_metadata_s:.2f} |")
     print()
     print(f"- bytecode: {'compiled at each start (PYTHONDONTWRITEBYTECODE as set)' if args.no_bytecode_cache else 'cached'}")

@@ -9,21 +9,36 @@ Metadata auto-creating --batch new topics, CreateTopics of --batch topics, Delet
 topic's partition, OffsetFetch of all the group's offsets. Prints each request's round trip and the longest single step the broker
 measured for it (its own CPU between two awaits, `server/loop_lag.py`), then the broker's
 worst event-loop lag over the run (wall clock and the loop's own CPU).
+
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000
+
+--storm N: on a broker of its own, N connections opened at once (non-blocking connects, no
+request sent); once the broker's CPU has settled they stay open while the broker stops, so
+the broker's worst event-loop lag over that run is the storm's (or the shutdown's, which
+closes them). `--topics 0` skips the admin requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
+import select
 import socket
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
-from ottla.protocol.build import make, nested
-from ottla.protocol.schemas import request_schema
-from ottla.testing import broker
-from ottla.testing.fuzz import _read_frame, encode
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from brokerproc import progress  # noqa: E402
+
+from ottla.protocol.build import make, nested  # noqa: E402
+from ottla.protocol.schemas import request_schema  # noqa: E402
+from ottla.testing import broker  # noqa: E402
+from ottla.testing.fuzz import _read_frame, encode  # noqa: E402
 
 
 def _roundtrip(address, request) -> float:
@@ -79,6 +94,56 @@ def _offset_fetch_all():
         make(nested(schema, "OffsetFetchRequestGroup"), group_id="holds", topics=None),))
 
 
+def _broker_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _storm(count: int) -> list[tuple[str, str]]:
+    """Open `count` connections at once and report the broker's worst event-loop lag."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the broker inherits it too
+    with broker(log_level="info") as handle:
+        address = (handle.host, handle.port)
+        sockets = []
+        started = time.monotonic()
+        for _ in range(count):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(address)
+            sockets.append(sock)
+        poller = select.poll()
+        for sock in sockets:
+            poller.register(sock, select.POLLOUT)
+        waiting = len(sockets)
+        while waiting:  # connected: in the broker's accept queue or already accepted
+            events = poller.poll(30_000)
+            assert events, "connections did not complete within 30 s"
+            for fd, _ in events:
+                poller.unregister(fd)
+            waiting -= len(events)
+        connected = time.monotonic() - started
+        progress(f"storm: {count} connected after {connected:.1f} s")
+        cpu, settled = _broker_cpu_s(handle.pid), 0
+        while settled < 5:  # the broker has taken them all once its CPU stops moving for 1 s
+            time.sleep(0.2)
+            now = _broker_cpu_s(handle.pid)
+            settled = settled + 1 if now - cpu < 0.01 else 0
+            cpu = now
+        progress("storm: the broker's CPU has settled; stopping it")
+        handle.stop()
+        log = handle.read_stderr()
+        for sock in sockets:
+            sock.close()
+    lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    notes = re.findall(r"event loop lag (\d+) ms \((\d+) ms of CPU\), the worst so far", log)
+    return [(f"storm: {count} connections opened at once, all connected (s)", f"{connected:.1f}"),
+            ("storm: worst event-loop lag over its run: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+            ("storm: new worst lags logged on the way: wall (CPU) ms", ", ".join(f"{w} ({c})" for w, c in notes) or "none"),
+            ("storm: longest garbage collections", _steps(log)[1])]
+
+
 def _steps(text: str) -> tuple[dict[str, float], str]:
     found = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", text)
     steps, collections = found[-1]
@@ -89,7 +154,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--topics", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--storm", type=int, default=0, help="connections opened at once on a broker of their own")
     args = parser.parse_args()
+    rows = []
+    if args.topics:
+        rows += _admin_requests(args)
+    if args.storm:
+        rows += _storm(args.storm)
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+def _admin_requests(args) -> list[tuple[str, str]]:
     rows = []
     with broker(log_level="info") as handle:
         address = (handle.host, handle.port)
@@ -116,10 +194,7 @@ def main() -> int:
         rows.append((f"{api}: longest single step, broker CPU (ms)", f"{steps.get(api, 0):.0f}"))
     rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
     rows.append(("longest garbage collections", collections))
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .config_names import is_kafka_broker_config
+from .config_names import LISTENER_SSL_CONFIGS, is_kafka_broker_config, is_sensitive, listener_security_config
 from .errors import ConfigError
 
 _log = logging.getLogger("ottla.config")
@@ -317,8 +317,11 @@ TOPIC_TO_BROKER_SYNONYM = {
 # Broker configs that change at runtime (KIP-226), Kafka's dynamic ones that Ottla really
 # applies while running: the topic defaults (every log re-reads them, `LogManager.refresh_configs`),
 # the cleaner's throughput settings (read each pass) and the connection limits. Kafka's other
-# dynamic configs (log.cleaner.threads, num.*.threads, ssl.*, unclean.leader.election.enable, whose
+# dynamic configs (log.cleaner.threads, num.*.threads, unclean.leader.election.enable, whose
 # broker default the controller reads once) are refused as not dynamic rather than stored unapplied.
+# The one exception is a listener's security configs (`coerce_dynamic`): Kafka takes them per
+# broker, and a tool that sets a listener's keystore password must not fail; they are stored and
+# reported as not applied (no SSL or SASL listener yet).
 DYNAMIC_BROKER_CONFIGS = frozenset(set(TOPIC_TO_BROKER_SYNONYM.values()) - {"unclean.leader.election.enable"}) | {
     "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
@@ -339,13 +342,14 @@ class BrokerConfig:
         self.dynamic: dict[str, Any] = {}
         self.dynamic_default: dict[str, Any] = {}
         self.overrides: dict[str, Any] = {}
-        self.not_implemented: list[str] = []  # Kafka's names Ottla has no behaviour for (config_names.py)
+        # Kafka's names Ottla has no behaviour for (config_names.py), as given: DescribeConfigs lists them.
+        self.not_implemented: dict[str, str] = {}
         for name, raw in (overrides or {}).items():
             definition = BROKER_CONFIGS.get(name)
             if definition is None:
                 if not is_kafka_broker_config(name):
                     raise ConfigError(f"unknown broker config {name!r}")
-                self.not_implemented.append(name)
+                self.not_implemented[name] = str(raw)
                 continue
             self.overrides[name] = definition.coerce(raw)
         ids = {self.overrides[n] for n in ("broker.id", "node.id") if n in self.overrides}
@@ -398,13 +402,37 @@ class BrokerConfig:
         return result
 
 
-def coerce_dynamic(configs: Mapping[str, Any]) -> dict[str, Any]:
+def coerce_dynamic(configs: Mapping[str, Any], per_broker: bool = True) -> dict[str, Any]:
     """Check dynamic broker configs as Kafka's DynamicBrokerConfig.validateConfigs does;
-    ConfigError carries Kafka's message (the names as a Scala Set)."""
-    static = sorted(set(configs) - DYNAMIC_BROKER_CONFIGS)
+    ConfigError carries Kafka's message (the names as a Scala Set). A listener's security
+    configs (`listener.name.<l>.ssl.keystore.password`, ...) are taken per broker, as strings."""
+    listener = {name for name in configs if listener_security_config(name) is not None}
+    static = sorted(set(configs) - DYNAMIC_BROKER_CONFIGS - listener - set(LISTENER_SSL_CONFIGS))
     if static:
         raise ConfigError(f"Cannot update these configs dynamically: Set({', '.join(static)})")
-    return {name: BROKER_CONFIGS[name].coerce(raw) for name, raw in configs.items()}
+    unprefixed = sorted(set(configs) & set(LISTENER_SSL_CONFIGS))
+    if unprefixed:
+        raise ConfigError("These security configs can be dynamically updated only per-listener using the "
+                          f"listener prefix: Set({', '.join(unprefixed)})")
+    if listener and not per_broker:
+        raise ConfigError("Cannot update these configs at default cluster level, broker id must be specified: "
+                          f"Set({', '.join(sorted(listener))})")
+    return {name: raw if name in listener else BROKER_CONFIGS[name].coerce(raw) for name, raw in configs.items()}
+
+
+def report_not_applied_listener_configs(names) -> None:
+    """Log, once per name, that a listener's security config is stored but not applied: Ottla
+    has no SSL or SASL listener yet. Never the value (it may be a password)."""
+    for name in sorted(set(names) - _reported):
+        if listener_security_config(name) is not None:
+            _reported.add(name)
+            _log.warning("broker config %s is accepted and stored but not applied by Ottla: "
+                         "it has no SSL or SASL listener", name)
+
+
+def redacted(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """`configs` fit for a log line: sensitive values as Kafka logs a Password, `[hidden]`."""
+    return {name: "[hidden]" if is_sensitive(name) else value for name, value in configs.items()}
 
 
 def render(value: Any) -> str | None:

@@ -1,4 +1,6 @@
-"""The names of Kafka 3.9's broker configs that Ottla does not implement.
+"""The names of Kafka 3.9's broker configs that Ottla does not implement, and which of Kafka's
+configs are passwords (DescribeConfigs reports them sensitive, with no value) or a listener's
+security settings (changed per broker at runtime, KIP-226).
 
 Taken from the ConfigDefs Kafka's `KafkaConfig` is made of (`ServerConfigs`,
 `SocketServerConfigs`, `ServerLogConfigs`, `ReplicationConfigs`, `ZkConfigs`, `KRaftConfigs`,
@@ -9,7 +11,9 @@ Kafka does not know either is refused, so a typo does not pass (Kafka would warn
 
 from __future__ import annotations
 
-__all__ = ["is_kafka_broker_config"]
+import re
+
+__all__ = ["is_kafka_broker_config", "is_sensitive", "listener_security_config"]
 
 KAFKA_BROKER_CONFIGS_NOT_IMPLEMENTED = frozenset({
     # ServerConfigs
@@ -86,3 +90,53 @@ KAFKA_BROKER_CONFIG_PREFIXES = ("ssl.", "sasl.", "listener.name.", "remote.log."
 def is_kafka_broker_config(name: str) -> bool:
     """True for a Kafka broker config name that Ottla does not implement (see the module's text)."""
     return name in KAFKA_BROKER_CONFIGS_NOT_IMPLEMENTED or name.startswith(KAFKA_BROKER_CONFIG_PREFIXES)
+
+
+# Kafka's configs of type PASSWORD (SslConfigs, SaslConfigs, ZkConfigs, the password encoder and
+# delegation tokens). DescribeConfigs reports them is_sensitive with a null value, synonyms too
+# (Kafka's KafkaConfig.maybeSensitive), and Ottla never writes their values to its logs.
+PASSWORD_CONFIGS = frozenset({
+    "ssl.key.password", "ssl.keystore.password", "ssl.truststore.password", "ssl.keystore.key",
+    "ssl.keystore.certificate.chain", "ssl.truststore.certificates", "sasl.jaas.config",
+    "zookeeper.ssl.keystore.password", "zookeeper.ssl.truststore.password",
+    "password.encoder.secret", "password.encoder.old.secret",
+    "delegation.token.master.key", "delegation.token.secret.key",
+})
+
+# What a listener's own settings may change at runtime (KIP-226), as Kafka's DynamicBrokerConfig:
+# the reconfigurable SSL configs (SslConfigs.RECONFIGURABLE_CONFIGS), which Kafka refuses without
+# the `listener.name.<listener>.` prefix, and the SASL settings given per listener and mechanism
+# (`listener.name.<listener>.<mechanism>.sasl.jaas.config`, ListenerMechanismConfigs). With their
+# DescribeConfigs types (ConfigType: 2 STRING, 5 LONG, 8 CLASS, 9 PASSWORD).
+LISTENER_SSL_CONFIGS = {
+    "ssl.keystore.type": 2, "ssl.keystore.location": 2, "ssl.keystore.password": 9, "ssl.key.password": 9,
+    "ssl.truststore.type": 2, "ssl.truststore.location": 2, "ssl.truststore.password": 9,
+    "ssl.keystore.certificate.chain": 9, "ssl.keystore.key": 9, "ssl.truststore.certificates": 9,
+}
+LISTENER_MECHANISM_CONFIGS = {
+    "sasl.jaas.config": 9, "sasl.login.callback.handler.class": 8, "sasl.login.class": 8,
+    "sasl.server.callback.handler.class": 8, "connections.max.reauth.ms": 5,
+}
+_LISTENER_PREFIX = re.compile(r"listener\.name\.[^.]*\.(.*)")
+
+
+def listener_security_config(name: str) -> str | None:
+    """The base name of a per-listener security config (`listener.name.sasl_ssl.ssl.key.password`
+    -> `ssl.key.password`, `listener.name.x.plain.sasl.jaas.config` -> `sasl.jaas.config`),
+    else None."""
+    match = _LISTENER_PREFIX.fullmatch(name)
+    if match is None:
+        return None
+    base = match.group(1)
+    if base in LISTENER_SSL_CONFIGS:
+        return base
+    return next((config for config in LISTENER_MECHANISM_CONFIGS if base.endswith("." + config)), None)
+
+
+def is_sensitive(name: str) -> bool:
+    """Kafka's sensitivity of a broker or topic config name: a PASSWORD-typed config, under its
+    own name or a listener's (`listener.name.<l>.[<mechanism>.]<config>`), or any `*.password`."""
+    match = _LISTENER_PREFIX.fullmatch(name)
+    base = match.group(1) if match is not None else name
+    return (name.endswith(".password") or base in PASSWORD_CONFIGS
+            or any(base.endswith("." + config) for config in PASSWORD_CONFIGS))

@@ -136,6 +136,9 @@ def test_reassignment_to_another_broker_moves_the_data(three):
     wait_for(lambda: (lambda r: r if r and (r["REPLICAS"], r["LEADER"]) == (target, target) else None)(
         metadata_row(bootstrap, "moving")), what="the move to complete")
     assert table(ok(cli("topics", "reassignments")).out, "TOPIC") == []
+    # The old replica's StopReplica (delete) removes its copy (it stayed until the topic went).
+    wait_for(lambda: not (handle.brokers[int(row["REPLICAS"])].data_dir / "moving-0").exists(),
+             what="the old replica's files deleted")
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "moved-reader",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe(["moving"])

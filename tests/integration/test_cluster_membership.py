@@ -8,8 +8,10 @@ from __future__ import annotations
 from functools import partial
 import datetime
 import json
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -17,6 +19,7 @@ from kafka import KafkaAdminClient
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.metadata.v12.request import MetadataRequest
 from kio.static.primitive import i16, i64
 
 from ottla.testing import BrokerProcess, cluster
@@ -115,6 +118,38 @@ def test_session_expiry_unregisters_then_the_broker_registers_again(zk_cluster, 
     again = registration(zk, 2)
     assert again[1].czxid > first.czxid and again[0]["port"] == handle.port
     assert AdminClient({"bootstrap.servers": handle.bootstrap}).list_topics(timeout=30).brokers
+
+
+def test_a_broker_restarted_after_kill_9_answers_clients_once_it_knows_the_cluster(zk_cluster):
+    """Restarted at once after kill -9, a broker waits out its old ZooKeeper session before
+    registering, and hears from the controller only then. It listened meanwhile (it now
+    listens once registered), and until the controller's first UpdateMetadata its Metadata
+    answers named itself alone, and librdkafka drops every broker a
+    Metadata answer leaves out, coordinators included: send_offsets_to_transaction() then hung
+    (librdkafka #5511, #5456; test_copier_cluster.py's librdkafka copier). Its first answer
+    names both brokers and the controller."""
+    handle = zk_cluster.brokers[2]
+    handle.kill()
+    started = threading.Thread(target=handle.start)
+    started.start()
+    try:
+        sock = wait_for(lambda: _connected(handle.bootstrap), what="broker 2 listening again", interval=0.05)
+        with sock:
+            sock.settimeout(60)
+            _, metadata = roundtrip(sock, MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                                          include_topic_authorized_operations=False))
+    finally:
+        started.join()
+    assert sorted(broker.node_id for broker in metadata.brokers) == [1, 2]
+    assert metadata.controller_id in (1, 2)
+
+
+def _connected(bootstrap: str) -> socket.socket | None:
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        return socket.create_connection((host, int(port)), timeout=1)
+    except OSError:
+        return None
 
 
 def test_unanswered_zookeeper_connect_stops_the_broker(tmp_path):

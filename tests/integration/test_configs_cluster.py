@@ -172,3 +172,18 @@ def _list_groups(sock):
     schema = load_request_schema(74, 1)
     _, response = roundtrip(sock, make(schema, resource_types=(GROUP,)))
     return [r.resource_name for r in response.config_resources]
+
+
+def test_a_listeners_password_set_at_runtime_is_stored_for_that_broker_and_never_described(three, zk,
+                                                                                           raw_connection):
+    """Kept in `/config/brokers/<id>` as given (Kafka 3.9's ZK mode encrypts it with
+    password.encoder.secret, Kafka 4 keeps it in its metadata log: docs/compatibility.md);
+    described sensitive with no value; refused on the cluster default, as Kafka refuses it."""
+    listener = "listener.name.plaintext.ssl.keystore.password"
+    on_3 = raw_connection(three.brokers[3].bootstrap)
+    assert _alter(on_3, BROKER, "3", **{listener: "zk-secret"}).error_code == ErrorCode.none
+    assert json.loads(zk.get("/config/brokers/3")[0])["config"] == {listener: "zk-secret"}
+    assert _describe(on_3, BROKER, "3")[1][listener] == (None, 2)  # DYNAMIC_BROKER_CONFIG, no value
+    refused = _alter(on_3, BROKER, "", **{listener: "x"})
+    assert refused.error_code == ErrorCode.invalid_request
+    assert "broker id must be specified" in refused.error_message

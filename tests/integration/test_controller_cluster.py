@@ -2,21 +2,28 @@
 
 Topics created on any broker land on all three with leaders spread; clients produce and
 consume across partitions led by different brokers; kill -9 of the controller moves
-`/controller_epoch` and another broker takes over, after which topic creation works.
+`/controller_epoch` and another broker takes over, after which topic creation works. A
+broker restarted after kill -9 accepts connections only once registered, and drops a
+partition that was moved off it while it was down.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
+from kio.schema.metadata.v12.request import MetadataRequest
 
+from ottla.admin_client import AdminProtocolClient
 from ottla.testing import cluster
 from tests.waiting import wait_for
+from tests.wire import roundtrip
 
 
 def broker_logs(three) -> str:
@@ -191,3 +198,89 @@ def test_delete_while_a_broker_is_down_completes_when_it_returns(three, zk):
     # Renamed `<name>.<id>-delete` at once (as Kafka does), removed soon after.
     assert all(p.name.endswith("-delete") for p in three.brokers[down].data_dir.glob("doomed-*"))
     wait_for(lambda: not list(three.brokers[down].data_dir.glob("doomed-*")), what="doomed removed on the returned broker")
+
+
+def test_a_restarted_broker_accepts_connections_only_once_registered(three, zk):
+    """A broker restarted after kill -9 waits up to a session timeout for its old registration
+    to go. It listened all that while: clients got answers from a broker that knew itself
+    alone, and the controller's requests meant for its previous incarnation (still
+    registered) were applied, its broker epoch being unknown until it registered. Kafka
+    processes no request before registering; every connection it accepts now finds its new
+    registration in ZooKeeper, and every answer names the controller and all brokers."""
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    victim = next(b for b in sorted(three.brokers) if b != controller)
+    handle = three.brokers[victim]
+    old = zk.get(f"/brokers/ids/{victim}")[1].czxid
+    handle.kill()
+    registrations: list[int | None] = []   # the registration's czxid at each accepted connection
+    answers: list[tuple[int, tuple[int, ...]]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            try:
+                sock = socket.create_connection((handle.host, handle.port), timeout=1)
+            except OSError:
+                time.sleep(0.02)
+                continue  # not listening yet
+            with sock:
+                found = zk.exists(f"/brokers/ids/{victim}")
+                registrations.append(None if found is None else found.czxid)
+                sock.settimeout(60)
+                try:
+                    _, response = roundtrip(sock, MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                                                  include_topic_authorized_operations=False))
+                except OSError:
+                    continue  # the connection ended (the broker was stopping): ask again
+            answers.append((response.controller_id, tuple(sorted(b.node_id for b in response.brokers))))
+            time.sleep(0.02)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    try:
+        handle.start()
+        wait_for(lambda: len(answers) >= 5, what="answers from the restarted broker")
+    finally:
+        done.set()
+        asker.join()
+    assert all(czxid is not None and czxid > old for czxid in registrations), (old, registrations[:5])
+    assert set(answers) == {(controller, tuple(sorted(three.brokers)))}, answers[:5]
+
+
+def test_a_partition_moved_off_a_down_broker_is_deleted_when_it_returns(three, zk):
+    """The controller sends nothing to a broker that is not live, so the StopReplica (delete)
+    of a partition reassigned away from a down broker never reaches it: when it comes back it
+    finds the partition given to others in its first UpdateMetadata and deletes it."""
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    down = next(b for b in sorted(three.brokers) if b != controller)
+    keeper, target = [b for b in sorted(three.brokers) if b != down]
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("moved-away", num_partitions=1, replica_assignment=[[down, keeper]])])["moved-away"].result(60)
+    wait_for(lambda: sorted(isrs(three.bootstrap, "moved-away").get(0, [])) == sorted([down, keeper]),
+             what="moved-away fully replicated")
+    producer = Producer({"bootstrap.servers": three.bootstrap, "acks": "all"})
+    for i in range(50):
+        producer.produce("moved-away", value=b"%d" % i, partition=0)
+    assert producer.flush(60) == 0
+    three.brokers[down].kill()
+    wait_for(lambda: not zk.exists(f"/brokers/ids/{down}"), what="the dead broker's session to end")
+    with AdminProtocolClient(three.bootstrap, timeout=20) as client:
+        client.alter_partition_reassignment("moved-away", 0, [keeper, target], timeout_ms=30000)
+    wait_for(lambda: json.loads(zk.get("/brokers/topics/moved-away")[0])["partitions"]["0"] == [keeper, target],
+             what="the reassignment to complete\n" + broker_logs(three))
+    kept = three.brokers[down].data_dir / "moved-away-0"
+    assert kept.is_dir()
+    three.brokers[down].start()
+    wait_for(lambda: not kept.exists(), what="the moved partition deleted on the returned broker\n" + broker_logs(three))
+    assert not [f for f in (three.brokers[down].data_dir / ".topics").iterdir() if b"moved-away" in f.read_bytes()]
+    reader = Consumer({"bootstrap.servers": three.bootstrap, "group.id": "moved-away-reader",
+                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    reader.subscribe(["moved-away"])
+    seen = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 50 and time.monotonic() < deadline:
+        message = reader.poll(1.0)
+        if message is not None and message.error() is None:
+            seen.append(message.value())
+    reader.close()
+    assert seen == [b"%d" % i for i in range(50)]

@@ -5,7 +5,8 @@ partition, and of the broker leading a transactional id's `__transaction_state` 
 A commit the old coordinator acknowledged is on the new one (it answered only once the
 record was replicated to the ISR); a transaction open when its coordinator dies ends whole,
 committed or aborted, never half. The killed broker is never the controller, so these
-tests watch the coordinators' failover, not the controller's.
+tests watch the coordinators' failover, not the controller's; the last test, on one broker,
+kills the controller-coordinator itself between PrepareCommit and the markers.
 """
 
 from __future__ import annotations
@@ -208,3 +209,47 @@ def test_an_open_transaction_ends_whole_after_kill_of_the_transaction_coordinato
         except Exception:   # the coordinator may still be loading
             return None
     assert wait_for(state, timeout=LIMIT_S, what="the transaction's state") == "CompleteCommit"
+
+
+def test_a_commit_prepared_before_kill_9_completes_with_every_marker_after_a_restart_at_once(tmp_path):
+    """One broker of a ZooKeeper cluster (the controller, the transaction coordinator and the
+    data's leader) kills itself between PrepareCommit and the markers (failpoint) and is
+    restarted at once. It takes `__transaction_state` back on LeaderAndIsr and rolls the commit
+    forward right away, so its metadata must know the data topic by then: the controller's
+    UpdateMetadata goes first, as Kafka's. It went second, and the coordinator skipped the
+    unknown partitions as deleted topics: CompleteCommit with the data's transaction still
+    open (the copier test lost the output of a committed transaction that way)."""
+    config = {"offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1}
+    with cluster(brokers=1, config=config, root=tmp_path / "cluster") as one:
+        broker = one.brokers[1]
+        broker.env = {"OTTLA_FAILPOINTS": "txn.after_prepare_commit"}
+        broker.restart()
+        bootstrap = broker.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("prepared", 2, 1)])["prepared"].result(60)
+        partitions = [TopicPartition("prepared", p) for p in range(2)]
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "prepared", "linger.ms": 5})
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        for i in range(20):
+            producer.produce("prepared", value=b"%d" % i, partition=i % 2)
+        assert producer.flush(60) == 0
+        try:
+            producer.commit_transaction(5)
+        except KafkaException:
+            pass   # the broker may die before its EndTxn answer gets out
+        assert broker.process.wait(60) == -9
+        broker.env = {}
+        broker.start()
+
+        def completed():
+            with AdminProtocolClient(bootstrap) as client:
+                _, state = client.describe_transaction("prepared")
+            return state.transaction_state == "CompleteCommit"
+        wait_for(completed, timeout=LIMIT_S, what="the commit completed")
+        with AdminProtocolClient(bootstrap) as client:
+            open_transactions = {p: [s.current_txn_start_offset for s in states if s.current_txn_start_offset >= 0]
+                                 for p, states in client.describe_producers("prepared", [0, 1]).items()}
+        assert open_transactions == {0: [], 1: []}
+        assert sorted(v for _, _, _, v in read_all(bootstrap, partitions, "read_committed")) == sorted(
+            b"%d" % i for i in range(20))

@@ -92,7 +92,10 @@ def test_torn_last_batch_is_cut_on_restart(ottla_broker_factory):
     size = segment.stat().st_size
     with open(segment, "r+b") as handle:
         handle.truncate(size - 5)  # a torn write of the last batch
+    indexes = [segment.with_suffix(".index"), segment.with_suffix(".timeindex")]
+    assert [p.stat().st_size for p in indexes] == [10485760, 10485760 // 12 * 12]  # preallocated, untrimmed
     broker.start()
+    assert [p.stat().st_size for p in indexes] == [0, 0]  # recovery trims them (no entry: 9 small batches)
     records = _read_partition(broker.bootstrap, 0)
     assert [value for _, value in records] == [f"r{i}".encode() for i in range(9)]
     producer = Producer({"bootstrap.servers": broker.bootstrap})
@@ -101,3 +104,53 @@ def test_torn_last_batch_is_cut_on_restart(ottla_broker_factory):
     producer.flush(10)
     assert offsets == [9]
     assert [value for _, value in _read_partition(broker.bootstrap, 0)][-1] == b"after"
+
+
+def _recovery_point(data_dir, topic, partition):
+    path = Path(data_dir, "recovery-point-offset-checkpoint")  # replaced atomically, as Kafka's
+    for line in (path.read_text().splitlines()[2:] if path.exists() else []):
+        name, index, offset = line.split()
+        if (name, int(index)) == (topic, partition):
+            return int(offset)
+    return None
+
+
+def test_recovery_rescans_only_from_the_checkpointed_recovery_point(ottla_broker_factory):
+    """Segments rolled (and fsynced) before the crash are below the recovery point the broker
+    checkpointed: after kill -9 only the active segment is rescanned, every record below the
+    recovery point is served as it was, and a torn batch in the active segment is still cut."""
+    broker = ottla_broker_factory({"log.segment.bytes": 4096, "log.flush.offset.checkpoint.interval.ms": 100},
+                                  log_level="info")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": "all"})
+    values = [f"r{i:03d}-".encode() + b"x" * 300 for i in range(60)]
+    acked = []
+    for value in values:
+        producer.produce(TOPIC, value=value, partition=0, on_delivery=lambda e, m: acked.append(m.offset()))
+        producer.flush(10)  # one batch per record
+    assert acked == list(range(60))
+    directory = Path(broker.data_dir, f"{TOPIC}-0")
+    active = max(int(p.name[:-4]) for p in directory.glob("*.log"))
+    assert active > 0
+    deadline = time.monotonic() + 60
+    while _recovery_point(broker.data_dir, TOPIC, 0) != active:  # the rolls' fsyncs, checkpointed
+        assert time.monotonic() < deadline, "the recovery point never reached the active segment"
+        time.sleep(0.1)
+    broker.kill()
+    segment = directory / f"{active:020d}.log"
+    torn_size = segment.stat().st_size - 5
+    with open(segment, "r+b") as handle:
+        handle.truncate(torn_size)  # a torn write of the last batch, past the recovery point
+    logged = len(broker.read_stderr())
+    broker.start()
+    recovered = [line for line in broker.read_stderr()[logged:].splitlines() if f"recovered log {TOPIC}-0:" in line]
+    assert len(recovered) == 1 and f"scanned {torn_size} bytes in 1 segments" in recovered[0], recovered
+    records = _read_partition(broker.bootstrap, 0)
+    assert [offset for offset, _ in records] == list(range(59))
+    assert [value for _, value in records] == values[:59]  # below the recovery point and after it
+    offsets = []
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce(TOPIC, value=b"after", partition=0, on_delivery=lambda e, m: offsets.append(m.offset()))
+    producer.flush(10)
+    assert offsets == [59]

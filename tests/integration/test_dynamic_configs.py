@@ -148,3 +148,53 @@ def test_kafka_python_alters_and_describes_dynamic_broker_configs(ottla_broker):
         "log.cleaner.backoff.ms": ("1000", "DYNAMIC_BROKER_CONFIG"),
         "log.retention.bytes": ("7", "DYNAMIC_BROKER_CONFIG"),
         "log.cleanup.policy": ("delete,compact", "DYNAMIC_BROKER_CONFIG")}
+
+
+def test_passwords_are_described_sensitive_with_null_values_and_never_logged(ottla_broker_factory, raw_connection):
+    """Kafka's PASSWORD configs (ssl.keystore.password, sasl.jaas.config, a listener's own) are
+    is_sensitive with a null value, synonyms too, whether set at start or at runtime; the
+    per-listener form is stored and kept over a restart; the values reach no log line."""
+    secrets = ("static-secret", "jaas-secret", "runtime-secret")
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required password="jaas-secret";'
+    broker = ottla_broker_factory({"ssl.keystore.password": "static-secret", "sasl.jaas.config": jaas,
+                                   "ssl.keystore.location": "/etc/kafka/broker.jks"}, log_level="info")
+    admin = _admin(broker.bootstrap)
+    configs = _describe(admin, "BROKER", "0")
+    for name in ("ssl.keystore.password", "sasl.jaas.config"):
+        assert (configs[name].value, configs[name].is_sensitive) == (None, True)
+        assert configs[name].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert (configs["ssl.keystore.location"].value, configs["ssl.keystore.location"].is_sensitive) == (
+        "/etc/kafka/broker.jks", False)
+
+    listener = "listener.name.plaintext.ssl.keystore.password"
+    resource = ConfigResource("BROKER", "0", incremental_configs=[
+        ConfigEntry(listener, "runtime-secret", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(15)
+    sock = raw_connection(broker.bootstrap)
+    described = _synonyms(sock, BROKER, "0")
+    assert described[listener] == (None, ConfigSource.DYNAMIC_BROKER_CONFIG.value, [
+        (listener, None, ConfigSource.DYNAMIC_BROKER_CONFIG.value),
+        ("ssl.keystore.password", None, ConfigSource.STATIC_BROKER_CONFIG.value)])
+    assert described["sasl.jaas.config"] == (None, ConfigSource.STATIC_BROKER_CONFIG.value, [
+        ("sasl.jaas.config", None, ConfigSource.STATIC_BROKER_CONFIG.value)])
+
+    # Kafka's refusals: a reconfigurable SSL config only per listener, a listener's only per broker.
+    result = _alter_raw(sock, "0", ssl_keystore_password="x")
+    assert (result.error_code, result.error_message) == (ErrorCode.invalid_request, (
+        "Invalid config value for resource ConfigResource(type=BROKER, name='0'): These security configs can be "
+        "dynamically updated only per-listener using the listener prefix: Set(ssl.keystore.password)"))
+    schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    _, response = roundtrip(sock, make(schema, validate_only=False, resources=(
+        make(nested(schema, "AlterConfigsResource"), resource_type=BROKER, resource_name="", configs=(
+            make(nested(schema, "AlterableConfig"), name=listener, config_operation=0, value="x"),)),)))
+    assert (response.responses[0].error_code, response.responses[0].error_message) == (ErrorCode.invalid_request, (
+        "Invalid config value for resource ConfigResource(type=BROKER, name=''): Cannot update these configs at "
+        f"default cluster level, broker id must be specified: Set({listener})"))
+    sock.close()
+
+    broker.restart()
+    after = _describe(_admin(broker.bootstrap), "BROKER", "0")[listener]
+    assert (after.value, after.is_sensitive, after.source) == (None, True, ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    logged = broker.read_stderr()
+    assert "dynamic broker configs now" in logged and listener in logged
+    assert not [secret for secret in secrets if secret in logged]

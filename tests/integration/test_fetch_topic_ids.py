@@ -116,3 +116,63 @@ def test_librdkafka_consumes_with_fetch_v16(produced):
     assert values == [b"record-0", b"record-1", b"record-2"]
     versions = set(re.findall(r"Sent FetchRequest \(v(\d+)", stream.getvalue()))
     assert versions == {"16"}
+
+
+def test_a_consumer_holding_a_deleted_topics_id_moves_to_the_recreated_topic(produced):
+    """Deleted and recreated under the same name, the topic has a new id. librdkafka's fetches
+    of the old topic are refused (UNKNOWN_TOPIC_OR_PARTITION for one waiting when the topic
+    went, as Kafka's delayed fetch answers; UNKNOWN_TOPIC_ID for the old id after it); it
+    refreshes its metadata and consumes the new topic from its start."""
+    broker, _ = produced
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "recreated",
+                         "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 600_000})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    try:
+        consumer.subscribe([TOPIC])
+        assert _poll_values(consumer, 3) == [b"record-0", b"record-1", b"record-2"]
+        admin.delete_topics([TOPIC])[TOPIC].result(10)
+        admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(10)
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.produce(TOPIC, value=b"recreated-0")
+        assert producer.flush(10) == 0
+        assert _poll_values(consumer, 1) == [b"recreated-0"]
+    finally:
+        consumer.close()
+
+
+def _poll_values(consumer, count: int) -> list[bytes]:
+    values, deadline = [], time.monotonic() + 60
+    while len(values) < count and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    return values
+
+
+def test_produce_v13_and_fetch_v18_name_topics_by_id(produced):
+    """Produce v13 (Kafka 4.1) names topics by id as Fetch does: an id the broker knows is
+    appended to, one it does not is UNKNOWN_TOPIC_ID, and the response names topics by id.
+    Fetch v17-v18 (KRaft's tagged follower fields) read as v16."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.fetch.v18 import request as fetch18
+    from kio.schema.produce.v13 import request as produce13
+
+    _, sock = produced
+    topic_id, unknown = _topic_id(sock, TOPIC), uuid.uuid4()
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 16)
+    builder.append(0, timestamp=1_700_000_000_000, key=None, value=b"by-id-13", headers=[])
+    records = bytes(builder.build())
+    request = produce13.ProduceRequest(transactional_id=None, acks=1, timeout=timedelta(seconds=10), topic_data=tuple(
+        produce13.TopicProduceData(topic_id=id_, partition_data=(produce13.PartitionProduceData(index=0, records=records),))
+        for id_ in (topic_id, unknown)))
+    produced13 = roundtrip(sock, request)[1]
+    assert [t.topic_id for t in produced13.responses] == [topic_id, unknown]
+    known, missing = (t.partition_responses[0] for t in produced13.responses)
+    assert (known.error_code, known.base_offset) == (ErrorCode.none, 3)
+    assert missing.error_code == ErrorCode.unknown_topic_id
+
+    fetched = _fetch(fetch18, sock, topic_id, [0])
+    assert [t.topic_id for t in fetched.responses] == [topic_id]
+    assert fetched.responses[0].partitions[0].high_watermark == 4
+    assert b"by-id-13" in bytes(fetched.responses[0].partitions[0].records)

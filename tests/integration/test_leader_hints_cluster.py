@@ -5,7 +5,9 @@ broker 2's endpoint; a Fetch v16 to the old leader is refused the same way, and 
 new leader with the old epoch gets FENCED_LEADER_EPOCH with the same hint. Clients that read
 these (librdkafka 2.4+, the Java client) go to the new leader without a Metadata round trip:
 a librdkafka producer whose partition's leadership moves under it applies the hint (its
-METADATAUPDATE debug line) and loses nothing.
+METADATAUPDATE debug line) and loses nothing. A broker that hosts no replica of a partition
+the cluster has answers Produce, Fetch and ListOffsets for it NOT_LEADER_OR_FOLLOWER (Kafka's
+getPartitionOrError), with the same hint, not UNKNOWN_TOPIC_OR_PARTITION.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v16 import request as fetch16
+from kio.schema.list_offsets.v8 import request as list_offsets8
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v11 import request as produce11
 
@@ -58,12 +61,12 @@ def _leader(sock, topic: str = TOPIC) -> tuple[int, int, tuple[int, ...], object
     return partition.leader_id, partition.leader_epoch, tuple(partition.replica_nodes), topic.topic_id
 
 
-def _produce(sock):
+def _produce(sock, topic: str = TOPIC):
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
                                         producer_epoch=-1, base_sequence=-1, batch_size=1 << 16)
     builder.append(0, timestamp=1_700_000_000_000, key=None, value=b"v", headers=[])
     request = produce11.ProduceRequest(transactional_id=None, acks=1, timeout=timedelta(seconds=10), topic_data=(
-        produce11.TopicProduceData(name=TOPIC, partition_data=(
+        produce11.TopicProduceData(name=topic, partition_data=(
             produce11.PartitionProduceData(index=0, records=bytes(builder.build())),)),))
     return roundtrip(sock, request)[1]
 
@@ -162,3 +165,35 @@ def test_librdkafka_producer_follows_the_hint(two):
     assert len(delivered) == sent[0] and not any(delivered)
     # Logged by rd_kafka_metadata_update_op, which only a KIP-951 hint in a response calls.
     assert re.search(rf"Partition {topic}\([^)]*\)\[0\]: updated with leader 2 ", stream.getvalue())
+
+
+def test_a_broker_without_a_replica_answers_not_leader(two):
+    """Partition 0 of `elsewhere` lives on broker 1 only; broker 2 knows it from its metadata."""
+    topic = "elsewhere"
+    admin = AdminClient({"bootstrap.servers": two.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[1]])])[topic].result(60)
+    sock = _connect(two.brokers[2].bootstrap)
+    _, epoch, _, topic_id = wait_for(lambda: (lambda m: m[0] == 1 and m)(_leader(sock, topic)),
+                                     what="broker 2 knowing broker 1 leads")
+    host, _, port = two.brokers[1].bootstrap.rpartition(":")
+    endpoint = [(1, host, int(port))]
+
+    produced = _produce(sock, topic)
+    refused = produced.responses[0].partition_responses[0]
+    assert (refused.error_code, _hint(refused)) == (ErrorCode.not_leader_or_follower, (1, epoch))
+    assert [(n.node_id, n.host, n.port) for n in produced.node_endpoints] == endpoint
+
+    fetched = _fetch(sock, topic_id, -1)
+    refused = fetched.responses[0].partitions[0]
+    assert (refused.error_code, _hint(refused)) == (ErrorCode.not_leader_or_follower, (1, epoch))
+    assert [(n.node_id, n.host, n.port) for n in fetched.node_endpoints] == endpoint
+
+    request = list_offsets8.ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
+        list_offsets8.ListOffsetsTopic(name=topic, partitions=(
+            list_offsets8.ListOffsetsPartition(partition_index=0, timestamp=-1),)),))
+    listed = roundtrip(sock, request)[1].topics[0].partitions[0]
+    assert listed.error_code == ErrorCode.not_leader_or_follower
+    # A partition the cluster does not have stays UNKNOWN_TOPIC_OR_PARTITION.
+    missing = _produce(sock, "no-such-topic").responses[0].partition_responses[0]
+    assert missing.error_code == ErrorCode.unknown_topic_or_partition
+    sock.close()

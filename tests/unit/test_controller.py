@@ -446,3 +446,36 @@ def test_a_stale_version_refuses_only_its_own_partition_and_that_one_is_elected_
     assert calls[0] == [("t", p) for p in led] and calls[1] == [raced]  # only the refused one again
     for p in range(6):
         assert sim.state("t", p).leader not in (victim, NO_LEADER)
+
+
+def _kinds_from(broker, controller_epoch: int) -> list[str]:
+    return [r.kind for r in broker.received if r.payload.controller_epoch == controller_epoch]
+
+
+def test_after_failover_every_broker_hears_the_cluster_before_its_roles():
+    """Kafka's order (onControllerFailover sends UpdateMetadata before the state machines
+    start): a broker whose coordinator loads on LeaderAndIsr must already know the cluster's
+    topics, or it takes the partitions of a prepared transaction for deleted ones and
+    completes the transaction without writing their markers."""
+    sim = Sim()
+    sim.create_topic("t", partitions=3, replication_factor=3)
+    sim.kill(1)
+    sim.pump()
+    epoch = sim.zk.controller_epoch.epoch
+    for b in (2, 3):
+        kinds = _kinds_from(sim.brokers[b], epoch)
+        assert "LeaderAndIsr" in kinds and kinds.index("UpdateMetadata") < kinds.index("LeaderAndIsr"), kinds
+
+
+def test_a_restarted_broker_hears_the_cluster_before_its_roles():
+    """Kafka's onBrokerStartup: UpdateMetadata to the new broker first, then its replicas go
+    online (LeaderAndIsr). Broker 2 restarts faster than the controller hears it died."""
+    sim = Sim()
+    sim.create_topic("t", partitions=3, replication_factor=3)
+    sim.brokers[2].store.close()
+    sim.brokers[2].up = False
+    restarted = sim.start(2)
+    sim.pump()
+    kinds = [r.kind for r in restarted.received]
+    assert "LeaderAndIsr" in kinds and kinds.index("UpdateMetadata") < kinds.index("LeaderAndIsr"), kinds
+    assert ("t", 0) in restarted.metadata

@@ -171,3 +171,33 @@ def test_a_long_partition_loads_in_steps_that_let_the_loop_run(tmp_path):
             await broker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_commit_too_large_for_one_batch_is_refused_as_kafka_does(tmp_path):
+    """Kafka checks max.message.bytes on the coordinators' appends too: a commit whose batch
+    would exceed it is answered INVALID_COMMIT_OFFSET_SIZE for every partition, nothing of it
+    is kept, and a commit that fits goes through. (Ottla appended it whatever its size.)"""
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({**CONFIG, "message.max.bytes": 2048}), port=0)
+        await broker.start()
+        await coordinators_loaded(broker)
+        try:
+            groups, loop = broker.groups.coordinator, asyncio.get_running_loop()
+
+            def commit(partitions):
+                done = loop.create_future()
+                groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                                      offsets={("t", p): OffsetCommit(7, -1, "") for p in partitions},
+                                      now_ms=now_ms(), on_complete=done.set_result)
+                return asyncio.wait_for(done, 30)
+
+            too_many = range(100)  # about 50 bytes a record: 5,000 bytes
+            assert await commit(too_many) == dict.fromkeys((("t", p) for p in too_many), E.invalid_commit_offset_size)
+            assert groups.fetch_offsets(group_id="g", partitions=None).offsets == {}
+            assert await commit(range(3)) == dict.fromkeys((("t", p) for p in range(3)), E.none)
+            assert sorted(groups.fetch_offsets(group_id="g", partitions=None).offsets) == [("t", p) for p in range(3)]
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())

@@ -44,3 +44,27 @@ def test_only_configs_applied_at_runtime_are_dynamic():
         coerce_dynamic({"message.max.bytes": "-1"})
     assert coerce_dynamic({"log.cleanup.policy": "delete,compact", "max.connections": "9"}) == {
         "log.cleanup.policy": "delete,compact", "max.connections": 9}
+
+
+def test_passwords_are_sensitive_and_listener_security_configs_are_per_broker():
+    from ottla.config import redacted
+    from ottla.config_names import is_sensitive, listener_security_config
+
+    for name in ("ssl.keystore.password", "sasl.jaas.config", "ssl.keystore.key", "delegation.token.secret.key",
+                 "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config", "listener.name.x.ssl.key.password",
+                 "zookeeper.ssl.truststore.password", "any.other.password"):
+        assert is_sensitive(name), name
+    for name in ("ssl.keystore.location", "retention.ms", "listener.name.x.ssl.truststore.type", "sasl.mechanism"):
+        assert not is_sensitive(name), name
+    assert listener_security_config("listener.name.sasl_ssl.plain.sasl.jaas.config") == "sasl.jaas.config"
+    assert listener_security_config("listener.name.ssl.ssl.truststore.location") == "ssl.truststore.location"
+    assert listener_security_config("listener.name.ssl.max.connections") is None
+    listener = "listener.name.plaintext.ssl.keystore.password"
+    assert coerce_dynamic({listener: "secret"}) == {listener: "secret"}
+    with pytest.raises(ConfigError, match=r"at default cluster level, broker id must be specified: Set\(" + listener):
+        coerce_dynamic({listener: "secret"}, per_broker=False)
+    with pytest.raises(ConfigError, match=r"only per-listener using the listener prefix: Set\(ssl.keystore.password\)"):
+        coerce_dynamic({"ssl.keystore.password": "secret"})
+    with pytest.raises(ConfigError, match=r"Cannot update these configs dynamically: Set\(sasl.jaas.config\)"):
+        coerce_dynamic({"sasl.jaas.config": "x"})
+    assert redacted({listener: "secret", "message.max.bytes": 5}) == {listener: "[hidden]", "message.max.bytes": 5}

@@ -67,6 +67,23 @@ def test_truncation_from_both_ends(tmp_path):
     assert cache.entries == [(1, 15)]
 
 
+def test_write_assign_ahead_writes_what_assign_makes_and_assign_then_writes_nothing(tmp_path):
+    # A LeaderAndIsr's new leaders fsync their checkpoints in worker threads this way, so the
+    # assign on the event loop must find the file current (the same file: no new inode).
+    cache = cache_with(tmp_path, (0, 0), (3, 10), (5, 20))
+    path = tmp_path / CHECKPOINT_FILE
+    cache.write_assign_ahead(4, 15)  # replaces the conflicting (5, 20), as assign will
+    assert (path.read_text().split("\n")[1:-1], cache.entries) == (
+        ["3", "0 0", "3 10", "4 15"], [(0, 0), (3, 10), (5, 20)])  # the cache itself unchanged
+    written = os.stat(path).st_ino
+    assert cache.assign(4, 15) and cache.entries == [(0, 0), (3, 10), (4, 15)]
+    assert os.stat(path).st_ino == written
+    cache.write_assign_ahead(4, 30)  # the current epoch again: nothing to write
+    assert os.stat(path).st_ino == written
+    cache.truncate_from_end(12)  # anything else still writes through
+    assert os.stat(path).st_ino != written and LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10)]
+
+
 def test_checkpoint_file_is_kafkas_format_and_reloads(tmp_path):
     cache_with(tmp_path, (0, 0), (4, 17))
     assert (tmp_path / CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n4 17\n"

@@ -107,6 +107,29 @@ def test_add_partitions(manager, tmp_path):
     assert reopened.topics["grow"].partitions == 5
 
 
+def test_a_cluster_broker_holds_only_its_partitions_and_drops_one_moved_away(manager, tmp_path):
+    info = manager.create_topic("moved", 3, absent=frozenset({0}))
+    assert not (tmp_path / "moved-0").exists() and info.hosted == [1, 2]
+    manager.get_log("moved", 1).append(batch(), now_ms=0)
+    manager.delete_partitions("moved", {1})
+    assert not (tmp_path / "moved-1").exists() and (tmp_path / "moved-2").is_dir()
+    with pytest.raises(KafkaError) as e:
+        manager.get_log("moved", 1)
+    assert code(e) == ErrorCode.unknown_topic_or_partition
+    manager.close()
+    (tmp_path / "moved-1").mkdir()  # a deletion cut short after its commit point
+    reopened = LogManager(tmp_path, BrokerConfig())
+    assert reopened.topics["moved"].hosted == [2] and not (tmp_path / "moved-1").exists()
+    reopened.host_partitions("moved", {1})  # moved back here: empty again
+    assert reopened.get_log("moved", 1).log_end_offset == 0
+    reopened.add_partitions("moved", 5, absent=frozenset({3}))
+    assert reopened.topics["moved"].hosted == [1, 2, 4]
+    reopened.delete_partitions("moved", {1})
+    reopened.delete_partitions("moved", {2, 4})
+    assert "moved" not in reopened.topics  # the last one held takes the topic file with it
+    assert not (tmp_path / ".topics" / f"{info.topic_id}.json").exists()
+
+
 def test_alter_configs_applies_to_live_logs_and_persists(manager, tmp_path):
     manager.create_topic("cfg", 1)
     manager.alter_configs("cfg", {"message.timestamp.type": "LogAppendTime"})

@@ -89,6 +89,20 @@ def test_garbage_after_the_last_batch(written, tmp_path, tail):
     assert recovered.append(batch(0), now_ms=0).base_offset == 120
 
 
+@pytest.mark.parametrize("chunk", [100, 300], ids=["every-batch-bigger-than-a-chunk", "batches-straddle-chunks"])
+def test_recovery_reads_batches_across_and_beyond_its_chunks(written, tmp_path, monkeypatch, chunk):
+    from ottla.log import segment
+
+    monkeypatch.setattr(segment, "_RECOVERY_CHUNK", chunk)  # 4 MiB otherwise: batches of ~200 bytes here
+    expected = contents(written)
+    directory = crashed_copy(written, tmp_path)
+    last = segment_files(directory, ".log")[-1]
+    os.truncate(last, last.stat().st_size - 7)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 118
+    assert contents(recovered) == expected[:118]
+
+
 def test_corrupt_crc_in_an_older_segment_cuts_the_log_there(written, tmp_path):
     expected = contents(written)
     directory = crashed_copy(written, tmp_path)
@@ -162,6 +176,51 @@ def test_preallocated_active_index_left_by_a_crash_is_rebuilt(written, tmp_path)
     assert 0 < recovered.segments[-1].offset_index.entries < 20
 
 
+def test_recovery_trims_the_preallocated_indexes_it_rebuilds(written, tmp_path):
+    """Not only at the next close: a recovered broker may run for days before its active
+    segment rolls, and a 1,000-partition broker would keep 2,000 files of 10 MB each."""
+    directory = crashed_copy(written, tmp_path)
+    assert segment_files(directory, ".index")[-1].stat().st_size == 10485760
+    assert segment_files(directory, ".timeindex")[-1].stat().st_size == 10485760 // 12 * 12
+    recovered = Log(directory, CFG, recovery_point=0)
+    active = recovered.segments[-1]
+    assert 0 < active.offset_index.entries < 20
+    assert segment_files(directory, ".index")[-1].stat().st_size == active.offset_index.entries * 8
+    assert segment_files(directory, ".timeindex")[-1].stat().st_size == active.time_index.entries * 12
+    expected = contents(written)
+    assert contents(recovered) == expected  # reads go through the trimmed index
+    recovered.append(batch(60), now_ms=0)  # the next append preallocates again
+    assert contents(recovered)[: len(expected)] == expected
+
+
+def test_indexes_trimmed_by_recovery_are_fsynced_at_close(written, tmp_path, monkeypatch):
+    """A clean shutdown must make the rebuilt entries durable, as it does an active index's:
+    the next start trusts them without a rescan."""
+    from ottla.log import index
+
+    directory = crashed_copy(written, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    synced = []
+    real = index.fsync
+    monkeypatch.setattr(index, "fsync", lambda fd, path: (synced.append(path), real(fd, path)))
+    recovered.close()
+    active = recovered.segments[-1]
+    assert {active.offset_index.path, active.time_index.path} <= set(synced)
+
+
+def test_recovery_of_an_empty_active_segment_leaves_empty_indexes(tmp_path):
+    log = Log(tmp_path / "e-0", CFG)
+    log.append(batch(0), now_ms=0)
+    log.roll(now_ms=0)
+    log.active_segment.indexes_full()  # maps them at full size, as a running broker does
+    directory = crashed_copy(log, tmp_path)
+    assert segment_files(directory, ".index")[-1].stat().st_size == 10485760
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == 2
+    assert [p.stat().st_size for p in segment_files(directory, ".index")[-1:]] == [0]
+    assert [p.stat().st_size for p in segment_files(directory, ".timeindex")[-1:]] == [0]
+
+
 def test_recovery_logs_one_info_line_only_when_it_did_work(written, tmp_path, caplog):
     directory = crashed_copy(written, tmp_path)
     with caplog.at_level(logging.INFO, logger="ottla.log"):
@@ -191,6 +250,33 @@ def test_producer_state_survives_a_crash(tmp_path):
     retry = recovered.append(batch(39, producer_id=5, producer_epoch=0, base_sequence=78), now_ms=0)
     assert retry.duplicate and retry.base_offset == 78
     assert recovered.append(batch(40, producer_id=5, producer_epoch=0, base_sequence=80), now_ms=0).base_offset == 85
+
+
+def test_batches_without_a_producer_id_between_producers_recover_alike(tmp_path):
+    """Recovery hands producer state only the batches that carry a producer id: plain batches
+    in between (most of an internal topic) change nothing it knows but its end offset."""
+    log = Log(tmp_path / "m-0", CFG)
+    for i in range(30):
+        log.append(batch(i), now_ms=0)  # no producer id
+        log.append(batch(100 + i, producer_id=5, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+        if i % 10 == 9:
+            log.append(batch(200 + i, producer_id=9, producer_epoch=0, base_sequence=2 * (i // 10),
+                             is_transactional=True), now_ms=0)
+            log.append(build_control_batch(9, 0, 0, i != 19, 0), now_ms=0, origin="coordinator")
+    log.append(batch(300, producer_id=9, producer_epoch=0, base_sequence=6, is_transactional=True), now_ms=0)
+    log.append(batch(301), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)
+    aborted = [t for segment in log.segments for t in segment.txn_index.entries]
+    assert len(aborted) == 1
+    directory = crashed_copy(log, tmp_path)
+    recovered = Log(directory, CFG, recovery_point=0)
+    assert recovered.log_end_offset == log.log_end_offset
+    assert recovered.last_stable_offset == log.last_stable_offset < log.log_end_offset  # 9's last txn open
+    assert [t for segment in recovered.segments for t in segment.txn_index.entries] == aborted
+    assert recovered.producer_state.map_end_offset == log.log_end_offset
+    retry = recovered.append(batch(129, producer_id=5, producer_epoch=0, base_sequence=58), now_ms=0)
+    assert retry.duplicate
+    assert contents(recovered) == contents(log)
 
 
 def test_transaction_index_is_rebuilt_by_recovery(tmp_path):

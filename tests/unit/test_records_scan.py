@@ -67,3 +67,43 @@ def test_a_record_past_its_batch_is_corrupt_message():
     with pytest.raises(KafkaError) as refused:
         list(scan_batches(bytes(batch)))
     assert refused.value.code == ErrorCode.corrupt_message
+
+
+def _plain(attributes: int) -> bool:
+    return not attributes & 0x37  # uncompressed, not transactional, not control
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_batch, min_size=1, max_size=6), st.integers(0, 200))
+def test_plain_batches_go_by_key_into_the_dict(batches, torn):
+    """What the group coordinator's load takes from each plain batch: the last record per key,
+    by offset; every other batch is yielded as without the dict."""
+    data = _record_set(batches)
+    for cut in (data, data[:max(len(data) - torn, 0)]):
+        decoded = _decoded(cut)
+        latest = {}
+        yielded = list(scan_batches(cut, plain_into=latest))
+        assert yielded == [batch for batch in decoded if not _plain(batch[2])]
+        expected = {}
+        for batch in decoded:
+            if _plain(batch[2]):
+                expected.update({key: (offset, value) for offset, key, value in batch[4] if key is not None})
+        assert latest == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=8), st.data())
+def test_a_malformed_plain_record_is_corrupt_message_too(records, data):
+    batch = bytearray(_record_set([(records, "uncompressed", False, -1)] * 2))
+    position = data.draw(st.integers(HEADER_SIZE, len(batch) - 1))
+    batch[position] = data.draw(st.integers(0, 255))
+    try:
+        expected = _decoded(bytes(batch))
+    except KafkaError:
+        with pytest.raises(KafkaError) as refused:
+            list(scan_batches(bytes(batch), plain_into={}))
+        assert refused.value.code == ErrorCode.corrupt_message
+    else:
+        latest = {}
+        assert list(scan_batches(bytes(batch), plain_into=latest)) == [b for b in expected if not _plain(b[2])]
+        assert latest == {k: (o, v) for b in expected for o, k, v in b[4] if k is not None}

@@ -100,8 +100,12 @@ class Controller:
         ctx.deleting = queued & set(ctx.topics)
         self._machines()
         # Every broker hears the whole cluster, then its roles (Kafka sends the live
-        # brokers first; here every partition too, so offline ones are not left out).
+        # brokers first; here every partition too, so offline ones are not left out). A
+        # batch of its own: a batch sends LeaderAndIsr first, and a broker that leads a
+        # `__transaction_state` partition then rolled prepared transactions forward before
+        # its metadata knew their topics, skipping their markers as for deleted topics.
         ctx.send_update_metadata(ctx.brokers, list(ctx.partitions()))
+        ctx.flush()
         self.replicas.startup()
         self.partitions.startup()
         self.reassignments.resume()
@@ -165,6 +169,7 @@ class Controller:
         log.info("controller: brokers %s started", sorted(broker_ids))
         ctx.send_update_metadata(set(ctx.brokers) - broker_ids)
         ctx.send_update_metadata(broker_ids, list(ctx.partitions()))
+        ctx.flush()  # before the new brokers' LeaderAndIsr, as in _failover
         replicas = [r for r in ctx.replicas_on(broker_ids) if r[0][0] not in ctx.deleting]
         self.replicas.handle(replicas, ReplicaPhase.ONLINE)
         self.partitions.trigger_online()

@@ -31,6 +31,7 @@ class _Index:
         self._fd = -1
         self._mm: mmap.mmap | None = None
         self._active = False
+        self._trimmed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -82,14 +83,30 @@ class _Index:
             self._mm = None
         if self._active:
             os.ftruncate(self._fd, self.entries * self.entry.size)
+        if self._active or self._trimmed:
             if sync:
                 fsync(self._fd, self.path)
             else:
                 deferred = os.dup(self._fd)
         os.close(self._fd)
         self._fd = -1
-        self._active = False
+        self._active = self._trimmed = False
         return deferred
+
+    def trim(self) -> None:
+        """Cut an active index back to its entries, without fsync: recovery rebuilt it, and a
+        crash before the next checkpoint rebuilds it again. The next append maps it at full
+        size again; until then the file holds no preallocated tail (Kafka's trimToValidSize)."""
+        if self._fd < 0 or not self._active:
+            return
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        os.ftruncate(self._fd, self.entries * self.entry.size)
+        self._active = False
+        self._trimmed = True  # still to fsync when it closes, as an active index is
+        if self.entries:
+            self._mm = mmap.mmap(self._fd, self.entries * self.entry.size)
 
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""

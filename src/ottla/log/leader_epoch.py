@@ -13,6 +13,11 @@ cuts to fit the log is written only before the next change or append, and not at
 that puts back what the file holds: an empty partition's entry `(epoch, 0)` is cut at every
 load (it starts at the log end) and assigned again when the partition becomes leader, which
 cost two fsynced writes per empty partition at every start.
+
+Becoming leader writes the new epoch's entry (two fsyncs). A LeaderAndIsr that makes this
+broker leader of hundreds of partitions writes them ahead in worker threads
+(`write_assign_ahead`), so the `assign` on the event loop finds the file current; writes are
+serialised per cache by a lock, and the file always holds what `_in_file` says.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -113,6 +119,7 @@ class LeaderEpochCache:
         # The entries differ from the file's after a load's fit (`deferred`): written before
         # anything else changes or is appended.
         self._unwritten = False
+        self._write_lock = threading.Lock()  # the loop's flush and a worker's write-ahead
 
     @classmethod
     def load(cls, directory: Path) -> tuple["LeaderEpochCache", bool]:
@@ -186,6 +193,18 @@ class LeaderEpochCache:
         self.flush()
         return True
 
+    def write_assign_ahead(self, epoch: int, start_offset: int) -> None:
+        """Write (durably) the entries `assign(epoch, start_offset)` will make, without changing
+        the cache: meant for a worker thread while nothing changes this cache (a partition
+        between roles). Should anything change it meanwhile, `assign` writes what it finds."""
+        entries = self.entries
+        if epoch < 0 or start_offset < 0 or (entries and epoch == entries[-1].epoch
+                                             and start_offset >= entries[-1].start_offset):
+            return
+        while entries and (entries[-1].epoch >= epoch or entries[-1].start_offset >= start_offset):
+            entries.pop()
+        self._write(entries + [EpochEntry(epoch, start_offset)])
+
     def truncate_from_end(self, end_offset: int, *, deferred: bool = False) -> None:
         """The log was truncated to `end_offset`: drop the epochs starting at or after it.
         `deferred` (a load fitting the cache to its log): the file is written later."""
@@ -227,11 +246,14 @@ class LeaderEpochCache:
 
     def flush(self) -> None:
         """Write the entries through, unless the file holds them already."""
-        entries = self.entries
-        if entries != self._in_file:
-            _write_checkpoint(self.path, entries)
-            self._in_file = entries
+        self._write(self.entries)
         self._unwritten = False
+
+    def _write(self, entries: list[EpochEntry]) -> None:
+        with self._write_lock:
+            if entries != self._in_file:
+                _write_checkpoint(self.path, entries)
+                self._in_file = entries
 
 
 def entries_from_batches(headers) -> list[EpochEntry]:

@@ -121,6 +121,7 @@ def _recover(
         if truncated:  # nothing after a torn or corrupt batch can be trusted
             keep = i + 1
             break
+    state.skip_to(next_offset)
     for segment in segments[keep:]:
         truncated_bytes += segment.size
         segment.delete()
@@ -147,6 +148,7 @@ def _recover(
 
 
 def _replay_into(state: ProducerStateManager, segment: LogSegment):
+    """What recovery feeds each batch carrying a producer id (the others change no state)."""
     def on_batch(header: BatchHeader, chunk, position: int) -> None:
         item = header
         if header.is_control:

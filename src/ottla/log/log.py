@@ -211,7 +211,9 @@ class Log:
         buf = records
         settings = self._settings
         from_client = origin == "client"
-        headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if from_client else None)
+        # Kafka checks max.message.bytes on every leader append, the coordinators' included (an
+        # OffsetCommit too large for one batch is INVALID_COMMIT_OFFSET_SIZE); not on replication.
+        headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if origin != "replication" else None)
         if from_client:
             buf, headers = validate_produced(buf, headers, now_ms, settings, self.directory.name)
 

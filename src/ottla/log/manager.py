@@ -2,9 +2,11 @@
 
 Layout of `<data-dir>`:
     <topic>-<partition>/                 one Log each
-    .topics/<topic id>.json              name, topic id, partition count, config overrides
-                                         (named by id: a 249-character topic name plus
-                                         a suffix would pass the 255-byte file name limit)
+    .topics/<topic id>.json              name, topic id, partition count, config overrides,
+                                         the partitions not hosted here ("absent": in a
+                                         cluster a broker holds only its replicas) (named
+                                         by id: a 249-character topic name plus a suffix
+                                         would pass the 255-byte file name limit)
     recovery-point-offset-checkpoint     Kafka's text format, one line per partition
     log-start-offset-checkpoint          same format
     replication-offset-checkpoint        same format: each partition's high watermark
@@ -55,8 +57,13 @@ def _wall_clock_ms() -> int:
 class TopicInfo(NamedTuple):
     name: str
     topic_id: uuid.UUID
-    partitions: int
+    partitions: int  # the topic's size; the partitions stored here are `hosted`
     config: TopicConfig
+    absent: frozenset[int] = frozenset()
+
+    @property
+    def hosted(self) -> list[int]:
+        return [p for p in range(self.partitions) if p not in self.absent]
 
 
 def validate_topic_name(name: str) -> None:
@@ -165,11 +172,11 @@ class LogManager:
                 continue
             topic, partition = match.group(1), int(match.group(2))
             info = self.topics.get(topic)
-            if info is None or partition >= info.partitions:
+            if info is None or partition >= info.partitions or partition in info.absent:
                 log.warning("removing %s: it belongs to no topic (interrupted create or delete)", entry.path)
                 shutil.rmtree(entry.path)
         for info in self.topics.values():
-            for partition in range(info.partitions):
+            for partition in info.hosted:
                 key = (info.name, partition)
                 self.logs[key] = Log(
                     self._partition_dir(info.name, partition),
@@ -191,10 +198,11 @@ class LogManager:
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
             info = TopicInfo(meta["name"], uuid.UUID(meta["topic_id"]), int(meta["partitions"]),
-                             TopicConfig(self.broker_config, meta["configs"]))
+                             TopicConfig(self.broker_config, meta["configs"]),
+                             frozenset(int(p) for p in meta.get("absent", ())))
             validate_topic_name(info.name)
-            if info.partitions < 1:
-                raise ValueError(f"partition count {info.partitions}")
+            if info.partitions < 1 or not info.hosted:
+                raise ValueError(f"partition count {info.partitions}, absent {sorted(info.absent)}")
         except (ValueError, KeyError, TypeError, AttributeError, ConfigError, KafkaError) as exc:
             raise DataDirError(f"topic file {path} is corrupt ({type(exc).__name__}: {exc}); restore it from a "
                                f"backup, or remove it and the topic's partition directories") from None
@@ -213,6 +221,8 @@ class LogManager:
             "partitions": info.partitions,
             "configs": info.config.overrides,
         }
+        if info.absent:
+            meta["absent"] = sorted(info.absent)
         _write_atomically(self._topic_file(info), json.dumps(meta, sort_keys=True))
 
     # -- catalog -------------------------------------------------------------------------
@@ -223,7 +233,7 @@ class LogManager:
             disk_worker=self.disk_worker,
         )
 
-    def _new_logs(self, topic: str, partitions: range, config: TopicConfig) -> dict[tuple[str, int], Log]:
+    def _new_logs(self, topic: str, partitions: list[int], config: TopicConfig) -> dict[tuple[str, int], Log]:
         """All of them or none: a failure part-way (no space, no descriptors left) removes the
         partitions made so far and is KAFKA_STORAGE_ERROR, so no half-created topic is left."""
         made: dict[tuple[str, int], Log] = {}
@@ -260,8 +270,10 @@ class LogManager:
         *,
         topic_id: uuid.UUID | None = None,
         validate_only: bool = False,
+        absent: frozenset[int] = frozenset(),
     ) -> TopicInfo:
-        """Create the partition directories, then commit the topic file.
+        """Create the partition directories, then commit the topic file. `absent`: partitions
+        of the topic this data dir does not hold (a cluster broker's non-replicas).
 
         Raises INVALID_TOPIC_EXCEPTION (bad name, or a '.'/'_' collision as Kafka reports it),
         TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG.
@@ -280,20 +292,29 @@ class LogManager:
         if partitions < 1:
             raise KafkaError(ErrorCode.invalid_partitions, "number of partitions must be at least 1")
         config = self._topic_config(configs)
-        info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, config)
+        info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, config, frozenset(absent))
         if validate_only:
             return info
-        new_logs = self._new_logs(name, range(partitions), config)
+        self.add_created_topic(info, self.write_topic_files(info))
+        return info
+
+    def write_topic_files(self, info: TopicInfo) -> dict[tuple[str, int], Log]:
+        """The disk half of `create_topic` (directories, segments, the topic file: for 1,000
+        partitions seconds of fsyncs on a busy disk): touches nothing shared, so a cluster
+        broker runs it in a worker thread and then `add_created_topic` on its event loop."""
+        new_logs = self._new_logs(info.name, info.hosted, info.config)
         try:
             _fsync_dir(self.data_dir)
             self._write_topic(info)  # the commit point
         except OSError as exc:
             for partition_log in new_logs.values():
                 partition_log.delete()
-            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name}: {exc}") from None
-        self.topics[name] = info
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {info.name}: {exc}") from None
+        return new_logs
+
+    def add_created_topic(self, info: TopicInfo, new_logs: dict[tuple[str, int], Log]) -> None:
+        self.topics[info.name] = info
         self.logs.update(new_logs)
-        return info
 
     def delete_topic(self, name: str) -> None:
         """Remove the topic file first (the commit point), then its partitions' data."""
@@ -301,21 +322,53 @@ class LogManager:
         self._topic_file(info).unlink()
         _fsync_dir(self.data_dir / TOPICS_DIR)
         del self.topics[name]
-        for partition in range(info.partitions):
+        for partition in info.hosted:
             self.logs.pop((name, partition)).delete()
 
-    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo:
-        """Grow a topic to `total` partitions; shrinking is INVALID_PARTITIONS, as in Kafka."""
+    def delete_partitions(self, name: str, partitions: set[int]) -> None:
+        """Stop holding partitions (replicas moved away): the topic file records them absent
+        (the commit point, one write for all), then their data goes. The last ones held take
+        the topic with them."""
+        info = self.topics.get(name)
+        gone = sorted(p for p in partitions if info is not None and p in info.hosted)
+        if not gone:
+            return
+        if len(gone) == len(info.hosted):
+            self.delete_topic(name)
+            return
+        updated = info._replace(absent=info.absent | set(gone))
+        self._write_topic(updated)
+        self.topics[name] = updated
+        for partition in gone:
+            self.logs.pop((name, partition)).delete()
+
+    def host_partitions(self, name: str, partitions: set[int]) -> None:
+        """Hold `partitions` of a known topic again (a replica moved back here), empty."""
+        info = self._topic(name)
+        missing = sorted(p for p in partitions if p in info.absent)
+        if not missing:
+            return
+        self.logs.update(self._new_logs(name, missing, info.config))
+        _fsync_dir(self.data_dir)
+        updated = info._replace(absent=info.absent - set(missing))
+        self._write_topic(updated)
+        self.topics[name] = updated
+
+    def add_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                       absent: frozenset[int] = frozenset()) -> TopicInfo:
+        """Grow a topic to `total` partitions (of them, `absent` not held here); shrinking is
+        INVALID_PARTITIONS, as in Kafka."""
         info = self._topic(name)
         if total <= info.partitions:
             raise KafkaError(
                 ErrorCode.invalid_partitions,
                 f"topic {name!r} has {info.partitions} partitions; the new count must be larger, got {total}",
             )
-        updated = info._replace(partitions=total)
+        updated = info._replace(partitions=total, absent=info.absent | {p for p in absent if p >= info.partitions})
         if validate_only:
             return updated
-        self.logs.update(self._new_logs(name, range(info.partitions, total), info.config))
+        self.logs.update(self._new_logs(name, [p for p in range(info.partitions, total) if p not in updated.absent],
+                                        info.config))
         _fsync_dir(self.data_dir)
         self._write_topic(updated)
         self.topics[name] = updated
@@ -330,7 +383,7 @@ class LogManager:
         updated = info._replace(config=config)
         self._write_topic(updated)
         self.topics[name] = updated
-        for partition in range(info.partitions):
+        for partition in info.hosted:
             self.logs[(name, partition)].config = config
         return updated
 

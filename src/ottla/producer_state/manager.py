@@ -294,6 +294,11 @@ class ProducerStateManager:
         producer's sequence survives compaction (Kafka's lastRecordsOfActiveProducers)."""
         return {pid: e.batches[-1].last_offset if e.batches else e.last_offset for pid, e in self._producers.items()}
 
+    def skip_to(self, offset: int) -> None:
+        """The batches below `offset` not applied carry no producer id: recovery's fast path
+        skips them, as they change nothing here but the end offset."""
+        self._map_end_offset = max(self._map_end_offset, offset)
+
     @property
     def map_end_offset(self) -> int:
         """The state reflects every batch below this offset."""

@@ -31,6 +31,7 @@ from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
 from ..producer_state.allocator import FileProducerIdBlockStore, ProducerIdManager
 from ..producer_state.authorizer import AllowAllAuthorizer
+from .acceptor import Acceptor, bind
 from .clock import now_ms
 from .coordinator_runtime import BrokerCoordinatorRuntime, BrokerMarkerChannel
 from .handlers import load_handlers
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from .cluster_node import ClusterNode
 
 log = logging.getLogger("ottla.broker")
+# Connections closed at shutdown per loop iteration (see acceptor.py for why in slices).
+_CLOSE_SLICE = 256
 
 # A cluster broker that has not heard from a controller by then says so (it keeps waiting).
 READY_NOTICE_S = 5.0
@@ -136,7 +139,7 @@ class Broker:
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
-        self.replicas = ReplicaManager(self.node_id, self.logs)
+        self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
         self._publish_local_metadata()
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)
@@ -155,7 +158,7 @@ class Broker:
         self._stopping = False
         self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,
                                                self.producer_ids.generate_producer_id, now_ms)
-        self._server: asyncio.base_events.Server | None = None
+        self._server: Acceptor | None = None
         self._duties: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
 
@@ -169,12 +172,11 @@ class Broker:
         await self.groups.start()
         await self.transactions.start()
         try:
-            self._server = await loop.create_server(
-                lambda: Connection(self), self.host, self.port, reuse_address=True, backlog=1024,
-                start_serving=False,
-            )
-            size_socket_buffers(self._server.sockets, self.config)
-            await self._server.start_serving()
+            listening = await bind(self.host, self.port)
+            size_socket_buffers(listening, self.config)
+            self._server = Acceptor(listening, lambda: Connection(self))
+            if self.membership is None:
+                self._server.start()
         except OSError:
             await self.stop()  # a broker that never served still shuts down cleanly
             raise
@@ -187,11 +189,16 @@ class Broker:
             cluster = ClusterNode(self)
             cluster.attach()
             try:
+                # Bound but not listening until registered (Kafka processes no request before
+                # registering): a broker restarted after kill -9 waits up to a session timeout
+                # for its old registration, and the controller's requests meant for that old
+                # incarnation (its broker epoch unknown here until registered) were applied.
                 await self.membership.start(*self.advertised)
             except StoreError:
                 await cluster.stop(registered=False)
                 await self.stop()  # e.g. broker.id in use: stop serving, end the session
                 raise
+            self._server.start()
             self.cluster = cluster
             await self.cluster.start()
             # Once registered, the controller's requests may arrive at any await: logs created
@@ -225,8 +232,10 @@ class Broker:
         self.groups.stop()
         self.replicas.close()
         await self.interbroker.close()
-        for connection in list(self.connections):
+        for closed, connection in enumerate(list(self.connections), 1):
             connection.close()
+            if closed % _CLOSE_SLICE == 0:
+                await asyncio.sleep(0)  # thousands of connections: their ends run in between
         await asyncio.to_thread(self.cleaner.stop)  # the loop keeps serving a cleaner mid-commit
         self.logs.close()
         if self.membership is not None:

@@ -2,7 +2,7 @@
 
 - `max.connections` / `max.connections.per.ip`: a connection over either limit is closed as
   soon as it is accepted (Kafka rejects per-IP overflow the same way; for the broker-wide
-  limit Kafka stops accepting until a slot frees, which asyncio's server cannot do, so the
+  limit Kafka stops accepting until a slot frees, which Ottla's acceptor does not do, so the
   newcomer is closed instead and the client retries).
 - `connections.max.idle.ms`: a connection with no handler at work and no bytes moved in
   either direction for that long is closed, as Kafka's selector does (a response the peer

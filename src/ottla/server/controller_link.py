@@ -7,6 +7,11 @@ STALE_CONTROLLER_EPOCH and changes nothing; one meant for an earlier incarnation
 broker (an older broker epoch, KIP-380) gets STALE_BROKER_EPOCH. LeaderAndIsr creates the
 local log of a partition this broker is now a replica of (with the topic's configs from
 the store) before the replica manager takes the role; StopReplica with delete removes it.
+A broker holds only the partitions it is a replica of. One that was down while a partition
+was moved off it missed that StopReplica (the controller sends nothing to a broker that is
+not live): on its first UpdateMetadata it deletes every partition it holds that the
+cluster's metadata gives to other brokers only (the stray replicas a KRaft broker deletes
+on its first metadata image, KAFKA-14616).
 """
 
 from __future__ import annotations
@@ -59,43 +64,58 @@ class ControllerLink:
 
     # -- LeaderAndIsr -------------------------------------------------------------------------
     async def leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
+        """Applied in several loop steps (`ReplicaManager.apply_in_slices`), and to the end even
+        if the controller's connection drops meanwhile (its handler is then cancelled): a
+        LeaderAndIsr half applied would leave roles no controller knows of."""
+        return await asyncio.shield(self._leader_and_isr(request))
+
+    async def _leader_and_isr(self, request) -> dict[TopicPartition, ErrorCode]:
         async with self._lock:
             self._check(request)
             states = wire.partition_states(request)
             ids = wire.topic_ids(request)
             mine = [s for s in states if self.broker.node_id in s.replicas]
-            for topic in sorted({s.topic for s in mine}):
-                needed = max(s.partition for s in mine if s.topic == topic) + 1
-                await self._ensure_logs(topic, ids.get(topic), needed)
+            by_topic: dict[str, set[int]] = {}
+            for s in mine:
+                by_topic.setdefault(s.topic, set()).add(s.partition)
+            for topic in sorted(by_topic):
+                await self._ensure_logs(topic, ids.get(topic), by_topic[topic])
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
                 fetchers.learn_endpoints({int(b.broker_id): (b.host_name, int(b.port)) for b in request.live_leaders})
-            cached = [_cached(s) for s in mine]
-            errors = self.broker.replicas.apply_partition_states(cached, now_ms())
-            self.broker.metadata.update_from_leader_and_isr(
-                s for s in cached if errors.get((s.topic, s.partition)) == ErrorCode.none)
-            return errors
 
-    async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, count: int) -> None:
-        """The local catalog holds the topic under the cluster's topic id with at least
-        `count` partitions (a same-named topic of another id was deleted while we were away)."""
+            def applied(part, errors) -> None:
+                self.broker.metadata.update_from_leader_and_isr(
+                    s for s in part if errors.get((s.topic, s.partition)) == ErrorCode.none)
+
+            return await self.broker.replicas.apply_in_slices([_cached(s) for s in mine], now_ms(), applied)
+
+    async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, partitions: set[int]) -> None:
+        """The local catalog holds `partitions` of the topic under the cluster's topic id (a
+        same-named topic of another id was deleted while we were away)."""
         logs = self.broker.logs
         info = logs.topics.get(topic)
         if info is not None and topic_id is not None and info.topic_id != topic_id:
             log.info("replacing local topic %s (id %s): the cluster's is %s", topic, info.topic_id, topic_id)
             self._delete_local(topic)
             info = None
+        count = max(partitions) + 1
         if info is None:
             configs = await asyncio.to_thread(self.store.topic_configs, topic)
-            logs.create_topic(topic, count, configs, topic_id=topic_id)
-        elif info.partitions < count:
-            logs.add_partitions(topic, count)
+            info = logs.create_topic(topic, count, configs, topic_id=topic_id,
+                                     absent=frozenset(range(count)) - partitions, validate_only=True)
+            # The files in a worker thread (seconds for 1,000 partitions), the catalog on the loop.
+            logs.add_created_topic(info, await asyncio.to_thread(logs.write_topic_files, info))
+            return
+        if info.partitions < count:
+            logs.add_partitions(topic, count, absent=frozenset(range(count)) - partitions)
+        logs.host_partitions(topic, partitions)
 
     def _delete_local(self, topic: str) -> None:
         info = self.broker.logs.topics.get(topic)
         if info is None:
             return
-        self.broker.replicas.remove_partitions([(topic, p) for p in range(info.partitions)])
+        self.broker.replicas.remove_partitions([(topic, p) for p in info.hosted])
         self.broker.logs.delete_topic(topic)
         self.broker.groups.coordinator.on_topics_deleted([topic], now_ms())
 
@@ -111,16 +131,38 @@ class ControllerLink:
                     topic_ids=wire.topic_ids(request))
             except KafkaError as exc:
                 self._refuse(request, exc.code, str(exc))
+            if not self.metadata_received.is_set():
+                self._delete_strays()
             self.metadata_received.set()
             if deleted:
                 self.broker.groups.coordinator.on_topics_deleted(deleted, now_ms())
+
+    def _delete_strays(self) -> None:
+        """Delete the partitions held here that the metadata gives to other brokers only
+        (moved away while this broker was down). Topics the metadata lacks, or has under
+        another id, are left to topic deletion and to `_ensure_logs`."""
+        metadata, node_id = self.broker.metadata, self.broker.node_id
+        for info in list(self.broker.logs.topics.values()):
+            cached = metadata.topic(info.name)
+            if cached is None or cached.topic_id != info.topic_id:
+                continue
+            strays = {p for p in info.hosted if (state := cached.partitions.get(p)) is not None
+                      and node_id not in state.replicas}
+            if strays:
+                log.info("deleting partitions %s of %s: other brokers hold them now (moved while broker %d "
+                         "was away)", sorted(strays), info.name, node_id)
+                self._delete_partitions(info.name, strays)
+
+    def _delete_partitions(self, topic: str, partitions: set[int]) -> None:
+        self.broker.replicas.remove_partitions([(topic, p) for p in partitions])
+        self.broker.logs.delete_partitions(topic, partitions)
 
     # -- StopReplica --------------------------------------------------------------------------
     async def stop_replica(self, request) -> dict[TopicPartition, ErrorCode]:
         async with self._lock:
             self._check(request)
             results: dict[TopicPartition, ErrorCode] = {}
-            deleted_topics = set()
+            deleted: list[TopicPartition] = []
             for topic in request.topic_states:
                 for p in topic.partition_states:
                     key = (topic.topic_name, int(p.partition_index))
@@ -132,14 +174,14 @@ class ControllerLink:
                         continue
                     self.broker.replicas.remove_partitions([key])
                     if p.delete_partition:
-                        deleted_topics.add(key[0])
+                        deleted.append(key)
                     results[key] = ErrorCode.none
-            # The local catalog keeps whole topics: a deleted topic goes at once; a partition
-            # moved away by a reassignment stays on disk, unserved, until its topic goes.
-            for name in sorted(deleted_topics):
-                info = self.broker.logs.topics.get(name)
-                if info is not None and not self.broker.metadata.has_topic(name):
-                    self._delete_local(name)
+            # A deleted topic goes whole (the coordinators forget it); a partition moved away
+            # by a reassignment goes alone.
+            for name in sorted({topic for topic, _ in deleted if not self.broker.metadata.has_topic(topic)}):
+                self._delete_local(name)
+            for name in sorted({topic for topic, _ in deleted if self.broker.metadata.has_topic(topic)}):
+                self._delete_partitions(name, {p for topic, p in deleted if topic == name})
             return results
 
 

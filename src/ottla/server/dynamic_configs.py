@@ -25,7 +25,8 @@ import logging
 from typing import Mapping
 
 from ..cluster.store import NoSuchTopic, StoreError
-from ..config import ConfigError, coerce_dynamic, render, validate_topic_configs
+from ..config import (ConfigError, coerce_dynamic, redacted, render, report_not_applied_listener_configs,
+                      validate_topic_configs)
 from ..errors import ErrorCode, KafkaError
 from ..group_config import report_not_applied, validate_group_configs
 from ..producer_state._files import atomic_write
@@ -83,7 +84,7 @@ class DynamicConfigs:
         INVALID_REQUEST for a config that cannot change at runtime or a bad value, as Kafka."""
         entity = "" if broker_id is None else str(broker_id)
         try:
-            coerce_dynamic(configs)
+            coerce_dynamic(configs, per_broker=broker_id is not None)
         except ConfigError as exc:
             raise KafkaError(ErrorCode.invalid_request, f"Invalid config value for resource ConfigResource("
                                                         f"type=BROKER, name='{entity}'): {exc}") from None
@@ -162,7 +163,7 @@ class DynamicConfigs:
         layers = []
         for entity, configs in ((self.broker.node_id, per_broker), (DEFAULT_ENTITY, default)):
             try:
-                layers.append(coerce_dynamic(configs))
+                layers.append(coerce_dynamic(configs, per_broker=entity != DEFAULT_ENTITY))
             except ConfigError as exc:
                 # Written by another tool (or a newer broker): keep the rest of the broker going.
                 log.warning("dynamic broker configs of %s not applied: %s", entity, exc)
@@ -174,7 +175,8 @@ class DynamicConfigs:
         self.broker.logs.refresh_configs()
         self.broker.cleaner.reconfigure(config)
         self.broker.connections.reconfigure(config)
-        log.info("dynamic broker configs now %s, cluster defaults %s", layers[0], layers[1])
+        report_not_applied_listener_configs(layers[0])
+        log.info("dynamic broker configs now %s, cluster defaults %s", redacted(layers[0]), redacted(layers[1]))
 
     async def catch_up(self) -> None:
         """Apply the changes announced since the last notification seen (Kafka's

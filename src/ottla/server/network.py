@@ -30,6 +30,7 @@ from ..protocol.codec import (
     encode_response,
 )
 from .context import CloseConnection, RequestContext
+from .handlers import controlled_shutdown, leader_and_isr, stop_replica, update_metadata
 from .loop_lag import timed
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ _PRODUCE_KEY = b"\x00\x00"
 # topics held the loop for 90 ms in one step.
 _ENCODE_ON_LOOP_ITEMS = 64
 _field_names: dict[type, tuple[str, ...]] = {}
+# What a cluster broker answers before the controller's first UpdateMetadata: ApiVersions and
+# the controller's own requests.
+_BEFORE_THE_CLUSTER = frozenset({API_VERSIONS_KEY, leader_and_isr.API_KEY, stop_replica.API_KEY,
+                                 update_metadata.API_KEY, controlled_shutdown.API_KEY})
 
 
 def _arrays(entity) -> list[tuple]:
@@ -229,6 +234,14 @@ class Connection(asyncio.BufferedProtocol):
         context = RequestContext(self.broker, request.api_key, request.api_version, request.header, self.id,
                                  self.peer_host)
         what = self.what = f"{api_name(request.api_key)} v{request.api_version}"
+        link = self.broker.controller_link
+        if link is not None and not link.metadata_received.is_set() and request.api_key not in _BEFORE_THE_CLUSTER:
+            # Until then this broker knows itself alone (it listens once registered, and the
+            # controller's UpdateMetadata follows): a Metadata answer naming only it makes
+            # librdkafka drop the other brokers, coordinators included, and a
+            # send_offsets_to_transaction() then hangs (librdkafka #5511, #5456). It must
+            # listen to hear the controller, so clients wait instead.
+            await link.metadata_received.wait()
         try:
             response = await self.broker.handlers[request.api_key].handle(context, request.body)
         except asyncio.CancelledError:

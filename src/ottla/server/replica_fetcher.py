@@ -176,7 +176,7 @@ class _Fetcher:
             topics=tuple(epoch_request.OffsetForLeaderTopic(topic=topic, partitions=tuple(
                 epoch_request.OffsetForLeaderPartition(partition=p, current_leader_epoch=s.current_leader_epoch,
                                                        leader_epoch=s.latest_epoch())
-                for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})))
+                for p, s in parts)) for topic, parts in _by_topic(wanted)))
         response = await self._send(endpoint, request)
         for topic in response.topics:
             for answer in topic.partitions:
@@ -201,7 +201,7 @@ class _Fetcher:
                     list_offsets_request.ListOffsetsPartition(partition_index=p,
                                                               current_leader_epoch=s.current_leader_epoch,
                                                               timestamp=timestamp)
-                    for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})))
+                    for p, s in parts)) for topic, parts in _by_topic(wanted)))
             response = await self._send(endpoint, request)
             for topic in response.topics:
                 for answer in topic.partitions:
@@ -228,7 +228,7 @@ class _Fetcher:
                                              last_fetched_epoch=_or_undefined(s.latest_epoch()),
                                              log_start_offset=s.log.log_start_offset,
                                              partition_max_bytes=settings["partition_max_bytes"])
-                for (t, p), s in wanted.items() if t == topic)) for topic in sorted({t for t, _ in wanted})),
+                for p, s in parts)) for topic, parts in _by_topic(wanted)),
             forgotten_topics_data=(), rack_id="")
         response = await self._send(endpoint, request)
         for topic in response.responses:
@@ -258,6 +258,15 @@ class _Fetcher:
             state.delayed_until_ms = now + self._manager.settings["backoff_ms"]
         if error not in (ErrorCode.none, ErrorCode.offset_out_of_range):
             log.info("%s-%d: Fetch from leader %d answered %s", *key, self.source_id, error.name)
+
+
+def _by_topic(wanted: dict[TopicPartition, FollowerFetchState]) -> list[tuple[str, list]]:
+    """(topic, [(partition, state)]) by topic name, in one pass: filtering all partitions per
+    topic cost topics x partitions per request (1,000 one-partition topics: a million)."""
+    grouped: dict[str, list] = {}
+    for (topic, partition), state in wanted.items():
+        grouped.setdefault(topic, []).append((partition, state))
+    return sorted(grouped.items())
 
 
 def _or_undefined(epoch: int | None) -> int:

@@ -128,7 +128,8 @@ class PartitionLoader:
 
     def _replay_record_set(self, data: bytes) -> None:
         latest = self._latest
-        for _, _, attributes, producer_id, records in scan_batches(data):
+        # Plain batches (a commit storm's) go straight into `latest`; the rest come here.
+        for _, _, attributes, producer_id, records in scan_batches(data, plain_into=latest):
             if attributes & CONTROL_BIT:
                 kind = control_type(records[0][1]) if records else None
                 if kind in (ABORT, COMMIT):
@@ -137,8 +138,8 @@ class PartitionLoader:
                 for offset, key, value in records:
                     if key is not None:
                         self._replay_record(offset, key, value, producer_id)
-            else:
-                for offset, key, value in records:  # the hot loop of a load: plain commits
+            else:  # compressed plain batches
+                for offset, key, value in records:
                     if key is not None:
                         latest[key] = (offset, value)
 

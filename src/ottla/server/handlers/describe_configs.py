@@ -1,12 +1,15 @@
 """DescribeConfigs for topics, the broker and groups, with Kafka's config sources and synonyms.
 
 The broker lists every config it has, the static ones fixed at start (listeners, log dirs)
-included; "" (the cluster default) lists the dynamic defaults only. With include_synonyms each
+included, and the Kafka configs it was started with and does not implement (ssl.*, sasl.*, ...); "" (the cluster default) lists the dynamic defaults only. With include_synonyms each
 entry carries where its value could come from, most specific first, as Kafka reports them
 (topic override, dynamic per-broker, dynamic default, static broker config, default). In a
 cluster a topic's configs are read from the store, so any broker answers for any topic.
 A group (KIP-848 GROUP resource) lists every group config Kafka defines, its own settings over
 the broker's `group.*` defaults, whether or not the group exists (as Kafka).
+
+A password (Kafka's PASSWORD-typed configs, any `*.password`, under their own name or a
+listener's) is reported is_sensitive with a null value, its synonyms too, as Kafka does.
 
 A resource named several times with the same keys is answered once (clients match results
 by resource): one 350 KB request naming the broker 50,000 times would otherwise build a
@@ -18,6 +21,8 @@ from datetime import timedelta
 
 from ...config import (BROKER_CONFIGS, DYNAMIC_BROKER_CONFIGS, TOPIC_CONFIGS, ConfigError, TopicConfig,
                        broker_synonyms, render)
+from ...config_names import (LISTENER_MECHANISM_CONFIGS, LISTENER_SSL_CONFIGS, PASSWORD_CONFIGS, is_sensitive,
+                             listener_security_config)
 from ...errors import ErrorCode, KafkaError
 from ...group_config import CONFIG_TYPES, GROUP_CONFIGS, GroupConfig
 from ...protocol.build import make, nested
@@ -30,6 +35,7 @@ TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE = 2, 4, 32
 SOURCE_CODES = {"topic": 1, "dynamic_broker": 2, "dynamic_default": 3, "broker": 4, "default": 5, "group": 8}
 # Kafka's ConfigType codes (DescribeConfigs v3+).
 _TYPE_CODES = {bool: 1, str: 2, int: 5, float: 6}
+_UNKNOWN, _PASSWORD = 0, 9
 _YIELD_EVERY = 256
 
 
@@ -84,6 +90,20 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
     }
     for name, value in static.items():
         entries.append((name, value, "broker", _type_code(value), [(name, value, "broker")], True))
+    # Kafka's configs it was started with and does not implement (ssl.*, sasl.*, ...), as given.
+    for name, value in config.not_implemented.items():
+        if name not in static:
+            entries.append((name, value, "broker", _PASSWORD if name in PASSWORD_CONFIGS else _UNKNOWN,
+                            [(name, value, "broker")], name not in LISTENER_SSL_CONFIGS))  # Kafka's ALL_DYNAMIC_CONFIGS
+    # A listener's security configs set at runtime, and the static base config each overrides.
+    for name, value in config.dynamic.items():
+        base = listener_security_config(name)
+        if base is not None:
+            synonyms = [(name, value, "dynamic_broker")]
+            if base in config.not_implemented:
+                synonyms.append((base, config.not_implemented[base], "broker"))
+            entries.append((name, value, "dynamic_broker", {**LISTENER_SSL_CONFIGS, **LISTENER_MECHANISM_CONFIGS}[base],
+                            synonyms, False))
     return sorted(entries)
 
 
@@ -128,13 +148,14 @@ async def handle(ctx, request):
         wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
         with_synonyms = getattr(request, "include_synonyms", False)
         configs = tuple(
-            make(entry_type, name=name, value=value, read_only=read_only,
-                 config_source=SOURCE_CODES[source], is_sensitive=False,
-                 synonyms=tuple(make(synonym_type, name=n, value=v, source=SOURCE_CODES[layer])
+            make(entry_type, name=name, value=None if sensitive else value, read_only=read_only,
+                 config_source=SOURCE_CODES[source], is_sensitive=sensitive,
+                 synonyms=tuple(make(synonym_type, name=n, value=None if sensitive else v, source=SOURCE_CODES[layer])
                                 for n, v, layer in synonyms) if with_synonyms else (),
                  config_type=config_type, documentation=None, is_default=source == "default")
             for name, value, source, config_type, synonyms, read_only in entries
             if wanted is None or name in wanted
+            for sensitive in (is_sensitive(name),)  # Kafka's maybeSensitive: a password's value is never sent
         )
         results.append(make(result_type, error_code=error, error_message=message,
                             resource_type=resource.resource_type, resource_name=resource.resource_name,

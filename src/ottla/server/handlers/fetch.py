@@ -11,9 +11,12 @@ socket takes them (`log/file_records.py`), so a consumer that does not read cost
 slice, not its whole response.
 
 From v13 topics are named by topic id (KIP-516), resolved through the metadata cache; an id
-it does not know is UNKNOWN_TOPIC_ID, and the response names topics by id too. From v16 a
-partition answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names its current leader
-(KIP-951, `server/leader_hints.py`).
+it does not know is UNKNOWN_TOPIC_ID, one that is not the local log's INCONSISTENT_TOPIC_ID,
+and the response names topics by id too. From v16 a partition answered NOT_LEADER_OR_FOLLOWER
+or FENCED_LEADER_EPOCH names its current leader (KIP-951, `server/leader_hints.py`). v17 and
+v18 add two tagged fields a follower may send, its log directory id (KIP-853) and its high
+watermark (KIP-1166); both serve KRaft's own replication, consumers never send them, and
+Ottla reads neither, so v17-v18 are served as v16.
 
 A Fetch with a replica id >= 0 comes from a follower (up to v14 the id is a top-level field;
 v15 moved it into `replica_state`, KIP-903): it reads up to the leader's log end, not the HW,
@@ -35,7 +38,7 @@ from ..leader_hints import LeaderHints
 API_KEY = 1
 # v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
 # Kafka 3.9 did (removed in Kafka 4.0, KIP-896). v3 adds the response size limit.
-VERSIONS = (0, 16)
+VERSIONS = (0, 18)
 _NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
@@ -99,7 +102,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
                 partition = leader_partition_at(broker, topic_name, wanted.partition,
-                                                getattr(wanted, "current_leader_epoch", -1))
+                                                getattr(wanted, "current_leader_epoch", -1), topic_id)
                 log = partition.log
             except KafkaError as exc:
                 partitions.append(make(partition_type, partition_index=wanted.partition,

@@ -46,7 +46,11 @@ async def handle(ctx, request):
     topics = [(topic, topic_name(broker, topic, by_id)) for topic in request.topics]
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id)
     errors: dict[tuple, ErrorCode] = {}
-    offsets = {}
+    coordinator = broker.groups.coordinator
+    retention = getattr(request, "retention_time", None)
+    now = now_ms()
+    # The records are made here, between yields; the coordinator then takes the commit in one step.
+    prepared = coordinator.prepare_commit(request.group_id, now, -1 if retention is None else retention // _MS)
     checked = 0
     for topic, name in topics:
         for p in topic.partitions:
@@ -58,20 +62,18 @@ async def handle(ctx, request):
             if error is not None:
                 errors[(name, p.partition_index)] = error
             else:
-                offsets[(name, p.partition_index)] = OffsetCommit(
-                    p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
-    if offsets:
-        retention = getattr(request, "retention_time", None)
+                prepared.add((name, p.partition_index), OffsetCommit(
+                    p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata))
+    if prepared.staged or prepared.refused:
         future, respond = reply_future()
-        broker.groups.coordinator.commit_offsets(
+        coordinator.commit_prepared(
             group_id=request.group_id,
             member_id=getattr(request, "member_id", ""),
             group_instance_id=getattr(request, "group_instance_id", None),
             generation_id=getattr(request, "generation_id_or_member_epoch", -1),
-            offsets=offsets,
-            now_ms=now_ms(),
+            prepared=prepared,
+            now_ms=now,
             on_complete=respond,
-            retention_ms=-1 if retention is None else retention // _MS,
         )
         errors.update(await future)
 

@@ -1,7 +1,12 @@
 """Produce: validate and append opaque batches; acks 0, 1 and -1 (all).
 
 From v10 a partition answered NOT_LEADER_OR_FOLLOWER names its current leader and the
-response lists its endpoint (KIP-951, `server/leader_hints.py`)."""
+response lists its endpoint (KIP-951, `server/leader_hints.py`). v12 is v11's body (KIP-890
+part 2 gives it a meaning for transactional batches only under transaction protocol v2, which
+Ottla does not finalize, so clients keep transactions at v11 and a transactional v12+ batch is
+verified as at v11). v13 names topics by id (KIP-516), resolved through the metadata cache:
+UNKNOWN_TOPIC_ID for an id it does not know or that is not the local log's, as Kafka's
+ReplicaManager.getPartitionOrException(TopicIdPartition)."""
 
 import datetime
 from datetime import timedelta
@@ -20,7 +25,7 @@ from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
 # v0-v2 carry message format v0/v1, up-converted to a v2 batch (removed in Kafka 4.0, KIP-896).
-VERSIONS = (0, 11)
+VERSIONS = (0, 13)
 
 _UTC = datetime.timezone.utc
 
@@ -53,31 +58,50 @@ async def _verify_transactional(broker, transactional_id, entries) -> dict:
             for tp, error in verdicts.items() if error is not ErrorCode.none}
 
 
-def _precheck(internal_topics, unverified: dict):
-    """Refusals that come before any append, per partition (None: go ahead)."""
+def _precheck(broker, internal_topics, unverified: dict, ids: dict):
+    """Refusals that come before any append, per partition (None: go ahead). `ids`: the topic id
+    each topic was named by (v13), which must be the local log's."""
     def check(topic: str, index: int, records):
         if topic in internal_topics:
             return ErrorCode.invalid_topic_exception, f"cannot append to internal topic {topic}"
+        if topic in ids:
+            local = broker.logs.topics.get(topic)
+            if local is not None and local.topic_id != ids[topic]:
+                return ErrorCode.unknown_topic_id, f"topic id {ids[topic]} of {topic} is not the local log's"
         if not records:
             return ErrorCode.invalid_record, "empty record set"
         return unverified.get((topic, index))
     return check
 
 
-def _records_as_v2(ctx, request, now: int):
+def _topics(ctx, request) -> list[tuple[str | None, object, object]]:
+    """(name, topic id, topic data) per topic of the request: v13 names topics by id, resolved
+    through the metadata cache (name None: an id it does not know)."""
+    if ctx.api_version < 13:
+        return [(topic.name, None, topic) for topic in request.topic_data]
+    found = []
+    for topic in request.topic_data:
+        info = ctx.broker.metadata.topic_by_id(topic.topic_id)
+        found.append((info.name if info is not None else None, topic.topic_id, topic))
+    return found
+
+
+def _records_as_v2(ctx, topics, now: int):
     """Each partition's records as v2 batches (v0-v2 requests carry the old message formats),
     and the partitions whose conversion failed with the error to answer."""
     entries, refused = {}, {}
-    for topic in request.topic_data:
+    for name, _, topic in topics:
+        if name is None:
+            continue
         for data in topic.partition_data:
             records = data.records
             if ctx.api_version < 3 and records:
                 try:
                     records = up_convert(records, now)
                 except KafkaError as exc:
-                    refused[(topic.name, data.index)] = ProduceResult(exc.code, exc.message)
+                    refused[(name, data.index)] = ProduceResult(exc.code, exc.message)
                     continue
-            entries[(topic.name, data.index)] = records
+            entries[(name, data.index)] = records
     return entries, refused
 
 
@@ -88,23 +112,26 @@ async def handle(ctx, request):
     partition_type = nested(response_type, "PartitionProduceResponse")
     record_error_type = nested(response_type, "BatchIndexAndErrorMessage")  # v8+ (KIP-467)
     acks = request.acks
-    order = [(topic.name, [data.index for data in topic.partition_data]) for topic in request.topic_data]
+    named = _topics(ctx, request)
+    order = [(name, topic_id, [data.index for data in topic.partition_data]) for name, topic_id, topic in named]
+    unknown = ProduceResult(ErrorCode.unknown_topic_id, "unknown topic id")
     if acks not in (0, 1, -1):
         results = {(name, index): ProduceResult(ErrorCode.invalid_required_acks)
-                   for name, indexes in order for index in indexes}
+                   for name, _, indexes in order for index in indexes}
     else:
         timestamp = now_ms()
-        entries, results = _records_as_v2(ctx, request, timestamp)
+        entries, results = _records_as_v2(ctx, named, timestamp)
+        ids = {name: topic_id for name, topic_id, _ in named if name is not None and topic_id is not None}
         unverified = await _verify_transactional(broker, getattr(request, "transactional_id", None), entries)
         results.update(await broker.replicas.append_records(
             entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
-            origin="client", precheck=_precheck(INTERNAL_TOPICS, unverified)))
+            origin="client", precheck=_precheck(broker, INTERNAL_TOPICS, unverified, ids)))
     hints = LeaderHints(broker.metadata, response_type)
     topics = []
-    for name, indexes in order:
+    for name, topic_id, indexes in order:
         partitions = []
         for index in indexes:
-            result = results[(name, index)]
+            result = results[(name, index)] if name is not None else unknown
             record_errors = tuple(make(record_error_type, batch_index=i, batch_index_error_message=text)
                                   for i, text in result.record_errors) if record_error_type else ()
             partitions.append(make(partition_type, index=index, error_code=result.error,
@@ -113,10 +140,10 @@ async def handle(ctx, request):
                                    log_start_offset=result.log_start_offset, record_errors=record_errors,
                                    error_message=result.message,
                                    **hints.current_leader(name, index, result.error)))
-        topics.append(make(topic_type, name=name, partition_responses=tuple(partitions)))
+        topics.append(make(topic_type, name=name, topic_id=topic_id, partition_responses=tuple(partitions)))
     if acks == 0:
-        failed = [f"{t.name}-{p.index}: {p.error_code.name}" for t in topics for p in t.partition_responses
-                  if p.error_code != ErrorCode.none]
+        failed = [f"{name or topic_id}-{p.index}: {p.error_code.name}" for (name, topic_id, _), t in zip(order, topics)
+                  for p in t.partition_responses if p.error_code != ErrorCode.none]
         if failed:
             # Kafka's answer to a failed acks=0 produce: with no response to carry the error,
             # closing the connection makes the client refresh its metadata and notice.
