@@ -85,6 +85,9 @@ def test_plan_splits_large_ranges():
     wide = plan(starts, ends, _options(minPartitions="6"))  # minPartitions: one range per task
     assert len(wide) >= 6 and all(len(t.ranges) == 1 for t in wide)
     assert sum(r.end - r.start for t in wide for r in t.ranges) == 12
+    even = {("t", p): 0 for p in range(4)}, {("t", p): n for p, n in enumerate([94, 94, 93, 94])}
+    assert len(plan(*even, _options(minPartitions="4"))) == 4  # as Spark: enough ranges, none is split
+    assert len(plan(*even, _options(minPartitions="6"))) == 7  # shares rounded half up, as Spark: 2 + 2 + 1 + 2
     assert plan({("t", 0): 0}, {("t", 0): 2}, _options(minPartitions="10")) == [
         ReadTask((OffsetRange("t", 0, 0, 1),)), ReadTask((OffsetRange("t", 0, 1, 2),))]
 

@@ -155,8 +155,10 @@ def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], o
         pieces = 1
         if options.max_records_per_partition:
             pieces = max(pieces, math.ceil(size / options.max_records_per_partition))
-        if options.min_partitions:
-            pieces = max(pieces, math.ceil(options.min_partitions * size / total))
+        if options.min_partitions and len(ranges) < options.min_partitions:
+            # As Spark's Kafka source: a range's share of minPartitions, rounded half up (ceil made 4 equal
+            # ranges and minPartitions 4 into 8 tasks).
+            pieces = max(pieces, math.floor(options.min_partitions * size / total + 0.5))
         pieces = min(pieces, size)
         bounds = [start + size * i // pieces for i in range(pieces + 1)]
         cut += [OffsetRange(topic, partition, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
