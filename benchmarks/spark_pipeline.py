@@ -15,7 +15,10 @@ small size starts the JVM's code paths and the Python workers first. Per value s
 - `ottla -> transform -> ottla (exactly-once)`: the input topic, a value rewritten, into a fresh topic in
   one availableNow micro-batch; the output is then read back and checked: N distinct values.
 
-Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. The fixed cost per
+Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. Each leg's CPU seconds
+(the Spark JVM with every process under it, and the broker) are taken around the whole action, the streaming
+legs' query start and stop included; the share by CPU is `range -> noop`'s CPU over the leg's, which a loaded
+machine disturbs less than the wall clock. The fixed cost per
 micro-batch: the median `triggerExecution` (and each phase of Spark's `durationMs`) of `--batches` small
 micro-batches (`--small` rows, all partitions) of the `ottla -> ottla` exactly-once query minus that of
 `rate-micro-batch -> noop`, first batch of each left out; and the CPU seconds per micro-batch of the Spark
@@ -107,12 +110,6 @@ def rows(spark, n: int, size: int):
     return spark.range(0, n, numPartitions=PARTITIONS).select(col("id").cast("string").alias("key"), value)
 
 
-def timed(action) -> float:
-    started = time.monotonic()
-    action()
-    return time.monotonic() - started
-
-
 def run_stream(writer, checkpoint: str) -> list[tuple[int, float]]:
     """Start an availableNow query; (rows, triggerExecution s) of each micro-batch that had rows."""
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
@@ -141,16 +138,26 @@ class Legs:
     def ottla(self, **options):
         return {"kafka.bootstrap.servers": self.bootstrap, **options}
 
-    def run(self, n: int, size: int) -> dict[str, float]:
-        """Seconds per leg for n rows of `size`-byte values."""
+    def measured(self, action) -> tuple[float, float, float]:
+        """(the action's wall seconds, or what it returns; Spark's CPU seconds; the broker's CPU seconds)."""
+        spark_cpu, broker_cpu = self.cpu()
+        started = time.monotonic()
+        seconds = action()
+        wall = time.monotonic() - started
+        end_spark, end_broker = self.cpu()
+        return (wall if seconds is None else seconds), end_spark - spark_cpu, end_broker - broker_cpu
+
+    def run(self, n: int, size: int) -> dict[str, tuple[float, float, float]]:
+        """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values."""
         spark, out = self.spark, {}
         df = rows(spark, n, size)
-        out["range -> noop"] = timed(lambda: df.write.format("noop").mode("overwrite").save())
+        out["range -> noop"] = self.measured(lambda: df.write.format("noop").mode("overwrite").save())
         source = self.topic(f"in{size}")
-        out["range -> ottla sink (batch)"] = timed(
+        out["range -> ottla sink (batch)"] = self.measured(
             lambda: df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save())
         read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
-        out["ottla source -> noop"] = timed(lambda: read.load().write.format("noop").mode("overwrite").save())
+        out["ottla source -> noop"] = self.measured(
+            lambda: read.load().write.format("noop").mode("overwrite").save())
 
         from pyspark.sql.functions import col, lpad
         sink = self.topic(f"eos{size}")
@@ -158,14 +165,14 @@ class Legs:
                 .option("numPartitions", PARTITIONS).load()
                 .select(col("value").cast("string").alias("key"),
                         lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
-        batches = run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint())
-        out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = _seconds(batches, n)
+        out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = self.measured(lambda: _seconds(
+            run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint()), n))
 
         copy = self.topic(f"copy{size}")
         stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
                   .load().selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
-        batches = run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint())
-        out["ottla -> transform -> ottla (exactly-once)"] = _seconds(batches, n)
+        out["ottla -> transform -> ottla (exactly-once)"] = self.measured(lambda: _seconds(
+            run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint()), n))
         self.check(copy, n)
         return out
 
@@ -314,13 +321,15 @@ def main() -> int:
         spark_cost, python_cost, ottla_cost = legs.fixed_cost(args.small, args.batches)
         spark.stop()
 
-    for size, (n, seconds) in results.items():
-        base = n / seconds["range -> noop"]
+    for size, (n, legs_measured) in results.items():
+        base, _, _ = legs_measured["range -> noop"]
+        base_cpu = sum(legs_measured["range -> noop"][1:])
         print(f"\n{n:,} rows of {size}-byte values:\n")
-        print("| leg | rows/s | MB/s | share of `range -> noop` |")
-        print("| --- | ---: | ---: | ---: |")
-        for leg, s in seconds.items():
-            print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {n / s / base:.2f} |")
+        print("| leg | rows/s | MB/s | share of `range -> noop` | CPU s: Spark + broker | share by CPU |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for leg, (s, spark_cpu, broker_cpu) in legs_measured.items():
+            print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {base / s:.2f} | "
+                  f"{spark_cpu:.2f} + {broker_cpu:.2f} | {base_cpu / (spark_cpu + broker_cpu):.2f} |")
     print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
           f"{args.batches - 1} micro-batches, seconds):\n")
     print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM and its Python "

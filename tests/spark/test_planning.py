@@ -6,7 +6,7 @@ import pytest
 
 
 from ottla.spark.options import EARLIEST, LATEST, OptionError, parse_read_options, parse_write_options
-from ottla.spark.source import OffsetRange, _admit, _from_json, _to_json, plan
+from ottla.spark.source import OffsetRange, ReadTask, _admit, _from_json, _to_json, plan
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092"}
 
@@ -61,20 +61,35 @@ def _options(**extra):
     return parse_read_options({**BOOTSTRAP, "subscribe": "t", **extra})
 
 
-def test_plan_one_task_per_range_and_skips_empty_ones():
+def test_plan_skips_empty_ranges_and_reads_small_ones_in_one_task():
     starts = {("t", 0): 0, ("t", 1): 5, ("t", 2): 7}
     ends = {("t", 0): 10, ("t", 1): 5, ("t", 2): 9}
-    assert plan(starts, ends, _options()) == [OffsetRange("t", 0, 0, 10), OffsetRange("t", 2, 7, 9)]
+    assert plan(starts, ends, _options()) == [ReadTask((OffsetRange("t", 0, 0, 10), OffsetRange("t", 2, 7, 9)))]
+
+
+def test_plan_shares_tasks_up_to_10000_offsets_in_partition_order():
+    sizes = [15_000, 3_000, 4_000, 9_000, 1_000]
+    tasks = plan({("t", p): 0 for p in range(5)}, {("t", p): n for p, n in enumerate(sizes)}, _options())
+    assert [[r.partition for r in task.ranges] for task in tasks] == [[0], [1, 2], [3, 4]]
+    assert [r.end for task in tasks for r in task.ranges] == sizes
 
 
 def test_plan_splits_large_ranges():
     starts, ends = {("t", 0): 0, ("t", 1): 0}, {("t", 0): 10, ("t", 1): 2}
     split = plan(starts, ends, _options(maxRecordsPerPartition="4"))
-    assert [(r.partition, r.start, r.end) for r in split] == [(0, 0, 3), (0, 3, 6), (0, 6, 10), (1, 0, 2)]
-    wide = plan(starts, ends, _options(minPartitions="6"))
-    assert len(wide) >= 6 and sum(r.end - r.start for r in wide) == 12
+    assert [[(r.partition, r.start, r.end) for r in task.ranges] for task in split] == [
+        [(0, 0, 3)], [(0, 3, 6)], [(0, 6, 10)], [(1, 0, 2)]]
+    capped = plan(starts, ends, _options(maxRecordsPerPartition="8"))  # the cap bounds shared tasks too
+    assert [[(r.partition, r.start, r.end) for r in task.ranges] for task in capped] == [
+        [(0, 0, 5)], [(0, 5, 10), (1, 0, 2)]]
+    wide = plan(starts, ends, _options(minPartitions="6"))  # minPartitions: one range per task
+    assert len(wide) >= 6 and all(len(t.ranges) == 1 for t in wide)
+    assert sum(r.end - r.start for t in wide for r in t.ranges) == 12
+    even = {("t", p): 0 for p in range(4)}, {("t", p): n for p, n in enumerate([94, 94, 93, 94])}
+    assert len(plan(*even, _options(minPartitions="4"))) == 4  # as Spark: enough ranges, none is split
+    assert len(plan(*even, _options(minPartitions="6"))) == 7  # shares rounded half up, as Spark: 2 + 2 + 1 + 2
     assert plan({("t", 0): 0}, {("t", 0): 2}, _options(minPartitions="10")) == [
-        OffsetRange("t", 0, 0, 1), OffsetRange("t", 0, 1, 2)]
+        ReadTask((OffsetRange("t", 0, 0, 1),)), ReadTask((OffsetRange("t", 0, 1, 2),))]
 
 
 def test_admission_spreads_the_budget_by_backlog_and_always_progresses():

@@ -46,7 +46,7 @@ class FakeProducer:
     def begin_transaction(self):
         self.pending_records, self.pending_offsets = [], {}
 
-    def produce(self, topic, value, key, partition, on_delivery=None, headers=None):
+    def produce(self, topic, value, key=None, partition=-1, on_delivery=None, headers=None):
         self._check_epoch()
         self.pending_records.append(value)
 

@@ -265,19 +265,22 @@ def _then_crash(batches):
     os._exit(1)
 
 
-def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[str], list[str]]:
+def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str, packed: bool = False) -> tuple[list[str], list[str]]:
     """Copy an input topic to an output topic in 4 micro-batches, with every kind of failure injected;
-    then restart from the checkpoint. Returns (input values, output values)."""
+    then restart from the checkpoint. Returns (input values, output values). Each micro-batch reads one
+    task per topic-partition (`minPartitions`), or with `packed` all its small ranges in one task."""
     spark.dataSource.register(FaultyOttla)
     source, partitions = topic(kafka, "eos-in")
     sink, sink_partitions = topic(kafka, "eos-out")
     values = [f"r{i}" for i in range(40)]
     produce(kafka, source, partitions, values)
 
+    planning = {} if packed else {"minPartitions": str(partitions)}
+
     def run(faults: dict):
         query = (spark.readStream.format("ottla")
                  .options(**with_bootstrap(kafka, subscribe=source, startingOffsets="earliest",
-                                         maxOffsetsPerTrigger="10"))
+                                         maxOffsetsPerTrigger="10", **planning))
                  .load().select("key", "value")
                  .writeStream.format("ottla_faulty")
                  .options(**with_bootstrap(kafka, topic=sink, deliveryGuarantee=guarantee, faults=json.dumps(faults)))
@@ -289,7 +292,7 @@ def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[st
             return failure
         return None
 
-    error = run({"fail_after_commit": [1, 0], "crash_before_commit": [2, 1], "fail_spark_commit": 3})
+    error = run({"fail_after_commit": [1, 0], "crash_before_commit": [2, 0 if packed else 1], "fail_spark_commit": 3})
     assert error is not None and "before Spark's commit log" in str(error)
     assert run({}) is None
     return values, consume_committed(kafka, sink, sink_partitions)
@@ -297,6 +300,12 @@ def run_faulty_pipeline(spark, kafka, tmp_path, guarantee: str) -> tuple[list[st
 
 def test_stream_write_is_exactly_once_through_task_retries_and_restart(spark, kafka, tmp_path):
     values, written = run_faulty_pipeline(spark, kafka, tmp_path, "exactly_once")
+    assert Counter(written) == Counter(values)
+
+
+def test_stream_write_is_exactly_once_when_small_ranges_share_a_task(spark, kafka, tmp_path):
+    """The same failures when each micro-batch's ranges are read by one task (one transaction)."""
+    values, written = run_faulty_pipeline(spark, kafka, tmp_path, "exactly_once", packed=True)
     assert Counter(written) == Counter(values)
 
 

@@ -21,6 +21,7 @@ INPUT_TOPIC = "payments"
 OUTPUT_TOPIC = "payments-enriched"
 PROGRESS = "PROGRESS "
 PAYMENT_SCHEMA = "id STRING, account STRING, amount_cents BIGINT, currency STRING"
+MIN_TASKS = 4  # one per input partition
 
 # Fee: 1.5% rounded half up, plus 30 cents. Band by amount. `source` says where the payment was read.
 _ENRICHED = """to_json(named_struct(
@@ -70,6 +71,9 @@ def start_query(spark, bootstrap: str, checkpoint: str, max_offsets: int, trigge
                 .option("subscribe", INPUT_TOPIC)
                 .option("startingOffsets", "earliest")
                 .option("maxOffsetsPerTrigger", max_offsets)
+                # Several write tasks per micro-batch (the source would read these small ranges in one): the
+                # demo kills the query once some of a micro-batch's tasks committed and others did not.
+                .option("minPartitions", MIN_TASKS)
                 .load())
     return (enrich(payments).writeStream.format("ottla")
             .option("kafka.bootstrap.servers", bootstrap)

@@ -306,6 +306,9 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
     batches = sum(len(q.batches) for q in demo.queries)
     rows = sum(q.rows for q in demo.queries)
     batch_s = sum(b["ms"] for q in demo.queries for b in q.batches) / 1000
+    # A query run's first micro-batch also starts Spark's Python workers: the later ones show the pipeline.
+    later = [b for q in demo.queries for b in q.batches[1:]]
+    later_s, later_rows = sum(b["ms"] for b in later) / 1000, sum(b["rows"] for b in later)
     rows = [
         ("records in (committed payments)", f"{report.records_in:,}"),
         ("records out (enriched, read_committed)", f"{report.records_out:,}"),
@@ -322,6 +325,8 @@ def table(report: Report, demo: Demo, wall_s: float) -> str:
         ("wall time", f"{wall_s:.1f} s"),
         ("time in micro-batches", f"{batch_s:.1f} s for {rows:,} rows, {rows / batch_s:,.0f} records/s (each "
                                   "query run's first batch also starts its Python workers)" if batch_s else "-"),
+        ("later micro-batches", f"{later_s:.1f} s for {later_rows:,} rows, {later_rows / later_s:,.0f} records/s "
+                                "(every query run's first left out)" if later_s else "-"),
         ("throughput end to end", f"{report.records_out / demo.caught_up_at:,.0f} records/s (output records / "
                                   f"{demo.caught_up_at:.1f} s until the query caught up, Spark start-ups included)"
          if demo.caught_up_at else "-"),

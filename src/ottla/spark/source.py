@@ -1,4 +1,5 @@
-"""Reading: batch and micro-batch readers over explicit offset ranges, one Spark task per range.
+"""Reading: batch and micro-batch readers over explicit offset ranges; a Spark task reads one range, or
+several small ones (`plan`).
 
 The driver plans ranges from ListOffsets answers; with `read_committed` the "latest" offset Kafka
 returns is the last stable offset (LSO), so a range never reaches into an open transaction. An
@@ -10,6 +11,7 @@ offset may be a transaction marker or an aborted record, which a read_committed 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 import re
@@ -32,8 +34,16 @@ from .options import EARLIEST, LATEST, OptionError, ReadOptions, TopicPartitionO
 log = logging.getLogger(__name__)
 
 _ROWS_PER_ARROW_BATCH = 4096
+# Ranges smaller than this share a task (`plan`). A task costs Spark's Python data source machinery about
+# 0.1 s of CPU (a Python worker for its read, another for its write, their Arrow streams) and the sink a
+# transaction: more than reading and writing this many 100-byte records.
+_OFFSETS_PER_SHARED_TASK = 10_000
 _METADATA_TIMEOUT_S = 30.0
 _CONSUME_TIMEOUT_S = 0.05
+# The reader's default; option kafka.fetch.wait.max.ms overrides it. A range ends at or below the LSO, so the
+# reader never waits for new records, but a range that ends at the log end leaves a Fetch parked on the broker
+# for fetch.wait.max.ms (librdkafka's 500 ms): the next task of the worker's kept consumer waited for it.
+_FETCH_WAIT_MAX_MS = 10
 _CONSUMERS: dict[tuple, Consumer] = {}  # kept by a Python worker between tasks, by client config
 
 
@@ -59,13 +69,20 @@ def source_schema(include_headers: bool) -> StructType:
 
 
 @dataclass(frozen=True)
-class OffsetRange(InputPartition):
-    """Offsets [start, end) of one topic-partition: the unit of work of one Spark task."""
+class OffsetRange:
+    """Offsets [start, end) of one topic-partition."""
 
     topic: str
     partition: int
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class ReadTask(InputPartition):
+    """The offset ranges one Spark task reads, one after the other."""
+
+    ranges: tuple[OffsetRange, ...]
 
 
 class Cluster:
@@ -123,23 +140,41 @@ def check_offsets_json(offsets: TopicPartitionOffsets, tps: Sequence[tuple[str, 
         raise OptionError(f"option {name!r} names topic-partitions outside the subscription: {unknown}")
 
 
-def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], options: ReadOptions) -> list[OffsetRange]:
+def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], options: ReadOptions) -> list[ReadTask]:
     """Cut [start, end) per topic-partition into tasks: `maxRecordsPerPartition` caps a task's offsets,
-    `minPartitions` asks for at least that many tasks (splitting the larger ranges more)."""
+    `minPartitions` asks for at least that many tasks (splitting the larger ranges more). Without
+    `minPartitions`, consecutive ranges (in topic-partition order) share a task while it holds at most
+    `_OFFSETS_PER_SHARED_TASK` offsets (and `maxRecordsPerPartition`): a micro-batch of a few records per
+    partition is one task, not one per partition. The plan depends only on the offsets and the options,
+    so a replayed micro-batch puts the same records in the same task (which the exactly-once sink needs)."""
     ranges = [(tp, starts[tp], ends[tp]) for tp in sorted(ends) if ends[tp] > starts[tp]]
     total = sum(end - start for _, start, end in ranges)
-    out = []
+    cut = []
     for (topic, partition), start, end in ranges:
         size = end - start
         pieces = 1
         if options.max_records_per_partition:
             pieces = max(pieces, math.ceil(size / options.max_records_per_partition))
-        if options.min_partitions:
-            pieces = max(pieces, math.ceil(options.min_partitions * size / total))
+        if options.min_partitions and len(ranges) < options.min_partitions:
+            # As Spark's Kafka source: a range's share of minPartitions, rounded half up (ceil made 4 equal
+            # ranges and minPartitions 4 into 8 tasks).
+            pieces = max(pieces, math.floor(options.min_partitions * size / total + 0.5))
         pieces = min(pieces, size)
         bounds = [start + size * i // pieces for i in range(pieces + 1)]
-        out += [OffsetRange(topic, partition, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-    return out
+        cut += [OffsetRange(topic, partition, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    if options.min_partitions:
+        return [ReadTask((rng,)) for rng in cut]
+    limit = min(_OFFSETS_PER_SHARED_TASK, options.max_records_per_partition or _OFFSETS_PER_SHARED_TASK)
+    tasks: list[list[OffsetRange]] = []
+    held = limit + 1
+    for rng in cut:
+        size = rng.end - rng.start
+        if held + size > limit:
+            tasks.append([])
+            held = 0
+        tasks[-1].append(rng)
+        held += size
+    return [ReadTask(tuple(group)) for group in tasks]
 
 
 def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> Iterator:
@@ -213,6 +248,7 @@ def _kept_consumer(options: ReadOptions) -> Consumer:
     if key not in _CONSUMERS:
         _CONSUMERS[key] = Consumer({
             "group.id": "ottla-spark-reader",  # required by the client; never joined, nothing is committed
+            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS,
             **options.client,
             "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
             "enable.auto.commit": False,
@@ -259,7 +295,9 @@ def _arrow_batch(records: list, rng: OffsetRange, include_headers: bool, arrow_s
 
 def _read(partition: InputPartition, options: ReadOptions, schema: StructType) -> Iterator:
     # Spark substitutes a single InputPartition(None) when there is nothing to read.
-    return read_range(partition, options, schema) if isinstance(partition, OffsetRange) else iter(())
+    if not isinstance(partition, ReadTask):
+        return iter(())
+    return itertools.chain.from_iterable(read_range(rng, options, schema) for rng in partition.ranges)
 
 
 class BatchReader(DataSourceReader):
@@ -271,7 +309,7 @@ class BatchReader(DataSourceReader):
         self._options = options
         self._schema = schema
 
-    def partitions(self) -> list[OffsetRange]:
+    def partitions(self) -> list[ReadTask]:
         cluster = Cluster(self._options)
         tps = cluster.partitions()
         starts = _initial(cluster, tps, self._options.starting or "earliest", "startingOffsets")
@@ -342,7 +380,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return _to_json(self._latest) if self._latest is not None else None
 
-    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+    def partitions(self, start: dict, end: dict) -> list[ReadTask]:
         begin, finish = _from_json(start), _from_json(end)
         new = [tp for tp in finish if tp not in begin]
         return plan({**self.cluster.earliest(new), **begin}, finish, self._options)
