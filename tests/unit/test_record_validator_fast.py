@@ -58,11 +58,19 @@ def test_the_fast_path_accepts_only_what_the_walk_accepts(records, mutations, co
         assert _walk(memoryview(bytes(data)), count) == count
 
 
+def _record_lengths(data: bytes) -> list[int]:
+    return [read_signed_varint(memoryview(data), start)[0] for start in _record_starts(data)]
+
+
 @settings(max_examples=200, deadline=None)
 @given(_records, st.sampled_from([37, 5_000]))  # stamp deltas of up to 2 and 3 bytes
+@example([(None, bytes(8_000), [])], 37)  # record length 8,009: a two-byte varint, the common shape
+@example([(None, bytes(8_184), [])], 37)  # 8,191: the longest length of two varint bytes
+@example([(None, bytes(8_185), [])], 37)  # 8,192: a three-byte length, left to the walk
 def test_the_fast_path_agrees_with_the_walk_on_well_formed_batches(records, stamp_step):
     data, count = _records_section(records, stamp_step)
-    fits = all(not h and len(k or b"") + len(v or b"") < 8_000 for k, v, h in records)
+    # The common shape: no headers, and each record's length a varint of at most two bytes.
+    fits = all(not h for _, _, h in records) and all(n < 1 << 13 for n in _record_lengths(bytes(data)))
     assert _fast_walk(memoryview(bytes(data)), count) is fits  # the common shape is never left to the slow walk
     assert _walk(memoryview(bytes(data)), count) == count
 
