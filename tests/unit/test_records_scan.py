@@ -91,14 +91,12 @@ def test_plain_batches_go_by_key_into_the_dict(batches, torn):
         assert latest == expected
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(_record, min_size=1, max_size=8), st.data())
-def test_a_malformed_plain_batch_is_refused_as_iter_batches_refuses_it(records, data):
-    """The mutation may land in the second batch's header: an unknown codec in its attributes is
-    UNSUPPORTED_COMPRESSION_TYPE for both, anything else malformed CORRUPT_MESSAGE."""
+def _check_mutated_pair(records, position: int, value: int) -> None:
+    """Two plain batches, one byte of them changed: `scan_batches` with the dict refuses what
+    `iter_batches` refuses, with the same error, and otherwise yields the batches that are no
+    longer plain and stores only the plain ones' keyed records."""
     batch = bytearray(_record_set([(records, "uncompressed", False, -1)] * 2))
-    position = data.draw(st.integers(HEADER_SIZE, len(batch) - 1))
-    batch[position] = data.draw(st.integers(0, 255))
+    batch[position] = value
     try:
         expected = _decoded(bytes(batch))
     except KafkaError as exc:
@@ -109,4 +107,27 @@ def test_a_malformed_plain_batch_is_refused_as_iter_batches_refuses_it(records, 
     else:
         latest = {}
         assert list(scan_batches(bytes(batch), plain_into=latest)) == [b for b in expected if not _plain(b[2])]
-        assert latest == {k: (o, v) for b in expected for o, k, v in b[4] if k is not None}
+        assert latest == {k: (o, v) for b in expected if _plain(b[2]) for o, k, v in b[4] if k is not None}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=8), st.data())
+def test_a_malformed_plain_batch_is_refused_as_iter_batches_refuses_it(records, data):
+    """The mutation may land in the second batch's header: an unknown codec in its attributes is
+    UNSUPPORTED_COMPRESSION_TYPE for both, anything else malformed CORRUPT_MESSAGE; a
+    transactional or control bit makes it a batch that is yielded, not stored."""
+    length = len(_record_set([(records, "uncompressed", False, -1)] * 2))
+    _check_mutated_pair(records, data.draw(st.integers(HEADER_SIZE, length - 1)), data.draw(st.integers(0, 255)))
+
+
+_SECOND_ATTRIBUTES = 70 + 22  # the low byte of the second batch's attributes ([(b"k", b"v", [])]: 70-byte batches)
+
+
+@pytest.mark.parametrize("value", [
+    5,     # codec 5: UNSUPPORTED_COMPRESSION_TYPE (the CI failure fixed in ff15775)
+    0x10,  # transactional: yielded, and its key must not be in the dict
+    0x20,  # control: likewise
+])
+def test_a_second_batch_no_longer_plain(value):
+    assert len(_record_set([([(b"k", b"v", [])], "uncompressed", False, -1)])) == 70
+    _check_mutated_pair([(b"k", b"v", [])], _SECOND_ATTRIBUTES, value)
