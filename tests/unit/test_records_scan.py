@@ -120,14 +120,17 @@ def test_a_malformed_plain_batch_is_refused_as_iter_batches_refuses_it(records, 
     _check_mutated_pair(records, data.draw(st.integers(HEADER_SIZE, length - 1)), data.draw(st.integers(0, 255)))
 
 
-_SECOND_ATTRIBUTES = 70 + 22  # the low byte of the second batch's attributes ([(b"k", b"v", [])]: 70-byte batches)
-
-
-@pytest.mark.parametrize("value", [
-    5,     # codec 5: UNSUPPORTED_COMPRESSION_TYPE (the CI failure fixed in ff15775)
-    0x10,  # transactional: yielded, and its key must not be in the dict
-    0x20,  # control: likewise
-])
-def test_a_second_batch_no_longer_plain(value):
-    assert len(_record_set([([(b"k", b"v", [])], "uncompressed", False, -1)])) == 70
-    _check_mutated_pair([(b"k", b"v", [])], _SECOND_ATTRIBUTES, value)
+def test_every_single_byte_change_of_two_small_batches():
+    """All 256 values at every position past the first header: the property above meets the
+    rare header changes only by luck (an unknown codec in the second batch's attributes failed
+    one CI run; its transactional or control bit is rarer still), here every run checks them."""
+    records = [(b"k", b"v", [("h", b"x")])]
+    length = len(_record_set([(records, "uncompressed", False, -1)] * 2))
+    failed = []
+    for position in range(HEADER_SIZE, length):
+        for value in range(256):
+            try:
+                _check_mutated_pair(records, position, value)
+            except AssertionError:
+                failed.append((position, value))
+    assert failed == []
