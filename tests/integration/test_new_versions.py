@@ -88,3 +88,73 @@ def test_list_offsets_refuses_a_spec_newer_than_the_version(filled):
         assert _list_offsets(sock, 7, -4)[0] == ErrorCode.unsupported_version
         assert _list_offsets(sock, 8, -5)[0] == ErrorCode.unsupported_version
         assert _list_offsets(sock, 8, -4)[:3] == (ErrorCode.none, DELETED_BEFORE, -1)
+
+
+def _connect(broker):
+    host, _, port = broker.bootstrap.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def test_metadata_v13_has_a_top_level_error_code(filled):
+    from kio.schema.metadata.v13.request import MetadataRequest, MetadataRequestTopic
+    broker, _ = filled
+    with _connect(broker) as sock:
+        _, response = roundtrip(sock, MetadataRequest(topics=(MetadataRequestTopic(name=TOPIC, topic_id=None),),
+                                                      allow_auto_topic_creation=False,
+                                                      include_topic_authorized_operations=False))
+    assert response.error_code == ErrorCode.none
+    assert [(t.name, t.error_code, len(t.partitions)) for t in response.topics] == [(TOPIC, ErrorCode.none, 1)]
+
+
+def test_describe_log_dirs_v5_reports_no_cordoned_directory(filled):
+    from kio.schema.describe_log_dirs.v5.request import DescribableLogDirTopic, DescribeLogDirsRequest
+    broker, _ = filled
+    with _connect(broker) as sock:
+        _, response = roundtrip(sock, DescribeLogDirsRequest(
+            topics=(DescribableLogDirTopic(topic=TOPIC, partitions=(0,)),)))
+    (result,) = response.results
+    assert (response.error_code, result.error_code, result.is_cordoned) == (ErrorCode.none, ErrorCode.none, False)
+    assert [(t.name, [p.partition_index for p in t.partitions]) for t in result.topics] == [(TOPIC, [0])]
+    assert result.topics[0].partitions[0].partition_size > 0
+
+
+def _producer_state(sock, topic):
+    from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
+    _, response = roundtrip(sock, DescribeProducersRequest(topics=(TopicRequest(name=topic, partition_indexes=(0,)),)))
+    (state,) = response.topics[0].partitions[0].active_producers
+    return state.producer_id, state.producer_epoch, state.current_txn_start_offset
+
+
+def _marker(sock, producer_id, epoch, transaction_version, topic):
+    from kio.schema.write_txn_markers.v2.request import (WritableTxnMarker, WritableTxnMarkerTopic,
+                                                         WriteTxnMarkersRequest)
+    _, response = roundtrip(sock, WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+        producer_id=producer_id, producer_epoch=epoch, transaction_result=True, coordinator_epoch=0,
+        topics=(WritableTxnMarkerTopic(name=topic, partition_indexes=(0,)),),
+        transaction_version=transaction_version),)))
+    return response.markers[0].topics[0].partitions[0].error_code
+
+
+def test_write_txn_markers_v2_checks_a_tv2_markers_epoch(ottla_broker):
+    """A transaction-version-2 marker must carry an epoch above the open transaction's; the
+    same epoch passes with transaction version 0 (as v1 markers do) and, once the transaction
+    has ended, as the retry of a TV2 marker already written."""
+    from confluent_kafka import Producer
+    topic = "tv2-markers"
+    KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    producer = Producer({"bootstrap.servers": ottla_broker.bootstrap, "transactional.id": "tv2",
+                         "transaction.timeout.ms": 600000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"open", partition=0)
+    assert producer.flush(30) == 0
+    with _connect(ottla_broker) as sock:
+        producer_id, epoch, txn_start = _producer_state(sock, topic)
+        assert txn_start == 0
+        assert _marker(sock, producer_id, epoch, 2, topic) == ErrorCode.invalid_producer_epoch
+        assert _producer_state(sock, topic)[2] == 0  # still open: nothing was written
+        assert _marker(sock, producer_id, epoch + 1, 2, topic) == ErrorCode.none
+        assert _producer_state(sock, topic) == (producer_id, epoch + 1, -1)
+        assert _marker(sock, producer_id, epoch + 1, 2, topic) == ErrorCode.none  # a retry
+        assert _marker(sock, producer_id, epoch + 1, 0, topic) == ErrorCode.none
+        assert _marker(sock, producer_id, epoch, 2, topic) == ErrorCode.invalid_producer_epoch
