@@ -49,4 +49,5 @@ async def handle(ctx, request):
         by_topic.setdefault(topic, []).append(
             make(partition_type, partition_index=partition, error_code=error, error_message=message))
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, error_message=None,
-                allow_replication_factor_change=allow_rf_change, responses=tuple(make(topic_type, name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+                allow_replication_factor_change=allow_rf_change,
+                responses=tuple(make(topic_type, name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
