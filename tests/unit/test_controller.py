@@ -479,3 +479,24 @@ def test_a_restarted_broker_hears_the_cluster_before_its_roles():
     kinds = [r.kind for r in restarted.received]
     assert "LeaderAndIsr" in kinds and kinds.index("UpdateMetadata") < kinds.index("LeaderAndIsr"), kinds
     assert ("t", 0) in restarted.metadata
+
+
+def test_reassignment_may_forbid_a_replication_factor_change():
+    """AlterPartitionReassignments v1 (KIP-860): with allow_replication_factor_change false a
+    target of another size is INVALID_REPLICATION_FACTOR, measured against the set an ongoing
+    reassignment is headed for; the same size is accepted."""
+    sim = Sim(broker_ids=(1, 2, 3, 4))
+    sim.create_topic("t", partitions=2, assignment={0: (1, 2), 1: (1, 2)})
+    controller = sim.controller().controller
+    refused, _ = controller.alter_reassignments({("t", 0): (1, 2, 3), ("t", 1): (3,)}, sim.now, allow_rf_change=False)
+    assert refused == {("t", 0): (E.invalid_replication_factor, "The replication factor is changed from 2 to 3"),
+                       ("t", 1): (E.invalid_replication_factor, "The replication factor is changed from 2 to 1")}
+    assert sim.zk.topics["t"].partitions[0] == (1, 2)
+    results, requests = controller.alter_reassignments({("t", 0): (3, 4)}, sim.now, allow_rf_change=False)
+    sim.deliver(requests)
+    assert results[("t", 0)] == (E.none, None)
+    assert sim.zk.topics["t"].partitions[0] == (3, 4, 1, 2)  # under way: headed for two replicas
+    assert controller.alter_reassignments({("t", 0): (2, 3, 4)}, sim.now, allow_rf_change=False)[0][("t", 0)] == \
+        (E.invalid_replication_factor, "The replication factor is changed from 2 to 3")
+    results, requests = controller.alter_reassignments({("t", 0): (2, 3, 4)}, sim.now)  # allowed by default (v0)
+    assert results[("t", 0)] == (E.none, None)

@@ -6,8 +6,8 @@ ReplicaManager.readFromLog answers INCONSISTENT_TOPIC_ID) nor a produce by it la
 log (Kafka's getPartitionOrException(TopicIdPartition): UNKNOWN_TOPIC_ID); the old id is
 UNKNOWN_TOPIC_ID.
 
-Driven in-process: no sequence of requests to real brokers reaches this state on purpose
-(the controller sends a broker LeaderAndIsr before UpdateMetadata on one connection)."""
+Driven in-process; on real brokers the state lasts when the LeaderAndIsr of the new id is
+refused INCONSISTENT_TOPIC_ID (`test_reassign_and_topic_ids_cluster.py`)."""
 
 import asyncio
 import uuid

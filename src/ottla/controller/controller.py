@@ -322,11 +322,12 @@ class Controller:
 
     # -- reassignment ----------------------------------------------------------------------
     def alter_reassignments(self, targets: Mapping[TopicPartition, tuple[int, ...] | None],
-                            now_ms: int) -> tuple[Results, list[ControllerRequest]]:
-        """AlterPartitionReassignments: a target per partition, None to cancel."""
+                            now_ms: int, allow_rf_change: bool = True) -> tuple[Results, list[ControllerRequest]]:
+        """AlterPartitionReassignments: a target per partition, None to cancel; with
+        `allow_rf_change` false (v1, KIP-860) a target of another size is refused."""
         if self.ctx is None:
             return {tp: (ErrorCode.not_controller, None) for tp in targets}, []
-        results, requests = self._run(lambda: self.reassignments.alter(targets))
+        results, requests = self._run(lambda: self.reassignments.alter(targets, allow_rf_change=allow_rf_change))
         if results is None:
             return {tp: (ErrorCode.not_controller, None) for tp in targets}, []
         return results, requests

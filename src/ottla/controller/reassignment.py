@@ -44,7 +44,8 @@ class ReassignmentManager:
         return {tp: (ctx.replicas(tp), ctx.adding(tp), ctx.removing(tp))
                 for tp in ctx.partitions() if ctx.adding(tp) or ctx.removing(tp)}
 
-    def validate(self, tp: TopicPartition, target: tuple[int, ...] | None) -> tuple[ErrorCode, str | None]:
+    def validate(self, tp: TopicPartition, target: tuple[int, ...] | None,
+                 allow_rf_change: bool = True) -> tuple[ErrorCode, str | None]:
         ctx = self.ctx
         if tp[0] not in ctx.topics or tp[1] not in ctx.topics[tp[0]].partitions or tp[0] in ctx.deleting:
             return ErrorCode.unknown_topic_or_partition, "The partition does not exist."
@@ -65,13 +66,19 @@ class ReassignmentManager:
             return ErrorCode.invalid_replica_assignment, \
                 f"Replica assignment has brokers that are not alive. Replica list: {adding}, " \
                 f"live broker list: {sorted(ctx.live_ids())}"
+        if not allow_rf_change:
+            # KIP-860: the size of the set the partition is headed for (an ongoing reassignment's target).
+            heading = len([r for r in ctx.replicas(tp) if r not in ctx.removing(tp)])
+            if heading != len(target):
+                return ErrorCode.invalid_replication_factor, \
+                    f"The replication factor is changed from {heading} to {len(target)}"
         return ErrorCode.none, None
 
-    def alter(self, targets: Mapping[TopicPartition, tuple[int, ...] | None],
-              from_store: bool = False) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+    def alter(self, targets: Mapping[TopicPartition, tuple[int, ...] | None], from_store: bool = False,
+              allow_rf_change: bool = True) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
         results = {}
         for tp, target in targets.items():
-            error, message = self.validate(tp, target)
+            error, message = self.validate(tp, target, allow_rf_change)
             results[tp] = (error, message)
             if error != ErrorCode.none:
                 continue

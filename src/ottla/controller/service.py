@@ -195,8 +195,10 @@ class ControllerService:
         self.dispatch(requests)
         return results
 
-    async def alter_reassignments(self, targets: Mapping[TopicPartition, tuple[int, ...] | None]):
-        results, requests = await self._call(self.controller.alter_reassignments, dict(targets), self._clock_ms())
+    async def alter_reassignments(self, targets: Mapping[TopicPartition, tuple[int, ...] | None],
+                                  allow_rf_change: bool = True):
+        results, requests = await self._call(self.controller.alter_reassignments, dict(targets), self._clock_ms(),
+                                             allow_rf_change)
         self.dispatch(requests)
         return results
 

@@ -7,6 +7,11 @@ STALE_CONTROLLER_EPOCH and changes nothing; one meant for an earlier incarnation
 broker (an older broker epoch, KIP-380) gets STALE_BROKER_EPOCH. LeaderAndIsr creates the
 local log of a partition this broker is now a replica of (with the topic's configs from
 the store) before the replica manager takes the role; StopReplica with delete removes it.
+A LeaderAndIsr naming a topic id other than that of the topic's local log is answered
+INCONSISTENT_TOPIC_ID for those partitions and changes nothing: the log stays for an operator
+to look at, as Kafka's ZooKeeper-mode broker does (`ReplicaManager.becomeLeaderOrFollower`).
+A topic deleted and recreated while a replica's broker was down does not get there: the
+deletion waits for that broker and its StopReplica (delete) removes the log first.
 A broker holds only the partitions it is a replica of. One that was down while a partition
 was moved off it missed that StopReplica (the controller sends nothing to a broker that is
 not live): on its first UpdateMetadata it deletes every partition it holds that the
@@ -78,7 +83,8 @@ class ControllerLink:
             by_topic: dict[str, set[int]] = {}
             for s in mine:
                 by_topic.setdefault(s.topic, set()).add(s.partition)
-            for topic in sorted(by_topic):
+            inconsistent = {topic for topic in by_topic if self._other_local_id(topic, ids.get(topic))}
+            for topic in sorted(by_topic.keys() - inconsistent):
                 await self._ensure_logs(topic, ids.get(topic), by_topic[topic])
             fetchers = self.broker.replicas.fetchers
             if fetchers is not None:
@@ -88,15 +94,27 @@ class ControllerLink:
                 self.broker.metadata.update_from_leader_and_isr(
                     s for s in part if errors.get((s.topic, s.partition)) == ErrorCode.none)
 
-            return await self.broker.replicas.apply_in_slices([_cached(s) for s in mine], now_ms(), applied)
+            errors = await self.broker.replicas.apply_in_slices(
+                [_cached(s) for s in mine if s.topic not in inconsistent], now_ms(), applied)
+            errors.update({(s.topic, s.partition): ErrorCode.inconsistent_topic_id
+                           for s in mine if s.topic in inconsistent})
+            return errors
+
+    def _other_local_id(self, topic: str, topic_id: uuid.UUID | None) -> bool:
+        """True when this broker holds partitions of `topic` under another topic id."""
+        info = self.broker.logs.topics.get(topic)
+        if info is None or topic_id is None or topic_id.int == 0 or info.topic_id == topic_id or not info.hosted:
+            return False
+        log.error("Topic ID in memory: %s does not match the topic ID for partitions %s of %s received: %s; "
+                  "the local log is kept (INCONSISTENT_TOPIC_ID)", info.topic_id, sorted(info.hosted), topic, topic_id)
+        return True
 
     async def _ensure_logs(self, topic: str, topic_id: uuid.UUID | None, partitions: set[int]) -> None:
         """The local catalog holds `partitions` of the topic under the cluster's topic id (a
-        same-named topic of another id was deleted while we were away)."""
+        catalog entry of another id holding no partition here is replaced)."""
         logs = self.broker.logs
         info = logs.topics.get(topic)
         if info is not None and topic_id is not None and info.topic_id != topic_id:
-            log.info("replacing local topic %s (id %s): the cluster's is %s", topic, info.topic_id, topic_id)
             self._delete_local(topic)
             info = None
         count = max(partitions) + 1

@@ -8,7 +8,9 @@ from ...errors import ErrorCode
 from ...protocol.build import make, nested
 
 API_KEY = 35
-VERSIONS = (0, 4)  # v0 is v1 (removed in Kafka 4.0, KIP-896)
+# v0 is v1 (removed in Kafka 4.0, KIP-896); v5 says whether a log directory is cordoned (Kafka
+# 4.2's KIP-1066), which Ottla's one directory never is.
+VERSIONS = (0, 5)
 
 
 _YIELD_EVERY = 256
@@ -38,5 +40,5 @@ async def handle(ctx, request):
     usage = shutil.disk_usage(logs.data_dir)
     result = make(result_type, error_code=ErrorCode.none, log_dir=str(logs.data_dir.resolve()),
                   topics=tuple(make(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()),
-                  total_bytes=usage.total, usable_bytes=usage.free)
+                  total_bytes=usage.total, usable_bytes=usage.free, is_cordoned=False)
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, results=(result,))

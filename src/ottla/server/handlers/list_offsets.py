@@ -1,5 +1,12 @@
 """ListOffsets: earliest (-2), latest (-1), max timestamp (-3) and by timestamp.
 
+The tiered-storage specs are answered as Kafka answers them for a topic without remote
+storage (Ottla has none): earliest local (-4, v8+, KIP-405) is the earliest offset, latest
+tiered (-5, v9+, KIP-1005) and earliest pending upload (-6, v11+, KIP-1023) are offset -1 with
+no timestamp or epoch (`UnifiedLog.fetchOffsetByTimestamp`). A negative timestamp that is no
+spec, or a spec the request's version predates, is UNSUPPORTED_VERSION for that partition
+(Kafka's `timestampMinSupportedVersion`). v10's `timeout_ms` bounds remote lookups only.
+
 Each answer carries the leader epoch of the offset it names (the current epoch for latest),
 and a request naming another current leader epoch is fenced (KIP-320). A follower (replica
 id >= 0) resetting its fetch offset gets the leader's log end as latest, as in Kafka."""
@@ -13,16 +20,26 @@ from ..leader_epochs import leader_partition_at
 
 API_KEY = 2
 # v0 (removed in Kafka 4.0, KIP-896) answers a list of offsets ("old style") instead of one.
-VERSIONS = (0, 8)
+VERSIONS = (0, 11)
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD = -4, -5, -6
 READ_COMMITTED = 1
+# The first version that may ask for each spec (Kafka 3.9 served v0 apart: latest and earliest only).
+_SPEC_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9,
+                     EARLIEST_PENDING_UPLOAD: 11}
+
+
+def _unsupported(timestamp: int, version: int) -> bool:
+    return timestamp < 0 and (timestamp not in _SPEC_MIN_VERSION or version < _SPEC_MIN_VERSION[timestamp])
 
 
 def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool) -> tuple[int, int]:
     """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late."""
-    if timestamp == EARLIEST:
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):  # no remote storage: the local log is all there is
         return log.log_start_offset, -1
+    if timestamp in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):  # nothing tiered, nothing pending
+        return -1, -1
     if timestamp == LATEST:
         if from_replica:
             return log.log_end_offset, -1
@@ -75,11 +92,11 @@ async def handle(ctx, request):
             error, offset, timestamp, leader_epoch = ErrorCode.none, -1, -1, -1
             partition_log = None
             try:
+                if _unsupported(wanted.timestamp, ctx.api_version):
+                    raise KafkaError(ErrorCode.unsupported_version)
                 partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
                                                 getattr(wanted, "current_leader_epoch", -1))
                 partition_log = partition.log
-                if wanted.timestamp == MAX_TIMESTAMP and ctx.api_version < 7:
-                    raise KafkaError(ErrorCode.unsupported_version)
                 offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed,
                                             getattr(request, "replica_id", -1) >= 0)
                 leader_epoch = _epoch_of(partition, wanted.timestamp, offset)

@@ -21,7 +21,7 @@ from .. import cluster_admin
 from ..replies import NOT_REQUESTED, authorized_operations
 
 API_KEY = 3
-VERSIONS = (0, 12)
+VERSIONS = (0, 13)  # v13: a top-level error code (KIP-1102), set only on a whole-request error
 
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 _YIELD_EVERY = 256
@@ -54,7 +54,7 @@ def _error_response(ctx, request, error):
                         is_internal=False, partitions=(), topic_authorized_operations=-2147483648)
                    for topic in request.topics or ())
     return make(ctx.response_type, throttle_time=timedelta(0), brokers=(), cluster_id=None, controller_id=-1,
-                topics=topics, cluster_authorized_operations=-2147483648)
+                topics=topics, cluster_authorized_operations=-2147483648, error_code=error)
 
 
 def _topic(metadata, info, topic_type, operations):
@@ -118,4 +118,5 @@ async def handle(ctx, request):
         topics=Encoded(topics),
         cluster_authorized_operations=authorized_operations(
             ctx, ResourceType.CLUSTER, CLUSTER_NAME, getattr(request, "include_cluster_authorized_operations", False)),
+        error_code=ErrorCode.none,
     )

@@ -8,7 +8,15 @@ visible (commit) or are dropped (abort). Admin tools send it as well (KIP-664's 
 hanging transaction), which is why the request needs ClusterAction. As in Kafka, the markers
 are appended with acks=all: the answer waits until the high watermark has passed them (one
 node: at once), so a coordinator completes a transaction only once its markers are safe.
+
+v2 (Kafka 4.x) names each marker's transaction version. A transaction-version-2 coordinator
+bumps the producer epoch before it writes the markers, so such a marker must carry an epoch
+above the partition's (Kafka's `ProducerAppendInfo.checkProducerEpoch`): an equal epoch is a
+retry of a marker already written when no transaction is open, else INVALID_PRODUCER_EPOCH.
+Ottla's own coordinator is on version 0 and sends v1.
 """
+
+import functools
 
 from ..replies import authorized
 from ...errors import ErrorCode
@@ -19,8 +27,8 @@ from ..clock import now_ms
 from ..data_sync import sync_partitions
 
 API_KEY = 27
-# v0 was removed in Kafka 4.0 (KIP-896); v2 carries the transaction version (KIP-1228).
-VERSIONS = (0, 1)  # v0 is v1 without tagged fields (removed in Kafka 4.0)
+# v0 (removed in Kafka 4.0, KIP-896) is v1 without tagged fields; v2 carries the transaction version.
+VERSIONS = (0, 2)
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 # Kafka waits for the markers' replication up to its request.timeout.ms default.
@@ -52,8 +60,11 @@ async def write_markers(ctx, request):
         wanted = [(topic.name, index) for topic in marker.topics for index in topic.partition_indexes]
         batches = {tp: build_control_batch(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
                                            commit, now) for tp in wanted}
-        appended = await broker.replicas.append_records(batches, acks=-1,
-                                                        timeout_ms=_ACK_TIMEOUT_MS, now_ms=now, origin="coordinator")
+        precheck = None
+        if getattr(marker, "transaction_version", 0) >= 2:
+            precheck = functools.partial(_check_tv2_epoch, broker, marker.producer_id, marker.producer_epoch)
+        appended = await broker.replicas.append_records(batches, acks=-1, timeout_ms=_ACK_TIMEOUT_MS, now_ms=now,
+                                                        origin="coordinator", precheck=precheck)
         offsets_partitions = [index for (topic, index) in wanted
                               if topic == GROUP_METADATA_TOPIC and appended[(topic, index)].error == ErrorCode.none]
         if offsets_partitions:
@@ -65,6 +76,19 @@ async def write_markers(ctx, request):
         results = [(producer_id, [(topic, index, sync_errors.get((topic, index), error))
                                   for topic, index, error in outcomes]) for producer_id, outcomes in results]
     return _response(ctx, results)
+
+
+def _check_tv2_epoch(broker, producer_id: int, epoch: int, topic: str, index: int, _records):
+    """A transaction-version-2 marker's epoch against the partition's producer state, checked
+    just before the append (nothing runs between the two)."""
+    current = broker.replicas.leader_partition(topic, index).log.producer_state.entry(producer_id)
+    if current is None or epoch > current.epoch:
+        return None
+    if epoch == current.epoch and current.txn_first_offset is None:
+        return None  # the retry of a marker already written: the transaction has ended
+    return (ErrorCode.invalid_producer_epoch,
+            f"Epoch of producer {producer_id} in {topic}-{index} is {epoch}, which is <= the last seen "
+            f"epoch {current.epoch} (TV2)")
 
 
 def _response(ctx, results):
