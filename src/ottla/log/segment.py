@@ -399,7 +399,8 @@ class LogSegment:
                 max_ts = (header.max_timestamp, header.base_offset)
         self._max_timestamp = max_ts
 
-    def recover(self, on_producer_batch: Callable[[BatchHeader, bytes, int], None] | None = None) -> tuple[int, int]:
+    def recover(self, on_producer_batch: Callable[[BatchHeader, bytes, int], None] | None = None,
+                epoch_starts: list[tuple[int, int]] | None = None) -> tuple[int, int]:
         """Validate every batch (length, magic, CRC, ascending offsets), rebuild the offset and
         time indexes (trimmed to their entries), and cut the file at the first bad batch.
         Returns (next offset, bytes cut).
@@ -408,6 +409,9 @@ class LogSegment:
         carries a producer id, in order (the header carries its file position), so the log can
         rebuild producer state alongside; batches without one (most of an internal topic) never
         become a BatchHeader: this loop is a kill -9 restart's cost per batch.
+
+        `epoch_starts` gets `(epoch, base offset)` where the batches' leader epoch first rises
+        (continuing the list it is given, across segments).
         """
         self.reactivate()
         fd = self._open()
@@ -425,13 +429,14 @@ class LogSegment:
         position = 0
         valid = True
         unpack = HEADER.unpack_from
+        latest_epoch = epoch_starts[-1][0] if epoch_starts else -1
         while valid and file_size - position >= HEADER_SIZE:
             chunk = os.pread(fd, min(_RECOVERY_CHUNK, file_size - position), position)
             view = memoryview(chunk)
             offset = 0
             while len(chunk) - offset >= HEADER_SIZE:
-                (base_offset, batch_length, _, magic, crc, _, last_delta, _, batch_max_ts, producer_id,
-                 _, _, _) = unpack(chunk, offset)
+                (base_offset, batch_length, leader_epoch, magic, crc, _, last_delta, _, batch_max_ts,
+                 producer_id, _, _, _) = unpack(chunk, offset)
                 size = batch_length + LOG_OVERHEAD
                 if magic != 2 or size < HEADER_SIZE or position + offset + size > file_size:
                     valid = False
@@ -455,6 +460,9 @@ class LogSegment:
                     self.time_index.maybe_append(max_ts, max_ts_offset)
                     since_index = 0
                 since_index += size
+                if epoch_starts is not None and leader_epoch > latest_epoch:
+                    epoch_starts.append((leader_epoch, base_offset))
+                    latest_epoch = leader_epoch
                 if producer_id >= 0 and on_producer_batch is not None:
                     on_producer_batch(read_header(chunk, offset)._replace(position=position + offset), chunk, offset)
                 next_offset = base_offset + last_delta + 1
