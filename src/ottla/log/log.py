@@ -578,10 +578,11 @@ class Log:
         if self._producer_state is not None:
             self._producer_state.take_snapshot(self._leo)
 
-    def delete(self) -> None:
+    def delete(self, *, remove: bool = True) -> Path:
         """Remove the partition's directory and everything in it. With a disk worker the
         directory is renamed `<name>.<id>-delete` (as Kafka does) and removed there; a start
-        removes what a crash left."""
+        removes what a crash left. `remove=False` leaves the renamed directory, returned, to the
+        caller, who removes many in one job (`LogManager.delete_topic`)."""
         directory = self.directory
         self.leader_epoch_cache.close()
         if self._disk_worker is not None:
@@ -590,11 +591,12 @@ class Log:
                 os.replace(self.directory, directory)
             except FileNotFoundError:  # already gone: as rmtree(ignore_errors=True) would take it
                 pass
-        for segment in self._segments:
-            segment.delete()  # its files' old names are gone already with a disk worker
+        for segment in self._segments:  # with a disk worker their files went with the directory
+            segment.delete(unlink=self._disk_worker is None)
         self._segments, self._bases = [], []
         if self._disk_worker is None:
             shutil.rmtree(directory, ignore_errors=True)
-        else:
+        elif remove:
             self._disk_worker.submit(f"removal of {directory.name}",
                                      lambda: shutil.rmtree(directory, ignore_errors=True))
+        return directory

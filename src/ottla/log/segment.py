@@ -231,16 +231,22 @@ class LogSegment:
             os.close(self._fd)
             self._fd = -1
 
-    def delete(self) -> None:
+    def delete(self, *, unlink: bool = True) -> None:
+        """Release the segment's files and remove them; `unlink=False` when its directory was
+        renamed away to be removed whole by the disk worker (the old names are gone)."""
         self.version += 1
         _open_sealed.forget(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.delete()
-        self.time_index.delete()
-        self.txn_index.delete()
-        self.log_path.unlink(missing_ok=True)
+        self.offset_index.delete(unlink=unlink)
+        self.time_index.delete(unlink=unlink)
+        if self._txn_index is not None:
+            self._txn_index.delete(unlink=unlink)
+        elif unlink:  # never opened: no object to make just to remove its file
+            index_path(self.log_path.parent, self.base_offset).unlink(missing_ok=True)
+        if unlink:
+            self.log_path.unlink(missing_ok=True)
 
     # -- append ------------------------------------------------------------------------------
 
