@@ -16,6 +16,11 @@ worst event-loop lag over the run (wall clock and the loop's own CPU).
 request sent); once the broker's CPU has settled they stay open while the broker stops, so
 the broker's worst event-loop lag over that run is the storm's (or the shutdown's, which
 closes them). `--topics 0` skips the admin requests.
+
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
+
+--wide N: on a broker of its own, one topic of N partitions, a record in each, then
+DeleteTopics of it: its round trip and longest single step (the partitions' directories go).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import resource
 import select
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -49,10 +55,10 @@ def _roundtrip(address, request) -> float:
         return time.monotonic() - started
 
 
-def _create(names):
+def _create(names, partitions: int = 1):
     schema = request_schema(19, 7)
     return make(schema, timeout=timedelta(seconds=60), validate_only=False, topics=tuple(
-        make(nested(schema, "CreatableTopic"), name=name, num_partitions=1, replication_factor=1,
+        make(nested(schema, "CreatableTopic"), name=name, num_partitions=partitions, replication_factor=1,
              assignments=(), configs=()) for name in names))
 
 
@@ -155,16 +161,58 @@ def main() -> int:
     parser.add_argument("--topics", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--storm", type=int, default=0, help="connections opened at once on a broker of their own")
+    parser.add_argument("--wide", type=int, default=0, help="partitions of one topic deleted, on a broker of its own")
     args = parser.parse_args()
     rows = []
     if args.topics:
         rows += _admin_requests(args)
     if args.storm:
         rows += _storm(args.storm)
+    if args.wide:
+        rows += _wide_delete(args.wide)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _wide_delete(partitions: int) -> list[tuple[str, str]]:
+    from confluent_kafka import Producer
+
+    with broker(log_level="info") as handle:
+        address = (handle.host, handle.port)
+        _roundtrip(address, _create(["wide"], partitions))
+        producer = Producer({"bootstrap.servers": f"{handle.host}:{handle.port}", "linger.ms": 50})
+        for p in range(partitions):
+            producer.produce("wide", b"v" * 100, partition=p)
+        assert producer.flush(120) == 0
+        pings, done = [], threading.Event()
+
+        def ping():  # another client, one ApiVersions after the other: how long it waits
+            with socket.create_connection(address, timeout=600) as sock:
+                request = encode(make(request_schema(18, 3), client_software_name="p", client_software_version="1"), 1)
+                while not done.is_set():
+                    started = time.monotonic()
+                    sock.sendall(request)
+                    _read_frame(sock)
+                    pings.append(time.monotonic() - started)
+
+        pinger = threading.Thread(target=ping)
+        pinger.start()
+        time.sleep(0.5)
+        pings.clear()
+        deleted = _roundtrip(address, _delete(["wide"]))
+        time.sleep(0.5)
+        done.set()
+        pinger.join()
+        handle.stop()
+        log = handle.read_stderr()
+    lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    steps, _ = _steps(log)
+    return [(f"DeleteTopics v6, one topic of {partitions} partitions: round trip (ms)", f"{deleted * 1000:.0f}"),
+            ("DeleteTopics v6: longest single step, broker CPU (ms)", f"{steps.get('DeleteTopics v6', 0):.0f}"),
+            ("another client's longest ApiVersions round trip meanwhile (ms)", f"{max(pings) * 1000:.0f}"),
+            ("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1]))]
 
 
 def _admin_requests(args) -> list[tuple[str, str]]:

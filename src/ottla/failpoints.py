@@ -8,6 +8,8 @@ The names (each defined where it fires):
   (`coordinator/transaction/service.py`);
 - `replica.after_follower_append`: a follower appended what a Fetch answer carried and is about
   to take a higher HW from it (`server/replica_fetcher.py`), seed 001's follower crash;
+- `leader_epoch.hold_write`: not a crash: a new leader's leader-epoch checkpoint, left to the
+  disk worker, is never written by it (`log/log.py`), so a test's kill -9 lands in that window;
 - `fsync.eio@TEXT`: every sync of a file whose path contains TEXT fails with EIO
   (`durability.py`).
 """

@@ -17,6 +17,12 @@ segment back to what was fsynced.
    comes back first, leads, and takes m2 at offset 1; then A comes back. Under HW truncation
    A would keep its m1 at offset 1 (its HW is 2) and the replicas would differ for good.
 
+3. Divergence through a stale leader epoch checkpoint: schedule 2, but B is killed -9 after it
+   led epoch 1 and took m2, before its checkpoint said where epoch 1 starts (a new leader's
+   entry is written after it leads, by the disk worker; the failpoint `leader_epoch.hold_write`
+   keeps that write from happening). Recovery must find epoch 1 in B's batches, else B answers
+   A that epoch 0 ends at 2 and A keeps its m1 at offset 1.
+
 Each test checks that the follower truncated where its leader's OffsetsForLeaderEpoch answer
 said, that no acknowledged record is lost, and that the replicas are identical batch by batch
 below the HW.
@@ -31,6 +37,8 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition
 
+from ottla.log.leader_epoch import CHECKPOINT_FILE, read_checkpoint
+from ottla.log.log import HOLD_LEADER_EPOCH_WRITE
 from ottla.log.manager import HIGH_WATERMARK_FILE, read_offset_checkpoint
 from ottla.server.replica_fetcher import AFTER_FOLLOWER_APPEND
 from ottla.testing import cluster
@@ -176,5 +184,38 @@ def test_schedule_2_both_crash_and_the_short_follower_leads_without_divergence(t
         broker_a.start()  # A, with HW 2, becomes B's follower
         wait_for(lambda: isr_full(two.bootstrap), what="A back in the ISR")
         assert truncated_by_epoch(broker_a, 1, b)  # B's end of epoch 0, below A's HW of 2
+        assert values(two.bootstrap) == [b"m0", b"m2"]
+        assert_replicas_identical(two, a, b)
+
+
+def test_a_new_leader_killed_before_its_epoch_checkpoint_was_written_recovers_it_and_does_not_diverge(tmp_path):
+    with cluster(brokers=2, config=CONFIG, root=tmp_path) as two:
+        a, b = start_pair(two)
+        broker_a, broker_b = two.brokers[a], two.brokers[b]
+        assert produce(two.bootstrap, b"m0") == 0
+        assert produce(two.bootstrap, b"m1") == 1
+        wait_for(lambda: checkpointed_hw(broker_a) == 2 and len(batches(broker_b)) == 2, what="HW 2 with m1 on B")
+        broker_a.kill()
+        broker_b.kill()
+        [segment] = sorted((broker_b.data_dir / f"{TOPIC}-0").glob("*.log"))  # B's m1 was never fsynced
+        with open(segment, "r+b") as f:
+            f.truncate(len(batches(broker_b)[0]))
+            os.fsync(f.fileno())
+
+        broker_b.env = {"OTTLA_FAILPOINTS": HOLD_LEADER_EPOCH_WRITE}
+        broker_b.start()
+        wait_for(lambda: (partition_info(broker_b.bootstrap, TOPIC) or (None,))[0] == b, what="B elected leader")
+        assert produce(broker_b.bootstrap, b"m2") == 1  # epoch 1's first batch, at the offset A holds m1 at
+        broker_b.kill()
+        checkpoint = broker_b.data_dir / f"{TOPIC}-0" / CHECKPOINT_FILE
+        assert read_checkpoint(checkpoint) == [(0, 0)]  # the window: epoch 1 led and written in, not checkpointed
+
+        broker_b.env = {}
+        broker_b.start()  # recovers, leads epoch 2
+        wait_for(lambda: (partition_info(broker_b.bootstrap, TOPIC) or (None,))[0] == b, what="B leading again")
+        assert values(broker_b.bootstrap) == [b"m0", b"m2"]
+        broker_a.start()  # A, with m0 m1 in epoch 0, becomes B's follower
+        wait_for(lambda: isr_full(two.bootstrap), what="A back in the ISR")
+        assert truncated_by_epoch(broker_a, 1, b)  # where epoch 0 ended on B, as B's batches say
         assert values(two.bootstrap) == [b"m0", b"m2"]
         assert_replicas_identical(two, a, b)

@@ -67,21 +67,26 @@ def test_truncation_from_both_ends(tmp_path):
     assert cache.entries == [(1, 15)]
 
 
-def test_write_assign_ahead_writes_what_assign_makes_and_assign_then_writes_nothing(tmp_path):
-    # A LeaderAndIsr's new leaders fsync their checkpoints in worker threads this way, so the
-    # assign on the event loop must find the file current (the same file: no new inode).
+def test_an_assign_left_to_write_pending_is_written_newest_first_and_never_back(tmp_path):
+    # A new leader's entry is written later (`Log.start_leader_epoch`); the owner's own writes
+    # and a late `write_pending` always leave the newest entries in the file.
     cache = cache_with(tmp_path, (0, 0), (3, 10), (5, 20))
     path = tmp_path / CHECKPOINT_FILE
-    cache.write_assign_ahead(4, 15)  # replaces the conflicting (5, 20), as assign will
-    assert (path.read_text().split("\n")[1:-1], cache.entries) == (
-        ["3", "0 0", "3 10", "4 15"], [(0, 0), (3, 10), (5, 20)])  # the cache itself unchanged
+    assert cache.assign(6, 25, write=False)
+    assert LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10), (5, 20)]
+    cache.write_pending()
+    assert LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10), (5, 20), (6, 25)]
     written = os.stat(path).st_ino
-    assert cache.assign(4, 15) and cache.entries == [(0, 0), (3, 10), (4, 15)]
+    cache.write_pending()  # nothing new: no write
     assert os.stat(path).st_ino == written
-    cache.write_assign_ahead(4, 30)  # the current epoch again: nothing to write
-    assert os.stat(path).st_ino == written
-    cache.truncate_from_end(12)  # anything else still writes through
-    assert os.stat(path).st_ino != written and LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10)]
+    assert cache.assign(7, 30, write=False)
+    cache.truncate_from_end(28)  # the owner writes through, (7, 30) gone with the cut
+    cache.write_pending()  # a late write finds nothing newer
+    assert LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10), (5, 20), (6, 25)]
+    cache.assign(8, 28, write=False)
+    cache.close()  # the partition was deleted: a late write writes nothing
+    cache.write_pending()
+    assert LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10), (5, 20), (6, 25)]
 
 
 def test_checkpoint_file_is_kafkas_format_and_reloads(tmp_path):
@@ -262,3 +267,172 @@ def test_the_cache_always_matches_the_batches_in_the_log(tmp_path, seed):
             log = Log(directory, config(segment_bytes=500), recovery_point=0,
                       log_start_offset=log.log_start_offset)
         assert describing_data(log.leader_epoch_cache.entries) == describing_data(rebuilt()), action
+
+
+# -- a new leader's entry written after it leads (Log.start_leader_epoch) ------------------
+
+
+class HeldWorker:
+    """The real disk worker, held back: its jobs wait until `release`, the window in which a
+    crash finds a new leader's checkpoint not written yet."""
+
+    def __init__(self):
+        import threading
+
+        from ottla.log.disk_worker import DiskWorker
+
+        self.worker = DiskWorker()
+        self._event = threading.Event
+        self.hold()
+
+    def hold(self):
+        self._gate = self._event()
+        self.worker.submit("hold", self._gate.wait)
+
+    def release(self):
+        self._gate.set()
+        self.worker.drain()
+        self.hold()
+
+    def close(self):
+        self._gate.set()
+        self.worker.close()
+
+
+def crash(log):
+    """What a kill -9 leaves: the files as they are, nothing the worker still had to do."""
+    log.leader_epoch_cache.close()
+
+
+def test_a_new_leaders_entry_is_written_by_the_worker_not_on_the_way_to_leading(tmp_path):
+    held = HeldWorker()
+    try:
+        log = Log(tmp_path / "t-0", config(), disk_worker=held.worker)
+        log.append(batch(2), now_ms=0, leader_epoch=0)
+        log.start_leader_epoch(3)
+        assert log.leader_epoch_cache.entries == [(0, 0), (3, 2)]
+        assert LeaderEpochCache.load(tmp_path / "t-0")[0].entries == [(0, 0)]  # not yet
+        held.release()
+        assert LeaderEpochCache.load(tmp_path / "t-0")[0].entries == [(0, 0), (3, 2)]
+    finally:
+        held.close()
+
+
+@pytest.mark.parametrize("then", ["appended", "nothing appended"])
+def test_a_crash_before_the_new_leaders_entry_was_written_recovers_it_from_the_batches(tmp_path, then):
+    """The stale checkpoint of seed 001's divergence schedule: B leads epoch 1 from offset 1 and
+    takes m2 there, then crashes before its checkpoint says so. After recovery B must answer a
+    follower asking for epoch 0 with offset 1 (where epoch 0 ended), or a follower holding
+    another m1 at offset 1 keeps it: the replicas diverge."""
+    held = HeldWorker()
+    try:
+        log = Log(tmp_path / "t-0", config(), disk_worker=held.worker)
+        log.append(batch(1), now_ms=0, leader_epoch=0)  # m0
+        log.flush()
+        log.start_leader_epoch(1)
+        if then == "appended":
+            log.append(batch(1), now_ms=0, leader_epoch=1)  # m2
+        checkpointed = log.recovery_point  # what the recovery-point checkpoint may hold
+        crash(log)
+        assert LeaderEpochCache.load(tmp_path / "t-0")[0].entries == [(0, 0)]  # the window
+        recovered = Log(tmp_path / "t-0", config(), disk_worker=held.worker, recovery_point=checkpointed)
+        if then == "appended":
+            assert recovered.leader_epoch_cache.entries == [(0, 0), (1, 1)]
+            assert LeaderEpochCache.load(tmp_path / "t-0")[0].entries == [(0, 0), (1, 1)]  # written at once
+            recovered.start_leader_epoch(2)  # B leads again after its restart
+            assert recovered.end_offset_for_epoch(0) == (0, 1)
+        else:  # the epoch holds no batch: as if it had never been assigned (Kafka's load cuts it too)
+            assert recovered.leader_epoch_cache.entries == [(0, 0)]
+    finally:
+        held.close()
+
+
+def test_the_recovery_point_never_passes_an_unwritten_entry(tmp_path, monkeypatch):
+    """A flush and a roll's fsync (in the worker) move the recovery point: the entry is written
+    first, else a crash after the next recovery-point checkpoint would not scan its batches.
+    Here the worker's own write of it never comes (the broker's failpoint)."""
+    from ottla.log import log as log_module
+
+    monkeypatch.setattr(log_module, "_HOLD_LEADER_EPOCH_WRITE", True)
+    held = HeldWorker()
+    path = tmp_path / "t-0"
+    try:
+        log = Log(path, config(segment_bytes=600), disk_worker=held.worker)
+        log.append(batch(1), now_ms=0, leader_epoch=0)
+        log.start_leader_epoch(1)
+        log.append(batch(1), now_ms=0, leader_epoch=1)
+        held.release()
+        assert LeaderEpochCache.load(path)[0].entries == [(0, 0)]
+        log.flush()
+        assert log.recovery_point == 2 and LeaderEpochCache.load(path)[0].entries == [(0, 0), (1, 1)]
+        log.start_leader_epoch(2)
+        while len(log.segments) < 3:
+            log.append(batch(2), now_ms=0, leader_epoch=2)
+        held.release()  # the rolls' fsyncs ran and the recovery point moved past offset 2
+        assert log.recovery_point > 2
+        assert LeaderEpochCache.load(path)[0].entries == [(0, 0), (1, 1), (2, 2)]
+    finally:
+        held.close()
+
+
+def test_a_new_leader_below_an_earlier_recovery_point_writes_its_entry_at_once(tmp_path):
+    """After a truncation below the recovery point the checkpointed one may still be higher,
+    and a crash would not scan the new epoch's batches: then the entry is written first."""
+    held = HeldWorker()
+    path = tmp_path / "t-0"
+    try:
+        log = Log(path, config(), disk_worker=held.worker)
+        for _ in range(3):
+            log.append(batch(1), now_ms=0, leader_epoch=0)
+        log.flush()
+        log.truncate_to(1)
+        log.start_leader_epoch(4)
+        assert LeaderEpochCache.load(path)[0].entries == [(0, 0), (4, 1)]
+    finally:
+        held.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_with_entries_written_late_the_cache_always_matches_the_batches_after_a_crash(tmp_path, seed):
+    """Random leaderships (entries left to the held worker), appends, rolls, flushes,
+    truncations, the worker catching up, and crashes that keep any recovery point the log had
+    since its last one (the checkpoint is periodic): after every step, and above all after
+    each crash's recovery, the cache says what the batches in the log say."""
+    import random
+
+    from ottla.log.leader_epoch import entries_from_batches
+
+    rng = random.Random(seed)
+    directory = tmp_path / "t-0"
+    held = HeldWorker()
+    try:
+        log = Log(directory, config(segment_bytes=400), disk_worker=held.worker)
+        checkpoints = [0]
+        epoch = 0
+
+        def expected():
+            headers = [h for s in log.segments for h in s.headers_from(0) if h.base_offset < log.log_end_offset]
+            return entries_from_batches(headers)
+
+        for _ in range(80):
+            action = rng.choice(["append"] * 6 + ["lead", "lead", "flush", "truncate", "release", "crash"])
+            if action == "append":
+                log.append(batch(rng.randint(1, 3)), now_ms=0, leader_epoch=epoch)
+            elif action == "lead":
+                epoch += rng.randint(1, 2)
+                log.start_leader_epoch(epoch)
+            elif action == "flush":
+                log.flush()
+            elif action == "truncate" and log.log_end_offset > 0:
+                log.truncate_to(rng.randint(0, log.log_end_offset))
+            elif action == "release":
+                held.release()
+            elif action == "crash":
+                crash(log)
+                log = Log(directory, config(segment_bytes=400), disk_worker=held.worker,
+                          recovery_point=rng.choice(checkpoints))
+                checkpoints = []
+            checkpoints.append(log.recovery_point)
+            assert [e for e in log.leader_epoch_cache.entries if e.start_offset < log.log_end_offset] == expected(), action
+    finally:
+        held.close()

@@ -14,10 +14,13 @@ that puts back what the file holds: an empty partition's entry `(epoch, 0)` is c
 load (it starts at the log end) and assigned again when the partition becomes leader, which
 cost two fsynced writes per empty partition at every start.
 
-Becoming leader writes the new epoch's entry (two fsyncs). A LeaderAndIsr that makes this
-broker leader of hundreds of partitions writes them ahead in worker threads
-(`write_assign_ahead`), so the `assign` on the event loop finds the file current; writes are
-serialised per cache by a lock, and the file always holds what `_in_file` says.
+Becoming leader need not wait for the new epoch's entry to be durable: `assign(...,
+write=False)` changes the cache and `write_pending` writes it later from another thread. What makes that safe is
+the log's, not this file's (`Log.start_leader_epoch`, docs/architecture.md "A new leader's
+epoch entry"): the entry is re-derived by recovery from the batches that
+carry the epoch, and it is written before the recovery point passes it. Writes are serialised
+by a lock and always write the newest entries (`_published`), so a late write never puts
+back an older list.
 """
 
 from __future__ import annotations
@@ -87,20 +90,29 @@ def read_checkpoint(path: Path) -> list[EpochEntry] | None:
     return entries
 
 
-def _write_checkpoint(path: Path, entries: list[EpochEntry]) -> None:
-    """Temp file, fsync, rename, fsync of the directory: a crash leaves the old or the new file."""
+def _write_checkpoint(path: Path, entries: list[EpochEntry], directory_inode: int | None = None) -> None:
+    """Temp file, fsync, rename, fsync of the directory: a crash leaves the old or the new file.
+    Relative to the directory opened once, and only if it is still the partition's own
+    (`directory_inode`): a write from another thread racing the partition's deletion lands in
+    the renamed directory about to be removed, never in a new one of the same name."""
     text = "\n".join([str(_VERSION), str(len(entries))] + [f"{e.epoch} {e.start_offset}" for e in entries]) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
+    tmp = path.name + ".tmp"
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        if directory_inode is not None and os.fstat(dir_fd).st_ino != directory_inode:
+            return
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+        try:
+            data = memoryview(text.encode("ascii"))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
     finally:
-        os.close(fd)
+        os.close(dir_fd)
 
 
 class LeaderEpochCache:
@@ -116,10 +128,18 @@ class LeaderEpochCache:
             self._epochs.append(entry.epoch)
             self._offsets.append(entry.start_offset)
         self._in_file = self.entries  # what the checkpoint file holds
+        # The entries as of the owner's last change, for a write from another thread (the owner
+        # changes the two lists in steps).
+        self._published = self._in_file
         # The entries differ from the file's after a load's fit (`deferred`): written before
         # anything else changes or is appended.
         self._unwritten = False
-        self._write_lock = threading.Lock()  # the loop's flush and a worker's write-ahead
+        self._closed = False  # the partition was deleted: nothing more is written
+        try:
+            self._directory_inode: int | None = os.stat(directory).st_ino
+        except FileNotFoundError:  # a scratch cache (tests) whose directory comes later
+            self._directory_inode = None
+        self._write_lock = threading.Lock()  # the owner's writes and `write_pending`
 
     @classmethod
     def load(cls, directory: Path) -> tuple["LeaderEpochCache", bool]:
@@ -138,6 +158,11 @@ class LeaderEpochCache:
     @property
     def entries(self) -> list[EpochEntry]:
         return [EpochEntry(e, o) for e, o in zip(self._epochs, self._offsets)]
+
+    @property
+    def unwritten(self) -> bool:
+        """A load's cut the file does not hold yet (written before the next change)."""
+        return self._unwritten
 
     @property
     def latest_epoch(self) -> int | None:
@@ -171,11 +196,12 @@ class LeaderEpochCache:
 
     # -- changes -------------------------------------------------------------------------
 
-    def assign(self, epoch: int, start_offset: int) -> bool:
+    def assign(self, epoch: int, start_offset: int, *, write: bool = True) -> bool:
         """Record that `epoch` starts at `start_offset`, on the append of a batch stamped with
         an epoch newer than the latest (or starting before the latest entry's offset). Entries
         that would break monotonicity (an equal or newer epoch, or a start at or after this
-        one) are removed, as Kafka does. Returns whether the cache changed."""
+        one) are removed, as Kafka does. Returns whether the cache changed. Without `write`
+        the file is left to `write_pending` (the caller's duty: `Log.start_leader_epoch`)."""
         if epoch < 0 or start_offset < 0:
             return False  # batches from before leader epochs carry -1: nothing to record
         if self._epochs and epoch == self._epochs[-1] and start_offset >= self._offsets[-1]:
@@ -190,20 +216,34 @@ class LeaderEpochCache:
                         epoch, start_offset, removed, self.path)
         self._epochs.append(epoch)
         self._offsets.append(start_offset)
-        self.flush()
+        if write:
+            self.flush()
+        else:
+            self._published = self.entries
         return True
 
-    def write_assign_ahead(self, epoch: int, start_offset: int) -> None:
-        """Write (durably) the entries `assign(epoch, start_offset)` will make, without changing
-        the cache: meant for a worker thread while nothing changes this cache (a partition
-        between roles). Should anything change it meanwhile, `assign` writes what it finds."""
-        entries = self.entries
-        if epoch < 0 or start_offset < 0 or (entries and epoch == entries[-1].epoch
-                                             and start_offset >= entries[-1].start_offset):
-            return
-        while entries and (entries[-1].epoch >= epoch or entries[-1].start_offset >= start_offset):
-            entries.pop()
-        self._write(entries + [EpochEntry(epoch, start_offset)])
+    def write_pending(self) -> None:
+        """Write the newest entries if the file lacks them (any thread)."""
+        self._write(None)
+
+    def close(self) -> None:
+        """The partition is gone: nothing more is written. Without the lock, so the event loop
+        never waits for a write in progress (that one checks the directory is still this
+        partition's: `_write_checkpoint`)."""
+        self._closed = True
+
+    def recover_epochs(self, epoch_starts: list[EpochEntry]) -> None:
+        """Recovery found these epochs starting in the batches it scanned: add those newer than
+        the latest entry (Kafka's segment recovery assigns them the same way): a new leader's
+        entry a crash kept out of the file starts above the recovery point the scan started at,
+        so it is found again here. Anything added is written at once: the recovery point moves
+        past it."""
+        added = False
+        for epoch, start in epoch_starts:
+            if self.latest_epoch is None or epoch > self.latest_epoch:
+                added |= self.assign(epoch, start, write=False)
+        if added:
+            self.flush()
 
     def truncate_from_end(self, end_offset: int, *, deferred: bool = False) -> None:
         """The log was truncated to `end_offset`: drop the epochs starting at or after it.
@@ -240,19 +280,32 @@ class LeaderEpochCache:
 
     def _changed(self, deferred: bool) -> None:
         if deferred:
-            self._unwritten = self.entries != self._in_file
+            self._published = self.entries
+            self._unwritten = self._published != self._in_file
         else:
             self.flush()
 
     def flush(self) -> None:
         """Write the entries through, unless the file holds them already."""
-        self._write(self.entries)
+        self._published = self.entries
+        self._write(None)
         self._unwritten = False
 
-    def _write(self, entries: list[EpochEntry]) -> None:
+    def _write(self, entries: list[EpochEntry] | None) -> None:
+        """Write `entries`, or (None) the newest published ones, under the lock: whichever
+        write comes last writes the newest list."""
         with self._write_lock:
+            if self._closed:
+                return
+            if entries is None:
+                entries = self._published
             if entries != self._in_file:
-                _write_checkpoint(self.path, entries)
+                try:
+                    _write_checkpoint(self.path, entries, self._directory_inode)
+                except FileNotFoundError:
+                    if self.path.parent.exists():
+                        raise
+                    return  # the directory was removed meanwhile (the partition deleted)
                 self._in_file = entries
 
 
@@ -267,14 +320,18 @@ def entries_from_batches(headers) -> list[EpochEntry]:
     return entries
 
 
-def fit_to_log(cache: LeaderEpochCache, usable: bool, segments, log_start_offset: int, log_end_offset: int) -> None:
+def fit_to_log(cache: LeaderEpochCache, usable: bool, segments, log_start_offset: int, log_end_offset: int,
+               epoch_starts=()) -> None:
     """Fit a loaded cache to its loaded log: rebuilt from every batch header when its file was
     missing or corrupt, then cut to [log start, log end) as Kafka's LogLoader does (the
-    checkpoint is written before the batches it describes are durable). The cut is written
-    with the next change or append (`LeaderEpochCache.assign`): until then a crash leaves the
-    file as it was, and the next load cuts it the same way."""
+    checkpoint is written before the batches it describes are durable), then given the epochs
+    recovery saw start in the batches it scanned (`epoch_starts`, after an unclean shutdown),
+    which a checkpoint written after leading may lack. The cut is written with the next change
+    or append (`LeaderEpochCache.assign`): until then a crash leaves the file as it was, and the
+    next load cuts it the same way."""
     if not usable and log_end_offset > log_start_offset:
         cache.replace(entries_from_batches(
             h for s in segments for h in s.headers_from(0) if h.base_offset < log_end_offset))
     cache.truncate_from_end(log_end_offset, deferred=True)
     cache.truncate_from_start(log_start_offset, deferred=True)
+    cache.recover_epochs([EpochEntry(e, max(o, log_start_offset)) for e, o in epoch_starts])

@@ -53,6 +53,7 @@ def load_log(
     segments = [new_segment(b) for b in bases]
     cache, cache_usable = LeaderEpochCache.load(directory)
     state = None
+    epoch_starts: list[tuple[int, int]] = []
     if not bases:
         segment = new_segment(log_start_offset)
         segment.create()
@@ -65,9 +66,10 @@ def load_log(
             # Clean shutdown flushed everything and checkpointed the exact log end.
             end = recovery_point
         else:
-            end, state = _recover(directory, segments, bases, recovery_point or 0, log_start_offset, expiration_ms)
+            end, state = _recover(directory, segments, bases, recovery_point or 0, log_start_offset, expiration_ms,
+                                  epoch_starts)
             recovery_point = end
-    fit_to_log(cache, cache_usable, segments, log_start_offset, end)
+    fit_to_log(cache, cache_usable, segments, log_start_offset, end, epoch_starts)
     return LoadedLog(segments, bases, log_start_offset, end, recovery_point, cache, state)
 
 
@@ -78,11 +80,12 @@ def _recover(
     recovery_point: int,
     log_start_offset: int,
     expiration_ms: int,
+    epoch_starts: list[tuple[int, int]],
 ) -> tuple[int, ProducerStateManager]:
     """Re-validate everything from the segment holding the recovery point and cut the log
     at the first torn or corrupt batch (Kafka's LogLoader after an unclean shutdown).
     Drops unusable segments from `segments` and `bases`; returns the log end and the
-    producer state.
+    producer state; `epoch_starts` gets where the scanned batches' leader epochs first rise.
 
     Producer state is reloaded up to the first scanned segment and then fed every batch
     the scan accepts, which also rebuilds the scanned segments' transaction indexes.
@@ -115,7 +118,7 @@ def _recover(
             keep = i
             break
         segment.txn_index.reset()
-        next_offset, truncated = segment.recover(_replay_into(state, segment))
+        next_offset, truncated = segment.recover(_replay_into(state, segment), epoch_starts)
         scanned_bytes += segment.size + truncated
         truncated_bytes += truncated
         if truncated:  # nothing after a torn or corrupt batch can be trusted

@@ -21,6 +21,7 @@ from typing import Iterator, NamedTuple
 from ..config import TopicConfig
 from ..durability import fsync
 from ..errors import ErrorCode, KafkaError
+from ..failpoints import from_environment as failpoints_from_environment
 from ..producer_state.manager import ProducerStateManager
 from ..producer_state.markers import ControlBatch, read_end_txn_marker
 from ..records.batch import (
@@ -58,6 +59,12 @@ class AppendResult(NamedTuple):
     duplicate: bool
 
 
+# Failpoint (ottla.failpoints): a new leader's epoch checkpoint, written off the path to leading,
+# is never written by the disk worker (a crash test kills the broker inside that window).
+HOLD_LEADER_EPOCH_WRITE = "leader_epoch.hold_write"
+_HOLD_LEADER_EPOCH_WRITE = HOLD_LEADER_EPOCH_WRITE in failpoints_from_environment()
+
+
 class FetchData(NamedTuple):
     records: bytes | memoryview | FileRecords  # whole batches of the segment file
     high_watermark: int
@@ -88,6 +95,9 @@ class Log:
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        # The highest recovery point this log has had, or loaded: the recovery-point checkpoint
+        # on disk holds one of those values, so a scan after a crash starts at or below it.
+        self._recovery_point_max = recovery_point or 0
         self.config = config
         self._recent_appends = recent_appends
         # Rolls and deletions hand their fsyncs and removals to it (without one: done inline).
@@ -182,6 +192,36 @@ class Log:
         if unstable is None:
             return self.high_watermark
         return max(self.log_start_offset, min(unstable, self.high_watermark))
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @recovery_point.setter
+    def recovery_point(self, offset: int) -> None:
+        self._recovery_point = offset
+        self._recovery_point_max = max(self._recovery_point_max, offset)
+
+    def start_leader_epoch(self, epoch: int) -> None:
+        """This replica leads `epoch` from the log end on (Kafka assigns it before any append).
+
+        With a disk worker the checkpoint is written there, not before leading: a LeaderAndIsr
+        of 1,000 new leaders waited seconds for 2,000 fsyncs. Safe because the entry can only
+        be missing from the file where a crash's recovery scans: it starts at or above every
+        recovery point this log has had (the checkpointed one among them), recovery re-derives
+        it from the batches that carry the epoch (`LeaderEpochCache.recover_epochs`), and the
+        recovery point never passes it before it is written (`roll`, `flush`, `close`). Where
+        that does not hold -- the log end below an earlier recovery point after a truncation,
+        a load's cut still unwritten, an epoch not newer than the latest -- it is written now.
+        """
+        cache, start = self.leader_epoch_cache, self._leo
+        worker = self._disk_worker
+        latest = cache.latest_epoch
+        if (worker is None or start < self._recovery_point_max or cache.unwritten
+                or (latest is not None and epoch <= latest)):
+            cache.assign(epoch, start)
+        elif cache.assign(epoch, start, write=False) and not _HOLD_LEADER_EPOCH_WRITE:
+            worker.submit(f"leader epoch checkpoint of {self.directory.name}", cache.write_pending)
 
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         """OffsetsForLeaderEpoch: `(epoch, end offset)` from the leader epoch cache (KIP-279)."""
@@ -326,7 +366,10 @@ class Log:
         end, truncations = self._leo, self._truncations
         self._unsynced.append(unsynced)
 
+        cache = self.leader_epoch_cache
+
         def job() -> None:
+            cache.write_pending()  # before the recovery point passes a new leader's epoch start
             for fd, path in unsynced:
                 fsync(fd, path)
             try:
@@ -487,6 +530,7 @@ class Log:
     def flush(self, now_ms: int | None = None) -> None:
         """fsync the active segment (and segments rolled whose fsync is still queued); the
         recovery point moves to the log end."""
+        self.leader_epoch_cache.write_pending()
         for unsynced in self._unsynced:
             for fd, path in unsynced:
                 fsync(fd, path)
@@ -524,6 +568,7 @@ class Log:
     def close(self) -> None:
         """Flush, trim the indexes, snapshot producer state: the next start needs no recovery.
         Closing the active segment fsyncs it and its indexes (a `flush` first did it twice)."""
+        self.leader_epoch_cache.write_pending()
         for unsynced in self._unsynced:
             for fd, path in unsynced:
                 fsync(fd, path)
@@ -533,22 +578,25 @@ class Log:
         if self._producer_state is not None:
             self._producer_state.take_snapshot(self._leo)
 
-    def delete(self) -> None:
+    def delete(self, *, remove: bool = True) -> Path:
         """Remove the partition's directory and everything in it. With a disk worker the
         directory is renamed `<name>.<id>-delete` (as Kafka does) and removed there; a start
-        removes what a crash left."""
+        removes what a crash left. `remove=False` leaves the renamed directory, returned, to the
+        caller, who removes many in one job (`LogManager.delete_topic`)."""
         directory = self.directory
+        self.leader_epoch_cache.close()
         if self._disk_worker is not None:
             directory = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
             try:
                 os.replace(self.directory, directory)
             except FileNotFoundError:  # already gone: as rmtree(ignore_errors=True) would take it
                 pass
-        for segment in self._segments:
-            segment.delete()  # its files' old names are gone already with a disk worker
+        for segment in self._segments:  # with a disk worker their files went with the directory
+            segment.delete(unlink=self._disk_worker is None)
         self._segments, self._bases = [], []
         if self._disk_worker is None:
             shutil.rmtree(directory, ignore_errors=True)
-        else:
+        elif remove:
             self._disk_worker.submit(f"removal of {directory.name}",
                                      lambda: shutil.rmtree(directory, ignore_errors=True))
+        return directory

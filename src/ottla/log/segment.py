@@ -231,16 +231,22 @@ class LogSegment:
             os.close(self._fd)
             self._fd = -1
 
-    def delete(self) -> None:
+    def delete(self, *, unlink: bool = True) -> None:
+        """Release the segment's files and remove them; `unlink=False` when its directory was
+        renamed away to be removed whole by the disk worker (the old names are gone)."""
         self.version += 1
         _open_sealed.forget(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.delete()
-        self.time_index.delete()
-        self.txn_index.delete()
-        self.log_path.unlink(missing_ok=True)
+        self.offset_index.delete(unlink=unlink)
+        self.time_index.delete(unlink=unlink)
+        if self._txn_index is not None:
+            self._txn_index.delete(unlink=unlink)
+        elif unlink:  # never opened: no object to make just to remove its file
+            index_path(self.log_path.parent, self.base_offset).unlink(missing_ok=True)
+        if unlink:
+            self.log_path.unlink(missing_ok=True)
 
     # -- append ------------------------------------------------------------------------------
 
@@ -399,7 +405,8 @@ class LogSegment:
                 max_ts = (header.max_timestamp, header.base_offset)
         self._max_timestamp = max_ts
 
-    def recover(self, on_producer_batch: Callable[[BatchHeader, bytes, int], None] | None = None) -> tuple[int, int]:
+    def recover(self, on_producer_batch: Callable[[BatchHeader, bytes, int], None] | None = None,
+                epoch_starts: list[tuple[int, int]] | None = None) -> tuple[int, int]:
         """Validate every batch (length, magic, CRC, ascending offsets), rebuild the offset and
         time indexes (trimmed to their entries), and cut the file at the first bad batch.
         Returns (next offset, bytes cut).
@@ -408,6 +415,9 @@ class LogSegment:
         carries a producer id, in order (the header carries its file position), so the log can
         rebuild producer state alongside; batches without one (most of an internal topic) never
         become a BatchHeader: this loop is a kill -9 restart's cost per batch.
+
+        `epoch_starts` gets `(epoch, base offset)` where the batches' leader epoch first rises
+        (continuing the list it is given, across segments).
         """
         self.reactivate()
         fd = self._open()
@@ -425,13 +435,14 @@ class LogSegment:
         position = 0
         valid = True
         unpack = HEADER.unpack_from
+        latest_epoch = epoch_starts[-1][0] if epoch_starts else -1
         while valid and file_size - position >= HEADER_SIZE:
             chunk = os.pread(fd, min(_RECOVERY_CHUNK, file_size - position), position)
             view = memoryview(chunk)
             offset = 0
             while len(chunk) - offset >= HEADER_SIZE:
-                (base_offset, batch_length, _, magic, crc, _, last_delta, _, batch_max_ts, producer_id,
-                 _, _, _) = unpack(chunk, offset)
+                (base_offset, batch_length, leader_epoch, magic, crc, _, last_delta, _, batch_max_ts,
+                 producer_id, _, _, _) = unpack(chunk, offset)
                 size = batch_length + LOG_OVERHEAD
                 if magic != 2 or size < HEADER_SIZE or position + offset + size > file_size:
                     valid = False
@@ -455,6 +466,9 @@ class LogSegment:
                     self.time_index.maybe_append(max_ts, max_ts_offset)
                     since_index = 0
                 since_index += size
+                if epoch_starts is not None and leader_epoch > latest_epoch:
+                    epoch_starts.append((leader_epoch, base_offset))
+                    latest_epoch = leader_epoch
                 if producer_id >= 0 and on_producer_batch is not None:
                     on_producer_batch(read_header(chunk, offset)._replace(position=position + offset), chunk, offset)
                 next_offset = base_offset + last_delta + 1

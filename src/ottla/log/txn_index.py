@@ -204,6 +204,7 @@ class TransactionIndex:
             self._file.close()
             self._file = None
 
-    def delete(self) -> None:
+    def delete(self, *, unlink: bool = True) -> None:
         self.close()
-        self.path.unlink(missing_ok=True)
+        if unlink:
+            self.path.unlink(missing_ok=True)

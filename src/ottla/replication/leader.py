@@ -23,7 +23,7 @@ def become_leader(log, leader_epoch: int) -> None:
     """What the log needs when this replica becomes leader of `leader_epoch`: the epoch starts
     at the current log end (Kafka assigns it before any append), so OffsetsForLeaderEpoch
     answers followers of older epochs with where their epoch ended even before new data."""
-    log.leader_epoch_cache.assign(leader_epoch, log.log_end_offset)
+    log.start_leader_epoch(leader_epoch)
 
 
 @dataclass(slots=True)

@@ -69,11 +69,6 @@ class Partition:
 
     # -- role changes (LeaderAndIsr) -----------------------------------------------------
 
-    def becomes_leader(self, leader_epoch: int) -> bool:
-        """Whether `make_leader(leader_epoch, ...)` would start a new leadership (and assign
-        the epoch in the log's leader epoch cache)."""
-        return leader_epoch >= self.leader_epoch and (not self.is_leader or leader_epoch != self.leader_epoch)
-
     def make_leader(self, leader_epoch: int, isr, replicas, *, now_ms: int, zk_version: int = -1,
                     controller_epoch: int = 0) -> bool:
         """Become (or stay) leader at `leader_epoch`; returns whether this is a new leadership.

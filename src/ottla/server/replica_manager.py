@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
@@ -38,8 +37,6 @@ OnHighWatermark = Callable[[ErrorCode], None]
 # A LeaderAndIsr is applied this many partitions at a time, the event loop free in between: at
 # 0.1-0.3 ms each on a loaded machine, 10-30 ms per step instead of 150-425 ms for 1,000.
 APPLY_SLICE = 100
-# Worker threads that fsync new leaders' epoch checkpoints (concurrent fsyncs share journal commits).
-CHECKPOINT_WRITERS = 4
 
 
 class Fetchers(Protocol):
@@ -86,7 +83,6 @@ class ReplicaManager:
         self._data_waiters: dict[TopicPartition, list[asyncio.Future]] = {}
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
-        self._checkpoint_writers: ThreadPoolExecutor | None = None
 
     # -- partitions and roles ------------------------------------------------------------
 
@@ -163,14 +159,12 @@ class ReplicaManager:
                               applied: Callable[[list[PartitionState], dict[TopicPartition, ErrorCode]], None],
                               ) -> dict[TopicPartition, ErrorCode]:
         """`apply_partition_states` for a big LeaderAndIsr without holding the event loop: the
-        new leaders' epoch checkpoints are written first in worker threads (each partition keeps
-        its old role, not fetching, meanwhile), then the roles are taken `APPLY_SLICE`
-        partitions at a time with the loop free in between. Each partition changes role in one
+        roles are taken `APPLY_SLICE` partitions at a time with the loop free in between (a new
+        leader's epoch checkpoint is written later by the disk worker: `Log.start_leader_epoch`). Each partition changes role in one
         step, and `applied(slice, errors)` runs in that same step (the metadata cache), so a
         request sees a partition either wholly before or wholly after its change. The caller
         keeps other controller requests out until this returns (Kafka applies one
         LeaderAndIsr at a time, under each partition's lock)."""
-        await self._write_epoch_starts(states)
         errors: dict[TopicPartition, ErrorCode] = {}
         for start in range(0, len(states), APPLY_SLICE):
             if start:
@@ -180,34 +174,6 @@ class ReplicaManager:
             applied(part, done)
             errors.update(done)
         return errors
-
-    async def _write_epoch_starts(self, states: list[PartitionState]) -> None:
-        """Write ahead, in worker threads, the leader epoch checkpoint of each partition this
-        broker is about to lead at a new epoch (two fsyncs each: 7 s on the loop for 1,000
-        partitions on a loaded machine). Its fetcher stops first so its log end stays where the
-        new epoch starts. Best effort: `make_leader` writes whatever is still due, and fails
-        as before if the disk does."""
-        pending = []
-        for state in states:
-            key = (state.topic, state.partition)
-            if state.leader != self.node_id or self.node_id not in state.replicas:
-                continue
-            partition = self.partitions.get(key)
-            if partition is not None and not partition.becomes_leader(state.leader_epoch):
-                continue
-            target = partition.log if partition is not None else self.logs.logs.get(key)
-            if target is None:
-                continue
-            if self.fetchers is not None:
-                self.fetchers.unfollow([key])
-            pending.append((target.leader_epoch_cache, state.leader_epoch, target.log_end_offset))
-        if not pending:
-            return
-        if self._checkpoint_writers is None:
-            self._checkpoint_writers = ThreadPoolExecutor(CHECKPOINT_WRITERS, thread_name_prefix="ottla-epoch-checkpoint")
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._checkpoint_writers, cache.write_assign_ahead, epoch, start)
-                               for cache, epoch, start in pending), return_exceptions=True)
 
     def remove_partitions(self, keys: Iterable[TopicPartition]) -> None:
         """The partitions are gone (topic deleted, StopReplica with delete): drop them and answer
@@ -401,5 +367,3 @@ class ReplicaManager:
         """Answer every waiter: the broker is going away."""
         for key in list(self._hw_waiters):
             self._fail_waiters(key, ErrorCode.not_leader_or_follower)
-        if self._checkpoint_writers is not None:
-            self._checkpoint_writers.shutdown(wait=True)
