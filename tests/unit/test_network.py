@@ -57,3 +57,30 @@ def test_a_closed_connection_is_freed_without_the_garbage_collector(tmp_path):
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_closed_transport_is_freed_without_the_garbage_collector(tmp_path):
+    """Python 3.11's socket transport refers to itself through a bound method: every closed
+    connection left its transport and socket as cyclic garbage, and after a storm of closes
+    the full collection that freed them held the event loop for hundreds of milliseconds."""
+
+    async def scenario():
+        ours, theirs = socket.socketpair()
+        broker = Broker(tmp_path, BrokerConfig({}))
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
+        await asyncio.sleep(0)
+        gone = weakref.ref(transport)
+        del transport
+        theirs.close()
+        for _ in range(5):
+            await asyncio.sleep(0)  # EOF, connection_lost
+        broker.logs.close()
+        return gone
+
+    gc.disable()
+    try:
+        gone = asyncio.run(scenario())
+        assert gone() is None
+    finally:
+        gc.enable()
+

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import gc
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -57,23 +56,21 @@ def release_free_heap() -> None:
 
 async def release_after_connection_storms(connections: "Connections") -> None:
     """A broker duty: once `RELEASE_AFTER_CLOSED` connections have closed and the closing has
-    calmed down (fewer than a tenth of that in the last second), collect and trim the heap.
+    calmed down (fewer than a tenth of that in the last second), trim the heap in a thread
+    (ctypes lets go of the GIL).
 
-    The full collection comes first because every closed asyncio transport is cyclic garbage
-    (Python 3.11's keeps a bound method of itself) and old by then: without it the trim found
-    little to give back (5,200 connections closed: 139 -> 112 MiB; with it, 53 MiB,
-    docs/performance.md). It holds the loop as the collector's own full collections do; the
-    trim runs in a thread (ctypes lets go of the GIL)."""
+    A closed connection is freed by reference counting alone (`network._drop_transport_cycle`),
+    so nothing waits for a garbage collection first; the duty used to run a full collection
+    here for the asyncio transports that were cyclic garbage, and that collection held the loop
+    for 255-448 ms after a storm of 5,000 (docs/performance.md)."""
     pending = 0
     while True:
         await asyncio.sleep(1.0)
         closed, connections.closed_since_release = connections.closed_since_release, 0
         pending += closed
         if pending >= RELEASE_AFTER_CLOSED and closed < RELEASE_AFTER_CLOSED // 10:
-            pending = 0
             started = time.perf_counter()
-            gc.collect()
-            collected = time.perf_counter()
             await asyncio.to_thread(release_free_heap)
-            log.debug("after %d connections closed: full collection %.0f ms, heap trimmed in %.0f ms",
-                      closed, (collected - started) * 1000, (time.perf_counter() - collected) * 1000)
+            log.debug("after %d connections closed: heap trimmed in %.0f ms", pending,
+                      (time.perf_counter() - started) * 1000)
+            pending = 0

@@ -76,6 +76,16 @@ def _many_items(response) -> bool:
     return False
 
 
+def _drop_transport_cycle(transport: asyncio.Transport | None) -> None:
+    """Python 3.11's socket transport keeps a bound method of itself (`_read_ready_cb`), so each
+    closed one, with its socket and its dict, was cyclic garbage that only a full collection
+    frees: after 5,000 connections closed, one such collection held the loop for 255-448 ms
+    (docs/performance.md). CPython 3.12 drops it on close (gh-100348); this does the same once
+    the transport has closed and calls us for the last time. A no-op where it is already gone."""
+    if getattr(transport, "_read_ready_cb", None) is not None:
+        transport._read_ready_cb = None
+
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: "Broker"):
         self.broker = broker
@@ -160,6 +170,7 @@ class Connection(asyncio.BufferedProtocol):
         self.pending.clear()
         self.writable.set()
         self.wakeup.set()
+        _drop_transport_cycle(self.transport)
         if self.worker is not None:
             # Dropped: the cancelled task keeps its CancelledError, whose traceback holds our
             # frames, so a reference back to it would make every closed connection cyclic
