@@ -5,10 +5,14 @@ import gc
 import logging
 import socket
 import weakref
+from datetime import timedelta
+
+from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
 
 from ottla.config import BrokerConfig
 from ottla.server.broker import Broker
 from ottla.server.network import Connection
+from ottla.testing.fuzz import encode
 
 
 def test_response_to_a_departed_peer_stops_at_the_first_failed_write(tmp_path, caplog):
@@ -84,3 +88,38 @@ def test_a_closed_transport_is_freed_without_the_garbage_collector(tmp_path):
     finally:
         gc.enable()
 
+
+def test_a_connection_closed_during_a_long_poll_is_freed_without_the_garbage_collector(tmp_path):
+    """A fetch waiting for data when its client leaves is cancelled; the cancellation came back
+    out through the loop-hold wrapper, whose frame kept the exception, and the exception's
+    traceback holds that frame: the request's frames, the request and the connection (about 50
+    objects) waited for a full collection."""
+
+    async def scenario():
+        ours, theirs = socket.socketpair()
+        broker = Broker(tmp_path, BrokerConfig({}))
+        broker.create_topic("t", 1, {})
+        _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
+        theirs.sendall(encode(FetchRequest(max_wait=timedelta(seconds=60), min_bytes=1, max_bytes=1 << 20, topics=(
+            FetchTopic(topic="t", partitions=(FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
+            forgotten_topics_data=()), 1))
+        for _ in range(500):
+            if ("t", 0) in broker.replicas._data_waiters:
+                break
+            await asyncio.sleep(0.01)
+        assert ("t", 0) in broker.replicas._data_waiters  # the fetch waits for data
+        gone = weakref.ref(connection)
+        del connection
+        theirs.close()
+        for _ in range(5):
+            await asyncio.sleep(0)  # EOF, connection_lost, the cancelled fetch ends
+        assert ("t", 0) not in broker.replicas._data_waiters
+        broker.logs.close()
+        return gone
+
+    gc.disable()
+    try:
+        gone = asyncio.run(scenario())
+        assert gone() is None
+    finally:
+        gc.enable()

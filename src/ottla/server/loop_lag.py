@@ -85,7 +85,10 @@ class _Timed:
                 finally:
                     own = time.thread_time() - started - (_loop_gc_cpu[0] - collected)
                     self.longest = max(self.longest, own)
-                value, error = None, None
+                    # Forgotten before it propagates: an exception thrown in and raised back
+                    # (a closed connection's cancellation) carries this frame in its traceback,
+                    # and the frame holding it would make the whole request cyclic garbage.
+                    value, error = None, None
                 try:
                     value = yield yielded
                 except BaseException as exc:  # cancellation included: the coroutine handles it
