@@ -10,6 +10,8 @@ from datetime import timedelta
 from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
 
 from ottla.config import BrokerConfig
+from ottla.protocol.build import make
+from ottla.protocol.schemas import request_schema
 from ottla.server.broker import Broker
 from ottla.server.network import Connection
 from ottla.testing.fuzz import encode
@@ -46,7 +48,7 @@ def test_a_closed_connection_is_freed_without_the_garbage_collector(tmp_path):
         ours, theirs = socket.socketpair()
         broker = Broker(tmp_path, BrokerConfig({}))
         _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
-        await asyncio.sleep(0)  # the request loop waits for a request
+        await asyncio.sleep(0)  # connection_made
         gone = weakref.ref(connection)
         del connection
         theirs.close()
@@ -123,3 +125,47 @@ def test_a_connection_closed_during_a_long_poll_is_freed_without_the_garbage_col
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_idle_connections_hold_no_task_and_requests_are_answered_in_order(tmp_path):
+    """Each connection kept a request loop task waiting for its next request: a dozen objects a
+    connection that every full garbage collection walks (5,000 idle connections). Now a task
+    exists only while requests are queued; pipelined requests are still answered in order, and
+    a request after the queue ran dry starts a new one."""
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}), port=0)
+        await broker.start()
+        try:
+            before = len(asyncio.all_tasks())
+            streams = [await asyncio.open_connection("127.0.0.1", broker.port) for _ in range(20)]
+            while len(broker.connections) < 20:
+                await asyncio.sleep(0.01)
+            await _tasks_settle(before)  # the acceptor's set-up tasks end
+            assert len(asyncio.all_tasks()) == before
+            reader, writer = streams[0]
+            api_versions = make(request_schema(18, 3), client_software_name="t", client_software_version="1")
+            writer.write(b"".join(encode(api_versions, correlation_id) for correlation_id in (1, 2, 3)))
+            assert [await _correlation_id(reader) for _ in range(3)] == [1, 2, 3]
+            await _tasks_settle(before)  # the worker ends once nothing is queued
+            assert len(asyncio.all_tasks()) == before
+            writer.write(encode(api_versions, 4))
+            assert await _correlation_id(reader) == 4
+            for _, writer in streams:
+                writer.close()
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
+
+
+async def _correlation_id(reader: asyncio.StreamReader) -> int:
+    size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 30), "big")
+    return int.from_bytes((await reader.readexactly(size))[:4], "big")
+
+
+async def _tasks_settle(count: int) -> None:
+    for _ in range(200):
+        if len(asyncio.all_tasks()) <= count:
+            return
+        await asyncio.sleep(0.01)
