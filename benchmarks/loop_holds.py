@@ -15,7 +15,12 @@ worst event-loop lag over the run (wall clock and the loop's own CPU).
 --storm N: on a broker of its own, N connections opened at once (non-blocking connects, no
 request sent); once the broker's CPU has settled they stay open while the broker stops, so
 the broker's worst event-loop lag over that run is the storm's (or the shutdown's, which
-closes them). `--topics 0` skips the admin requests.
+closes them). With --close they are closed all at once (a disconnect storm) once the broker
+has settled, before it stops, --rounds times over on the same broker. Each new worst lag the
+broker logged is named by the phase it fell in, and its RSS is read before, with the
+connections open and 3 s after they closed. `--topics 0` skips the admin requests.
+
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import select
 import socket
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,48 +105,91 @@ def _broker_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _storm(count: int) -> list[tuple[str, str]]:
-    """Open `count` connections at once and report the broker's worst event-loop lag."""
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS:"))
+
+
+def _settle(pid: int) -> None:
+    """Until the broker's CPU has not moved for 1 s."""
+    cpu, settled = _broker_cpu_s(pid), 0
+    while settled < 5:
+        time.sleep(0.2)
+        now = _broker_cpu_s(pid)
+        settled = settled + 1 if now - cpu < 0.01 else 0
+        cpu = now
+
+
+def _open_all(address, count: int) -> tuple[list[socket.socket], float]:
+    """`count` non-blocking connects at once; returns once all are connected (in the broker's
+    accept queue or already accepted)."""
+    started = time.monotonic()
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(address)
+        sockets.append(sock)
+    poller = select.poll()
+    for sock in sockets:
+        poller.register(sock, select.POLLOUT)
+    waiting = len(sockets)
+    while waiting:
+        events = poller.poll(30_000)
+        assert events, "connections did not complete within 30 s"
+        for fd, _ in events:
+            poller.unregister(fd)
+        waiting -= len(events)
+    return sockets, time.monotonic() - started
+
+
+def _storm(count: int, close: bool, rounds: int) -> list[tuple[str, str]]:
+    """Open `count` connections at once (and with `close`, close them all at once while the
+    broker runs, `rounds` times); report the broker's worst event-loop lags, garbage
+    collections and RSS."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the broker inherits it too
+    phases = []  # (name, local time it began) to place the broker's log lines
+    rss_open, rss_closed, connected = [], [], []
     with broker(log_level="info") as handle:
         address = (handle.host, handle.port)
-        sockets = []
-        started = time.monotonic()
-        for _ in range(count):
-            sock = socket.socket()
-            sock.setblocking(False)
-            sock.connect_ex(address)
-            sockets.append(sock)
-        poller = select.poll()
-        for sock in sockets:
-            poller.register(sock, select.POLLOUT)
-        waiting = len(sockets)
-        while waiting:  # connected: in the broker's accept queue or already accepted
-            events = poller.poll(30_000)
-            assert events, "connections did not complete within 30 s"
-            for fd, _ in events:
-                poller.unregister(fd)
-            waiting -= len(events)
-        connected = time.monotonic() - started
-        progress(f"storm: {count} connected after {connected:.1f} s")
-        cpu, settled = _broker_cpu_s(handle.pid), 0
-        while settled < 5:  # the broker has taken them all once its CPU stops moving for 1 s
-            time.sleep(0.2)
-            now = _broker_cpu_s(handle.pid)
-            settled = settled + 1 if now - cpu < 0.01 else 0
-            cpu = now
+        rss_before = _rss_mib(handle.pid)
+        for _ in range(rounds if close else 1):
+            phases.append(("storm", datetime.now()))
+            sockets, took = _open_all(address, count)
+            connected.append(f"{took:.1f}")
+            progress(f"storm: {count} connected after {took:.1f} s")
+            _settle(handle.pid)
+            rss_open.append(str(_rss_mib(handle.pid)))
+            if close:
+                progress("storm: the broker's CPU has settled; closing them all at once")
+                phases.append(("close", datetime.now()))
+                for sock in sockets:
+                    sock.close()
+                time.sleep(3)  # the heap duty trims a second after the closing calms down
+                _settle(handle.pid)
+                rss_closed.append(str(_rss_mib(handle.pid)))
         progress("storm: the broker's CPU has settled; stopping it")
+        phases.append(("shutdown", datetime.now()))
         handle.stop()
         log = handle.read_stderr()
         for sock in sockets:
             sock.close()
+    rows = [(f"storm: {count} connections opened at once, all connected (s)", ", ".join(connected)),
+            ("broker RSS before (MiB)", str(rss_before)),
+            ("broker RSS with them open (MiB)", ", ".join(rss_open))]
+    if close:
+        rows.append(("broker RSS 3 s after they closed (MiB)", ", ".join(rss_closed)))
     lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
-    notes = re.findall(r"event loop lag (\d+) ms \((\d+) ms of CPU\), the worst so far", log)
-    return [(f"storm: {count} connections opened at once, all connected (s)", f"{connected:.1f}"),
-            ("storm: worst event-loop lag over its run: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
-            ("storm: new worst lags logged on the way: wall (CPU) ms", ", ".join(f"{w} ({c})" for w, c in notes) or "none"),
-            ("storm: longest garbage collections", _steps(log)[1])]
+    notes = []
+    for stamp, wall, cpu in re.findall(r"^(\S+ \S+) .*event loop lag (\d+) ms \((\d+) ms of CPU\), the worst so far",
+                                       log, re.MULTILINE):
+        at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+        phase = [name for name, began in phases if began <= at][-1:] or ["start"]
+        notes.append(f"{wall} ({cpu}) {phase[0]}")
+    return rows + [("storm: worst event-loop lag over its run: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+                   ("storm: new worst lags logged on the way: wall (CPU) ms, phase", ", ".join(notes) or "none"),
+                   ("storm: garbage collections, longest (how many, total)", _steps(log)[1])]
 
 
 def _steps(text: str) -> tuple[dict[str, float], str]:
@@ -155,12 +203,14 @@ def main() -> int:
     parser.add_argument("--topics", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--storm", type=int, default=0, help="connections opened at once on a broker of their own")
+    parser.add_argument("--close", action="store_true", help="with --storm: then close them all at once")
+    parser.add_argument("--rounds", type=int, default=1, help="with --close: storms one after the other")
     args = parser.parse_args()
     rows = []
     if args.topics:
         rows += _admin_requests(args)
     if args.storm:
-        rows += _storm(args.storm)
+        rows += _storm(args.storm, args.close, args.rounds)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
