@@ -1,10 +1,12 @@
-"""The broker and glibc's heap: keep the buffers produce requests reuse, give back what a
-storm of connections left behind. Both are no-ops where libc is not glibc."""
+"""The broker's memory: keep the buffers produce requests reuse and give back what a storm
+of connections left behind (glibc's heap; no-ops where libc is not glibc), and keep
+long-lived connections out of the garbage collector's full walks."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ottla.broker")
 
+# Open connections more than at the last `freeze_long_lived` before it runs again.
+FREEZE_STEP = 500
 # Connections closed since the heap was last trimmed before it is trimmed again: each leaves
 # freed objects scattered over the heap (about 17 KiB a connection, measured), which glibc
 # does not give back on its own once the heap is fragmented.
@@ -44,6 +48,21 @@ def keep_freed_request_buffers() -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3
     mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum
     mallopt(m_trim_threshold, 128 << 20)
+
+
+def freeze_long_lived() -> None:
+    """`gc.freeze()`: what is alive now leaves the collector's generations, so full collections
+    no longer walk it; reference counting still frees it (a closed connection, a finished
+    request: neither leaves cyclic garbage, `tests/unit/test_network.py`).
+
+    A full collection walks every tracked object, and its cost is the connections': 5,000
+    of them made one take 40-51 ms of the loop's CPU (102-230 ms wall) in the accept storm
+    that brought them (docs/performance.md). `Connections` calls this each time the open
+    connections have grown by `FREEZE_STEP` since the last time, so a collection walks at most
+    about that many connections' objects, however many are open. Only cyclic garbage made
+    from frozen objects would stay, and the broker makes practically none (a producer and a
+    consumer group's whole session: none after import time)."""
+    gc.freeze()
 
 
 def release_free_heap() -> None:
