@@ -19,6 +19,8 @@ closes them). With --close they are closed all at once (a disconnect storm) once
 has settled, before it stops, --rounds times over on the same broker. Each new worst lag the
 broker logged is named by the phase it fell in, and its RSS is read before, with the
 connections open and 3 s after they closed. `--topics 0` skips the admin requests.
+--long-poll N: on a broker of its own, N consumers long-poll one empty partition together
+(Fetch, max_wait 500 ms) for --seconds, each polling again as its answer arrives.
 
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
 """
@@ -192,6 +194,52 @@ def _storm(count: int, close: bool, rounds: int) -> list[tuple[str, str]]:
                    ("storm: garbage collections, longest (how many, total)", _steps(log)[1])]
 
 
+def _long_poll(count: int, seconds: float) -> list[tuple[str, str]]:
+    """`count` consumers long-polling an empty partition (Fetch v11, max_wait 500 ms), each
+    polling again as soon as its answer arrives, for `seconds`: they start together, so their
+    waits fall due together."""
+    from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    fetch = encode(FetchRequest(max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20, topics=(
+        FetchTopic(topic="idle", partitions=(FetchPartition(partition=0, fetch_offset=0,
+                                                            partition_max_bytes=1 << 20),)),),
+        forgotten_topics_data=()), 1)
+    with broker(log_level="info") as handle:
+        _roundtrip((handle.host, handle.port), _create(["idle"]))
+        consumers: dict[int, list] = {}
+        for _ in range(count):
+            sock = socket.create_connection((handle.host, handle.port))
+            sock.setblocking(False)
+            consumers[sock.fileno()] = [sock, b""]
+        _settle(handle.pid)
+        poller = select.poll()
+        for fd, (sock, _) in consumers.items():
+            poller.register(fd, select.POLLIN)
+            sock.send(fetch)
+        answers, deadline, cpu = 0, time.monotonic() + seconds, _broker_cpu_s(handle.pid)
+        while time.monotonic() < deadline:
+            for fd, _ in poller.poll(200):
+                consumer = consumers[fd]
+                consumer[1] += consumer[0].recv(1 << 16)
+                while len(consumer[1]) >= 4 and len(consumer[1]) >= 4 + int.from_bytes(consumer[1][:4], "big"):
+                    consumer[1] = consumer[1][4 + int.from_bytes(consumer[1][:4], "big"):]
+                    answers += 1
+                    consumer[0].send(fetch)
+        cpu = _broker_cpu_s(handle.pid) - cpu
+        handle.stop()
+        log = handle.read_stderr()
+        for sock, _ in consumers.values():
+            sock.close()
+    lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    return [(f"long poll: {count} consumers, answers per second", f"{answers / seconds:.0f}"),
+            ("long poll: broker CPU per answer (us)", f"{cpu / max(answers, 1) * 1e6:.0f}"),
+            ("long poll: worst event-loop lag: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+            ("long poll: holds of a second or more logged", str(log.count("event loop held for"))),
+            ("long poll: garbage collections, longest (how many, total)", _steps(log)[1])]
+
+
 def _steps(text: str) -> tuple[dict[str, float], str]:
     found = re.findall(r"event loop: longest single steps: (.*); longest garbage collections: (.*)", text)
     steps, collections = found[-1]
@@ -205,12 +253,16 @@ def main() -> int:
     parser.add_argument("--storm", type=int, default=0, help="connections opened at once on a broker of their own")
     parser.add_argument("--close", action="store_true", help="with --storm: then close them all at once")
     parser.add_argument("--rounds", type=int, default=1, help="with --close: storms one after the other")
+    parser.add_argument("--long-poll", type=int, default=0, help="consumers long-polling together, on a broker of their own")
+    parser.add_argument("--seconds", type=float, default=20.0, help="with --long-poll: how long they poll")
     args = parser.parse_args()
     rows = []
     if args.topics:
         rows += _admin_requests(args)
     if args.storm:
         rows += _storm(args.storm, args.close, args.rounds)
+    if args.long_poll:
+        rows += _long_poll(args.long_poll, args.seconds)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
