@@ -15,12 +15,18 @@ worst event-loop lag over the run (wall clock and the loop's own CPU).
 --storm N: on a broker of its own, N connections opened at once (non-blocking connects, no
 request sent); once the broker's CPU has settled they stay open while the broker stops, so
 the broker's worst event-loop lag over that run is the storm's (or the shutdown's, which
-closes them). `--topics 0` skips the admin requests.
-
-    .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
+closes them). With --close they are closed all at once (a disconnect storm) once the broker
+has settled, before it stops, --rounds times over on the same broker. Each new worst lag the
+broker logged is named by the phase it fell in, and its RSS is read before, with the
+connections open and 3 s after they closed. `--topics 0` skips the admin requests.
+--long-poll N: on a broker of its own, N consumers long-poll one empty partition together
+(Fetch, max_wait 500 ms) for --seconds, each polling again as its answer arrives.
 
 --wide N: on a broker of its own, one topic of N partitions, a record in each, then
 DeleteTopics of it: its round trip and longest single step (the partitions' directories go).
+
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,48 +112,137 @@ def _broker_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _storm(count: int) -> list[tuple[str, str]]:
-    """Open `count` connections at once and report the broker's worst event-loop lag."""
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) >> 10 for line in status if line.startswith("VmRSS:"))
+
+
+def _settle(pid: int) -> None:
+    """Until the broker's CPU has not moved for 1 s."""
+    cpu, settled = _broker_cpu_s(pid), 0
+    while settled < 5:
+        time.sleep(0.2)
+        now = _broker_cpu_s(pid)
+        settled = settled + 1 if now - cpu < 0.01 else 0
+        cpu = now
+
+
+def _open_all(address, count: int) -> tuple[list[socket.socket], float]:
+    """`count` non-blocking connects at once; returns once all are connected (in the broker's
+    accept queue or already accepted)."""
+    started = time.monotonic()
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(address)
+        sockets.append(sock)
+    poller = select.poll()
+    for sock in sockets:
+        poller.register(sock, select.POLLOUT)
+    waiting = len(sockets)
+    while waiting:
+        events = poller.poll(30_000)
+        assert events, "connections did not complete within 30 s"
+        for fd, _ in events:
+            poller.unregister(fd)
+        waiting -= len(events)
+    return sockets, time.monotonic() - started
+
+
+def _storm(count: int, close: bool, rounds: int) -> list[tuple[str, str]]:
+    """Open `count` connections at once (and with `close`, close them all at once while the
+    broker runs, `rounds` times); report the broker's worst event-loop lags, garbage
+    collections and RSS."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the broker inherits it too
+    phases = []  # (name, local time it began) to place the broker's log lines
+    rss_open, rss_closed, connected = [], [], []
     with broker(log_level="info") as handle:
         address = (handle.host, handle.port)
-        sockets = []
-        started = time.monotonic()
-        for _ in range(count):
-            sock = socket.socket()
-            sock.setblocking(False)
-            sock.connect_ex(address)
-            sockets.append(sock)
-        poller = select.poll()
-        for sock in sockets:
-            poller.register(sock, select.POLLOUT)
-        waiting = len(sockets)
-        while waiting:  # connected: in the broker's accept queue or already accepted
-            events = poller.poll(30_000)
-            assert events, "connections did not complete within 30 s"
-            for fd, _ in events:
-                poller.unregister(fd)
-            waiting -= len(events)
-        connected = time.monotonic() - started
-        progress(f"storm: {count} connected after {connected:.1f} s")
-        cpu, settled = _broker_cpu_s(handle.pid), 0
-        while settled < 5:  # the broker has taken them all once its CPU stops moving for 1 s
-            time.sleep(0.2)
-            now = _broker_cpu_s(handle.pid)
-            settled = settled + 1 if now - cpu < 0.01 else 0
-            cpu = now
+        rss_before = _rss_mib(handle.pid)
+        for _ in range(rounds if close else 1):
+            phases.append(("storm", datetime.now()))
+            sockets, took = _open_all(address, count)
+            connected.append(f"{took:.1f}")
+            progress(f"storm: {count} connected after {took:.1f} s")
+            _settle(handle.pid)
+            rss_open.append(str(_rss_mib(handle.pid)))
+            if close:
+                progress("storm: the broker's CPU has settled; closing them all at once")
+                phases.append(("close", datetime.now()))
+                for sock in sockets:
+                    sock.close()
+                time.sleep(3)  # the heap duty trims a second after the closing calms down
+                _settle(handle.pid)
+                rss_closed.append(str(_rss_mib(handle.pid)))
         progress("storm: the broker's CPU has settled; stopping it")
+        phases.append(("shutdown", datetime.now()))
         handle.stop()
         log = handle.read_stderr()
         for sock in sockets:
             sock.close()
+    rows = [(f"storm: {count} connections opened at once, all connected (s)", ", ".join(connected)),
+            ("broker RSS before (MiB)", str(rss_before)),
+            ("broker RSS with them open (MiB)", ", ".join(rss_open))]
+    if close:
+        rows.append(("broker RSS 3 s after they closed (MiB)", ", ".join(rss_closed)))
     lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
-    notes = re.findall(r"event loop lag (\d+) ms \((\d+) ms of CPU\), the worst so far", log)
-    return [(f"storm: {count} connections opened at once, all connected (s)", f"{connected:.1f}"),
-            ("storm: worst event-loop lag over its run: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
-            ("storm: new worst lags logged on the way: wall (CPU) ms", ", ".join(f"{w} ({c})" for w, c in notes) or "none"),
-            ("storm: longest garbage collections", _steps(log)[1])]
+    notes = []
+    for stamp, wall, cpu in re.findall(r"^(\S+ \S+) .*event loop lag (\d+) ms \((\d+) ms of CPU\), the worst so far",
+                                       log, re.MULTILINE):
+        at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+        phase = [name for name, began in phases if began <= at][-1:] or ["start"]
+        notes.append(f"{wall} ({cpu}) {phase[0]}")
+    return rows + [("storm: worst event-loop lag over its run: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+                   ("storm: new worst lags logged on the way: wall (CPU) ms, phase", ", ".join(notes) or "none"),
+                   ("storm: garbage collections, longest (how many, total)", _steps(log)[1])]
+
+
+def _long_poll(count: int, seconds: float) -> list[tuple[str, str]]:
+    """`count` consumers long-polling an empty partition (Fetch v11, max_wait 500 ms), each
+    polling again as soon as its answer arrives, for `seconds`: they start together, so their
+    waits fall due together."""
+    from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    fetch = encode(FetchRequest(max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20, topics=(
+        FetchTopic(topic="idle", partitions=(FetchPartition(partition=0, fetch_offset=0,
+                                                            partition_max_bytes=1 << 20),)),),
+        forgotten_topics_data=()), 1)
+    with broker(log_level="info") as handle:
+        _roundtrip((handle.host, handle.port), _create(["idle"]))
+        consumers: dict[int, list] = {}
+        for _ in range(count):
+            sock = socket.create_connection((handle.host, handle.port))
+            sock.setblocking(False)
+            consumers[sock.fileno()] = [sock, b""]
+        _settle(handle.pid)
+        poller = select.poll()
+        for fd, (sock, _) in consumers.items():
+            poller.register(fd, select.POLLIN)
+            sock.send(fetch)
+        answers, deadline, cpu = 0, time.monotonic() + seconds, _broker_cpu_s(handle.pid)
+        while time.monotonic() < deadline:
+            for fd, _ in poller.poll(200):
+                consumer = consumers[fd]
+                consumer[1] += consumer[0].recv(1 << 16)
+                while len(consumer[1]) >= 4 and len(consumer[1]) >= 4 + int.from_bytes(consumer[1][:4], "big"):
+                    consumer[1] = consumer[1][4 + int.from_bytes(consumer[1][:4], "big"):]
+                    answers += 1
+                    consumer[0].send(fetch)
+        cpu = _broker_cpu_s(handle.pid) - cpu
+        handle.stop()
+        log = handle.read_stderr()
+        for sock, _ in consumers.values():
+            sock.close()
+    lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    return [(f"long poll: {count} consumers, answers per second", f"{answers / seconds:.0f}"),
+            ("long poll: broker CPU per answer (us)", f"{cpu / max(answers, 1) * 1e6:.0f}"),
+            ("long poll: worst event-loop lag: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+            ("long poll: holds of a second or more logged", str(log.count("event loop held for"))),
+            ("long poll: garbage collections, longest (how many, total)", _steps(log)[1])]
 
 
 def _steps(text: str) -> tuple[dict[str, float], str]:
@@ -162,14 +257,20 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--storm", type=int, default=0, help="connections opened at once on a broker of their own")
     parser.add_argument("--wide", type=int, default=0, help="partitions of one topic deleted, on a broker of its own")
+    parser.add_argument("--close", action="store_true", help="with --storm: then close them all at once")
+    parser.add_argument("--rounds", type=int, default=1, help="with --close: storms one after the other")
+    parser.add_argument("--long-poll", type=int, default=0, help="consumers long-polling together, on a broker of their own")
+    parser.add_argument("--seconds", type=float, default=20.0, help="with --long-poll: how long they poll")
     args = parser.parse_args()
     rows = []
     if args.topics:
         rows += _admin_requests(args)
     if args.storm:
-        rows += _storm(args.storm)
+        rows += _storm(args.storm, args.close, args.rounds)
     if args.wide:
         rows += _wide_delete(args.wide)
+    if args.long_poll:
+        rows += _long_poll(args.long_poll, args.seconds)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

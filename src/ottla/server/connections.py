@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Iterator
 
+from .heap import FREEZE_STEP, freeze_long_lived
+
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from .network import Connection
@@ -83,6 +85,8 @@ class Connections:
         self._open: set["Connection"] = set()
         self._per_ip: Counter[str] = Counter()
         self.closed_since_release = 0  # see heap.release_after_connection_storms
+        self.freeze_step = FREEZE_STEP
+        self._frozen_at = 0  # open connections at the last heap.freeze_long_lived
 
     def reconfigure(self, config: "BrokerConfig") -> None:
         """The limits (dynamic broker configs) apply to connections accepted from now on."""
@@ -98,12 +102,16 @@ class Connections:
             return f"broker already has the configured maximum of {self.max_connections} connections (max.connections)"
         self._open.add(connection)
         self._per_ip[host] += 1
+        if len(self._open) >= self._frozen_at + self.freeze_step:
+            freeze_long_lived()
+            self._frozen_at = len(self._open)
         return None
 
     def discard(self, connection: "Connection") -> None:
         if connection in self._open:
             self._open.remove(connection)
             self.closed_since_release += 1
+            self._frozen_at = min(self._frozen_at, len(self._open))
             self._per_ip[connection.peer_host] -= 1
             if not self._per_ip[connection.peer_host]:
                 del self._per_ip[connection.peer_host]

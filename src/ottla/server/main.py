@@ -14,6 +14,7 @@ from ..cluster.membership import ClusterMembership
 from ..cluster.store import StoreError
 from ..config import BrokerConfig, ConfigError, report_not_applied_broker_configs
 from .broker import Broker
+from .event_loop import new_event_loop
 from .heap import keep_freed_request_buffers
 from .loop_lag import GcPauses, LoopLag, steps_summary
 
@@ -120,7 +121,8 @@ def run(args) -> int:
                                              "collections: %s", steps_summary(), gc_pauses.summary())
 
     try:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(main())
     except (OSError, StoreError) as exc:
         print(f"ottla serve: {exc}", file=sys.stderr)
         return 1

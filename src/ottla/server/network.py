@@ -76,16 +76,28 @@ def _many_items(response) -> bool:
     return False
 
 
+def _drop_transport_cycle(transport: asyncio.Transport | None) -> None:
+    """Python 3.11's socket transport keeps a bound method of itself (`_read_ready_cb`), so each
+    closed one, with its socket and its dict, was cyclic garbage that only a full collection
+    frees: after 5,000 connections closed, one such collection held the loop for 255-448 ms
+    (docs/performance.md). CPython 3.12 drops it on close (gh-100348); this does the same once
+    the transport has closed and calls us for the last time. A no-op where it is already gone."""
+    if getattr(transport, "_read_ready_cb", None) is not None:
+        transport._read_ready_cb = None
+
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: "Broker"):
         self.broker = broker
         self.memory = broker.connections.memory
         self.decoder = FrameDecoder(broker.config["socket.request.max.bytes"], reserve=self.memory.try_reserve)
         self.pending: deque[bytes | memoryview] = deque()
-        self.wakeup = asyncio.Event()
         self.writable = asyncio.Event()
         self.writable.set()
         self.transport: asyncio.Transport | None = None
+        # Handles `pending` in order while there is any: an idle connection has no task, so the
+        # garbage collector walks a dozen fewer objects for each (a full collection walks every
+        # connection's objects; 5,000 idle ones made it 100-450 ms, docs/performance.md).
         self.worker: asyncio.Task | None = None
         self.reading_paused = False
         self.closed = False
@@ -107,9 +119,6 @@ class Connection(asyncio.BufferedProtocol):
             log.info("rejected connection %s from %s: %s", self.id, self.peer, refused)
             self.closed = True
             transport.abort()
-            return
-        self.worker = asyncio.get_running_loop().create_task(self._serve())
-        self.worker.add_done_callback(self._worker_done)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer()
@@ -131,7 +140,9 @@ class Connection(asyncio.BufferedProtocol):
             return
         if frames:
             self.pending.extend(frames)
-            self.wakeup.set()
+            if self.worker is None:
+                self.worker = asyncio.get_running_loop().create_task(self._serve())
+                self.worker.add_done_callback(self._worker_done)
         if self.decoder.blocked:
             self.memory.wait(self)
         self._update_reading()
@@ -159,7 +170,7 @@ class Connection(asyncio.BufferedProtocol):
         self.memory.release(sum(len(frame) for frame in self.pending) + self.decoder.reserved)
         self.pending.clear()
         self.writable.set()
-        self.wakeup.set()
+        _drop_transport_cycle(self.transport)
         if self.worker is not None:
             # Dropped: the cancelled task keeps its CancelledError, whose traceback holds our
             # frames, so a reference back to it would make every closed connection cyclic
@@ -175,15 +186,15 @@ class Connection(asyncio.BufferedProtocol):
         self.writable.set()
 
     def _worker_done(self, worker: asyncio.Task):
-        """Whatever ends the request loop, the connection must not stay open unanswered."""
+        """A request loop that failed must not leave the connection open unanswered."""
         if worker.cancelled():
             return
         exc = worker.exception()
         if exc is not None:
             log.error("request loop of connection %s from %s failed, closing it: %s: %s", self.id, self.peer,
                       type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-        if not self.closed:
-            self.close()
+            if not self.closed:
+                self.close()
 
     # request processing ------------------------------------------------------------
     def close(self, reason: str | None = None):
@@ -194,11 +205,8 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     async def _serve(self):
-        while not self.closed:
-            if not self.pending:
-                self.wakeup.clear()
-                await self.wakeup.wait()
-                continue
+        """The worker: one request at a time, in order, until none is left (see `worker`)."""
+        while self.pending and not self.closed:
             frame = self.pending.popleft()
             self._update_reading()
             self.what = "an undecoded request"
@@ -208,6 +216,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.handling = False
                 self.last_active = time.monotonic()
                 self.memory.release(len(frame))
+        self.worker = None  # in the same step that found `pending` empty: the next frame starts another
 
     async def _handle(self, frame: bytes | memoryview):
         """Decode, handle and answer one request; on any failure close the connection with one log line."""

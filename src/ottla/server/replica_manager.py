@@ -80,7 +80,9 @@ class ReplicaManager:
         self.isr_updates: IsrUpdates | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self._listeners: list[LeadershipListener] = []
-        self._data_waiters: dict[TopicPartition, list[asyncio.Future]] = {}
+        # Per partition: the delayed fetches waiting for data, a dict as an ordered set (a
+        # departing fetch leaves in O(1): 5,000 consumers closing on one partition).
+        self._data_waiters: dict[TopicPartition, dict[asyncio.Future, None]] = {}
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
 
@@ -349,7 +351,7 @@ class ReplicaManager:
             return
         future = asyncio.get_running_loop().create_future()
         for key in partitions:
-            self._data_waiters.setdefault(key, []).append(future)
+            self._data_waiters.setdefault(key, {})[future] = None
         try:
             async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation
                 await future
@@ -358,8 +360,8 @@ class ReplicaManager:
         finally:
             for key in partitions:
                 waiters = self._data_waiters.get(key)
-                if waiters and future in waiters:
-                    waiters.remove(future)
+                if waiters is not None:
+                    waiters.pop(future, None)
                     if not waiters:
                         del self._data_waiters[key]
 
