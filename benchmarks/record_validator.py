@@ -45,6 +45,8 @@ def main() -> int:
                                             stamp_step_us=30_000)),
         ("200 x 100 B", _batches(lambda: [100] * 200)),
         ("50 x 1 KiB (the full walk)", _batches(lambda: [1024] * 50)),
+        ("100,000 x 0-1 B, sizes alternating every 16 (hostile)",
+         _batches(lambda: ([0] * 16 + [1] * 16) * 3_125, count=2)),
     ]
     limit = inflate_limit(1 << 20)
     print(f"check_records, fastest of {args.rounds} rounds of 8 batches each; load average {os.getloadavg()[0]:.2f}\n")

@@ -131,3 +131,18 @@ def test_runs_of_one_size_are_accepted_only_as_the_walk_accepts_them(count, valu
     n += count_change
     if _fast_walk(memoryview(bytes(data)), n):
         assert _walk(memoryview(bytes(data)), n) == n
+
+
+def test_sizes_that_alternate_every_block_do_not_cost_a_run_check_per_block(monkeypatch):
+    """A batch made of runs of exactly one block (16 records of one size, 16 of another, ...)
+    made every block look like the start of a run: one numpy check per 16 records, and 100,000
+    small records took 245-275 ms instead of 14-24. Runs too short to pay for their check make
+    the checks ever rarer."""
+    from ottla.records import validator
+
+    checks = []
+    real = validator._same_length
+    monkeypatch.setattr(validator, "_same_length", lambda *args: checks.append(args) or real(*args))
+    data, count = _records_section(([(None, b"", [])] * 16 + [(None, b"x", [])] * 16) * 3_125, 0)
+    assert _fast_walk(memoryview(bytes(data)), count) is True
+    assert len(checks) <= 20  # 100,000 records: a check per doubling of the stretch, not 6,250

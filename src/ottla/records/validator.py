@@ -252,14 +252,16 @@ def _record_starts(data, buf, expected: int):
             size = position - starts[block_end - 1]
             equal = position - block_start == (block_end - index) * size
             index = block_end
+            run = 0
             if equal and index < expected:
                 run = _same_length(buf, position, size, min(expected - index, (end - position) // size))
                 found[index:index + run] = np.arange(position, position + run * size, size)
                 index += run
                 position += run * size
-                block = _BLOCK
-            else:
-                block *= 2  # mixed sizes: ever longer stretches between checks
+            # A check costs about what a block of Python steps does, so a run shorter than a
+            # block did not pay for it: mixed sizes, or a batch made to alternate sizes, get
+            # ever longer stretches between checks.
+            block = _BLOCK if run >= _BLOCK else 2 * block
     except (IndexError, struct.error):
         return None
     return found if position == end else None
