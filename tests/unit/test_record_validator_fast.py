@@ -104,3 +104,53 @@ def test_a_wrong_three_byte_offset_delta_is_refused_by_both_paths():
     assert _fast_walk(memoryview(bytes(data)), count) is False
     with pytest.raises(ValueError, match="offset delta"):
         _walk(memoryview(bytes(data)), count)
+
+
+# Records of one size: the chain is taken a run at a time (numpy compares each record's length
+# bytes with its predecessor's) once a block of records has taken equal steps.
+_mutations = st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 9) | st.integers(0, 1 << 16),
+                                st.integers(-3, 3) | st.integers(0, 255)), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 400), st.one_of(st.none(), st.binary(max_size=3)), st.integers(0, 1_100),
+       st.sampled_from([0, 37, 2_000]))  # stamp deltas of up to three bytes, the fast path's reach
+def test_well_formed_records_of_one_size_take_the_fast_path(count, key, value_size, stamp_step):
+    """Also where their sizes step up partway (offset deltas from 64 on and stamp deltas take one
+    byte more), which ends a run and starts the next."""
+    data, n = _records_section([(key, bytes(value_size), [])] * count, stamp_step)
+    assert _fast_walk(memoryview(bytes(data)), n) is True
+    assert _walk(memoryview(bytes(data)), n) == n
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(17, 400), st.integers(0, 1_100), _mutations, st.integers(-2, 2), st.sampled_from([0, 37, 5_000]))
+@example(100, 1_024, [(50, 1, 1)], 0, 0)  # inside a run, a length that differs in its second byte only
+@example(100, 1_024, [(50, 0, 1)], 0, 0)  # ... and one negative, which the chain's table steps over alike
+@example(100, 10, [(40, 0, 1)], 0, 0)     # the same with one-byte lengths
+@example(100, 10, [(99, 8, 1)], 0, 0)     # the last record's header count
+def test_runs_of_one_size_are_accepted_only_as_the_walk_accepts_them(count, value_size, mutations, count_change,
+                                                                     stamp_step):
+    data, n = _records_section([(None, bytes(value_size), [])] * count, stamp_step)
+    starts = _record_starts(bytes(data))
+    for record, field, change in mutations:
+        position = (starts[record % len(starts)] + field) % len(data)
+        data[position] = (data[position] + change) % 256
+    n += count_change
+    if _fast_walk(memoryview(bytes(data)), n):
+        assert _walk(memoryview(bytes(data)), n) == n
+
+
+def test_sizes_that_alternate_every_block_do_not_cost_a_run_check_per_block(monkeypatch):
+    """A batch made of runs of exactly one block (16 records of one size, 16 of another, ...)
+    made every block look like the start of a run: one numpy check per 16 records, and 100,000
+    small records took 245-275 ms instead of 14-24. Runs too short to pay for their check make
+    the checks ever rarer."""
+    from ottla.records import validator
+
+    checks = []
+    real = validator._same_length
+    monkeypatch.setattr(validator, "_same_length", lambda *args: checks.append(args) or real(*args))
+    data, count = _records_section(([(None, b"", [])] * 16 + [(None, b"x", [])] * 16) * 3_125, 0)
+    assert _fast_walk(memoryview(bytes(data)), count) is True
+    assert len(checks) <= 20  # 100,000 records: a check per doubling of the stretch, not 6,250
