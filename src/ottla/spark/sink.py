@@ -23,10 +23,13 @@ partition on replay (true for Kafka sources and stateless or checkpointed-state 
 
 from __future__ import annotations
 
+import collections
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Iterator
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
@@ -116,50 +119,52 @@ def _rows(batches: Iterator) -> Iterator:
 
 def _produce_batch(producer: Producer, batch, default_topic: str | None) -> None:
     """Produce the rows of one Arrow batch, column by column: one produce() call per row and nothing else.
-    Option `topic` overrides the column, as in Spark. Arguments go by position, and `partition` and
-    `headers` only when the batch has those columns: a keyword argument costs produce() a dict per call,
-    which was a third of its time for 100-byte values."""
+    Option `topic` overrides the column, as in Spark. Arguments go by position (a keyword argument costs
+    produce() a dict per call, which was a third of its time for 100-byte values): topic, value, key,
+    partition, and for headers also produce()'s callback, on_delivery and timestamp as their defaults."""
     names = set(batch.schema.names)
-    size = batch.num_rows
     if default_topic:
-        topics = itertools.repeat(default_topic, size)
+        topics = default_topic
     else:
         if batch.column("topic").null_count:
             raise ValueError("a row has a null 'topic' and no option 'topic' is set")
         topics = batch.column("topic").to_pylist()
-    columns = [topics, batch.column("value").to_pylist(),
-               batch.column("key").to_pylist() if "key" in names else itertools.repeat(None, size)]
+    columns = [topics, _bytes(batch.column("value")), _bytes(batch.column("key")) if "key" in names else None]
     if "partition" in names:
         columns.append([-1 if p is None else p for p in batch.column("partition").to_pylist()])
     elif "headers" in names:
-        columns.append(itertools.repeat(-1, size))
+        columns.append(-1)
     if "headers" in names:
-        headers = [[(h["key"], h["value"]) for h in row] if row else None
-                   for row in batch.column("headers").to_pylist()]
-        _produce_rows(producer, zip(*columns, headers), with_headers=True)
-    else:
-        _produce_rows(producer, zip(*columns), with_headers=False)
+        columns += [None, None, 0, [[(h["key"], h["value"]) for h in row] if row else None
+                                    for row in batch.column("headers").to_pylist()]]
+    _produce_columns(producer, columns, batch.num_rows)
 
 
-def _produce_rows(producer: Producer, rows: Iterator[tuple], with_headers: bool) -> None:
-    """produce() each row; when librdkafka's local queue is full, let deliveries complete and go on with the
-    refused row (the try is outside the loop: entering it per row cost as much as the call)."""
+def _bytes(column) -> list:
+    """The column as Python bytes. A string column is viewed as binary first (the same bytes): no str per
+    row to decode from UTF-8 and encode again in produce()."""
+    if pa.types.is_string(column.type):
+        column = column.view(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.view(pa.large_binary())
+    return column.to_pylist()
+
+
+def _produce_columns(producer: Producer, columns: list, size: int) -> None:
+    """produce() row by row from columns (lists, or one value for every row): map() hands the arguments
+    straight to the call, with no Python loop and no tuple per row. When librdkafka's local queue is full,
+    produce() raises BufferError: let deliveries complete and go on with the refused row."""
     produce = producer.produce
-    row = None
+    done = 0
     while True:
+        args = [(iter(c[done:]) if done else iter(c)) if isinstance(c, list) else itertools.repeat(c, size - done)
+                for c in columns]
         try:
-            if with_headers:
-                if row is not None:
-                    produce(*row[:-1], headers=row[-1])
-                for row in rows:
-                    produce(*row[:-1], headers=row[-1])
-            else:
-                if row is not None:
-                    produce(*row)
-                for row in rows:
-                    produce(*row)
+            collections.deque(map(produce, *args), maxlen=0)
             return
         except BufferError:
+            # map() took the refused row's arguments: it is the one before what the value column has left.
+            done = size - operator.length_hint(args[1]) - 1
             producer.poll(0.1)
 
 
