@@ -326,6 +326,8 @@ class ReplicaManager:
         if self.isr_updates is not None:
             expanded = target.propose_isr_expand()
             if expanded is not None:
+                log.info("Expanding ISR of %s-%d from %s to %s (follower %d fetching at %d, HW %d)", topic, partition,
+                         sorted(target.isr), sorted(expanded), replica_id, fetch_offset, target.high_watermark)
                 self.isr_updates.propose(target, expanded)
         return target
 
@@ -339,6 +341,9 @@ class ReplicaManager:
             if partition.is_leader:
                 shrunk = partition.propose_isr_shrink(now_ms)
                 if shrunk is not None:
+                    log.info("Shrinking ISR of %s-%d from %s to %s (HW %d, log end %d)", partition.topic,
+                             partition.index, sorted(partition.isr), sorted(shrunk), partition.high_watermark,
+                             partition.log_end_offset)
                     self.isr_updates.propose(partition, shrunk)
 
     def high_watermark_moved(self, topic: str, partition: int) -> None:
