@@ -14,10 +14,12 @@ that puts back what the file holds: an empty partition's entry `(epoch, 0)` is c
 load (it starts at the log end) and assigned again when the partition becomes leader, which
 cost two fsynced writes per empty partition at every start.
 
-Becoming leader writes the new epoch's entry (two fsyncs). A LeaderAndIsr that makes this
-broker leader of hundreds of partitions writes them ahead in worker threads
-(`write_assign_ahead`), so the `assign` on the event loop finds the file current; writes are
-serialised per cache by a lock, and the file always holds what `_in_file` says.
+Becoming leader writes the new epoch's entry (two fsyncs), and so does a follower's first
+fetched batch of a new epoch. A LeaderAndIsr that makes this broker leader of hundreds of
+partitions, and a fetch response that brings hundreds of partitions their new leader's
+first batches (a restarted follower), write them ahead in worker threads (`assign_ahead`), so
+the `assign` on the event loop finds the file current; writes are serialised per cache by a
+lock, and the file always holds what `_in_file` says.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 __all__ = ["LeaderEpochCache", "EpochEntry", "EpochEndOffset", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "CHECKPOINT_FILE"]
 
@@ -193,17 +195,30 @@ class LeaderEpochCache:
         self.flush()
         return True
 
-    def write_assign_ahead(self, epoch: int, start_offset: int) -> None:
-        """Write (durably) the entries `assign(epoch, start_offset)` will make, without changing
-        the cache: meant for a worker thread while nothing changes this cache (a partition
-        between roles). Should anything change it meanwhile, `assign` writes what it finds."""
-        entries = self.entries
-        if epoch < 0 or start_offset < 0 or (entries and epoch == entries[-1].epoch
-                                             and start_offset >= entries[-1].start_offset):
-            return
-        while entries and (entries[-1].epoch >= epoch or entries[-1].start_offset >= start_offset):
-            entries.pop()
-        self._write(entries + [EpochEntry(epoch, start_offset)])
+    def assign_ahead(self, epoch: int, start_offset: int) -> Callable[[], None] | None:
+        """Called on the event loop before an `assign(epoch, start_offset)` that is due soon (a
+        new leadership, a fetched batch of a newer epoch): the durable write of the entries it
+        will make, for a worker thread, so that `assign` finds the file current. None when
+        `assign` would write nothing. The write is skipped if the cache or its file changed
+        meanwhile: whoever changed them writes the file after the change."""
+        basis, file_basis = self.entries, self._in_file
+        if epoch < 0 or start_offset < 0 or (basis and epoch == basis[-1].epoch
+                                             and start_offset >= basis[-1].start_offset):
+            return None
+        planned = list(basis)
+        while planned and (planned[-1].epoch >= epoch or planned[-1].start_offset >= start_offset):
+            planned.pop()
+        planned.append(EpochEntry(epoch, start_offset))
+        if planned == file_basis:
+            return None
+
+        def write() -> None:
+            with self._write_lock:
+                if self._in_file == file_basis and self.entries == basis:
+                    _write_checkpoint(self.path, planned)
+                    self._in_file = planned
+
+        return write
 
     def truncate_from_end(self, end_offset: int, *, deferred: bool = False) -> None:
         """The log was truncated to `end_offset`: drop the epochs starting at or after it.

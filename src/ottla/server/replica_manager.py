@@ -200,14 +200,21 @@ class ReplicaManager:
                 continue
             if self.fetchers is not None:
                 self.fetchers.unfollow([key])
-            pending.append((target.leader_epoch_cache, state.leader_epoch, target.log_end_offset))
-        if not pending:
+            pending.append(target.leader_epoch_cache.assign_ahead(state.leader_epoch, target.log_end_offset))
+        await self.write_epoch_checkpoints_ahead(pending)
+
+    async def write_epoch_checkpoints_ahead(self, writes: list[Callable[[], None] | None]) -> None:
+        """Run `LeaderEpochCache.assign_ahead` writes in worker threads, `CHECKPOINT_WRITERS` at
+        a time (concurrent fsyncs share the file system's journal commits). Best effort: the
+        `assign` on the loop writes whatever is still due, and fails as before if the disk does."""
+        writes = [w for w in writes if w is not None]
+        if not writes:
             return
         if self._checkpoint_writers is None:
             self._checkpoint_writers = ThreadPoolExecutor(CHECKPOINT_WRITERS, thread_name_prefix="ottla-epoch-checkpoint")
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._checkpoint_writers, cache.write_assign_ahead, epoch, start)
-                               for cache, epoch, start in pending), return_exceptions=True)
+        await asyncio.gather(*(loop.run_in_executor(self._checkpoint_writers, write) for write in writes),
+                             return_exceptions=True)
 
     def remove_partitions(self, keys: Iterable[TopicPartition]) -> None:
         """The partitions are gone (topic deleted, StopReplica with delete): drop them and answer
