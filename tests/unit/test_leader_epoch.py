@@ -12,6 +12,7 @@ from ottla.log.leader_epoch import (
     LeaderEpochCache,
     UNDEFINED_EPOCH,
     UNDEFINED_EPOCH_OFFSET,
+    read_checkpoint,
 )
 from ottla.records.batch import parse_batches
 from tests.unit.test_log import batch, config
@@ -87,6 +88,34 @@ def test_an_assign_left_to_write_pending_is_written_newest_first_and_never_back(
     cache.close()  # the partition was deleted: a late write writes nothing
     cache.write_pending()
     assert LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10), (5, 20), (6, 25)]
+
+
+def test_assign_ahead_writes_what_assign_makes_and_assign_then_writes_nothing(tmp_path):
+    # A restarted follower's first fetched batches of new epochs fsync their
+    # checkpoints in worker threads this way, so the assign on the event loop must find the
+    # file current (the same file: no new inode).
+    cache = cache_with(tmp_path, (0, 0), (3, 10), (5, 20))
+    path = tmp_path / CHECKPOINT_FILE
+    cache.assign_ahead(4, 15)()  # replaces the conflicting (5, 20), as assign will
+    assert (path.read_text().split("\n")[1:-1], cache.entries) == (
+        ["3", "0 0", "3 10", "4 15"], [(0, 0), (3, 10), (5, 20)])  # the cache itself unchanged
+    written = os.stat(path).st_ino
+    assert cache.assign(4, 15) and cache.entries == [(0, 0), (3, 10), (4, 15)]
+    assert os.stat(path).st_ino == written
+    assert cache.assign_ahead(4, 30) is None  # the current epoch again: nothing to write
+    cache.truncate_from_end(12)  # anything else still writes through
+    assert os.stat(path).st_ino != written and LeaderEpochCache.load(tmp_path)[0].entries == [(0, 0), (3, 10)]
+
+
+def test_a_write_ahead_overtaken_by_a_change_writes_nothing(tmp_path):
+    # A follower plans its fetched batch's new epoch, then (before the worker thread runs) a
+    # LeaderAndIsr makes it leader at a newer epoch, which writes its own entry: the planned
+    # write must not put the stale entries back over it.
+    cache = cache_with(tmp_path, (0, 0), (3, 10))
+    write = cache.assign_ahead(4, 15)
+    assert cache.assign(6, 15)  # the new leadership, written through on the loop
+    write()
+    assert read_checkpoint(tmp_path / CHECKPOINT_FILE) == [(0, 0), (3, 10), (6, 15)] == cache.entries
 
 
 def test_checkpoint_file_is_kafkas_format_and_reloads(tmp_path):

@@ -21,6 +21,11 @@ epoch entry"): the entry is re-derived by recovery from the batches that
 carry the epoch, and it is written before the recovery point passes it. Writes are serialised
 by a lock and always write the newest entries (`_published`), so a late write never puts
 back an older list.
+
+A follower's first fetched batch of a new epoch writes its entry on append; a restarted
+follower gets such a batch for hundreds of partitions at once, and the fetcher writes those
+entries ahead in worker threads (`assign_ahead`), so each `assign` on the event loop finds the
+file current.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 __all__ = ["LeaderEpochCache", "EpochEntry", "EpochEndOffset", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "CHECKPOINT_FILE"]
 
@@ -244,6 +249,31 @@ class LeaderEpochCache:
                 added |= self.assign(epoch, start, write=False)
         if added:
             self.flush()
+
+    def assign_ahead(self, epoch: int, start_offset: int) -> Callable[[], None] | None:
+        """Called on the event loop before an `assign(epoch, start_offset)` that is due soon (a
+        follower's fetched batch of a newer epoch): the durable write of the entries it will
+        make, for a worker thread, so that `assign` finds the file current. None when `assign`
+        would write nothing. The write is skipped if the cache or its file changed meanwhile:
+        whoever changed them writes the file after the change."""
+        basis, file_basis = self._published, self._in_file
+        if epoch < 0 or start_offset < 0 or (basis and epoch == basis[-1].epoch
+                                             and start_offset >= basis[-1].start_offset):
+            return None
+        planned = list(basis)
+        while planned and (planned[-1].epoch >= epoch or planned[-1].start_offset >= start_offset):
+            planned.pop()
+        planned.append(EpochEntry(epoch, start_offset))
+        if planned == file_basis:
+            return None
+
+        def write() -> None:
+            with self._write_lock:
+                if not self._closed and self._in_file == file_basis and self._published == basis:
+                    _write_checkpoint(self.path, planned, self._directory_inode)
+                    self._in_file = planned
+
+        return write
 
     def truncate_from_end(self, end_offset: int, *, deferred: bool = False) -> None:
         """The log was truncated to `end_offset`: drop the epochs starting at or after it.

@@ -7,8 +7,12 @@ reaches the HW. Each proposal is written to `/brokers/topics/<t>/partitions/<p>/
 conditionally on the state version the leader last saw (a controller that moved leadership
 meanwhile wins: the write gets StaleVersion and the leader keeps its ISR until the next
 LeaderAndIsr), then announced under `/isr_change_notification` so the controller sends
-UpdateMetadata. Store calls run off the event loop; one write per partition is in flight
-(`LeaderState` proposes nothing else meanwhile).
+UpdateMetadata. One writer task does both off the event loop, for every proposal made while
+its previous round was out: the states pipelined, then one notification listing them all.
+Kafka batches its notifications too (ReplicaManager.maybePropagateIsrChanges), but waits for
+5 s without changes: a restarted follower rejoining 1,000 partitions wrote 1,000 notification
+znodes, which the controller read and deleted one by one (10 s). One write per partition is
+in flight (`LeaderState` proposes nothing else meanwhile).
 """
 
 from __future__ import annotations
@@ -24,14 +28,20 @@ __all__ = ["IsrUpdates"]
 
 log = logging.getLogger("ottla.replica")
 
+NOTIFY_RETRY_S = 1.0
+
 
 class IsrUpdates:
     def __init__(self, replicas, store):
         self._replicas = replicas
         self._store = store
         self._interval_s = replicas.lag_time_max_ms / 2000
-        self._tasks: set[asyncio.Task] = set()
         self._checker: asyncio.Task | None = None
+        self._writer: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+        # Proposals not yet written, and partitions written but not yet announced.
+        self._proposed: dict[TopicPartition, tuple[Partition, frozenset[int], LeaderAndIsr]] = {}
+        self._unannounced: set[TopicPartition] = set()
 
     def start(self) -> None:
         self._replicas.isr_updates = self
@@ -46,41 +56,61 @@ class IsrUpdates:
                 log.exception("ISR check failed; retrying")
 
     def propose(self, partition: Partition, isr: frozenset[int]) -> None:
-        task = asyncio.get_running_loop().create_task(self._write(partition, isr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        state = LeaderAndIsr(partition.node_id, partition.leader_epoch, tuple(sorted(isr)),
+                             partition.controller_epoch, partition.zk_version)
+        self._proposed[(partition.topic, partition.index)] = (partition, isr, state)
+        self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_rounds())
 
-    async def _write(self, partition: Partition, isr: frozenset[int]) -> None:
-        key: TopicPartition = (partition.topic, partition.index)
-        epoch = partition.leader_epoch
-        state = LeaderAndIsr(partition.node_id, epoch, tuple(sorted(isr)), partition.controller_epoch,
-                             partition.zk_version)
+    async def _write_rounds(self) -> None:
+        while self._proposed or self._unannounced:
+            self._wake.clear()
+            proposed, self._proposed = self._proposed, {}
+            if proposed:
+                await self._write(proposed)
+            if self._unannounced:
+                announced = set(self._unannounced)
+                try:
+                    await asyncio.to_thread(self._store.notify_isr_change, announced)
+                    self._unannounced -= announced
+                except Exception as exc:
+                    log.warning("announcing ISR changes of %d partitions failed (%s); retrying", len(announced), exc)
+                    await self._wait_for_more(NOTIFY_RETRY_S)
+
+    async def _wait_for_more(self, timeout_s: float) -> None:
         try:
-            written = await asyncio.to_thread(self._write_and_notify, key, state)
-        except StoreError as exc:
-            log.info("ISR change of %s-%d to %s refused (%s): waiting for the controller's next LeaderAndIsr",
-                     *key, sorted(isr), type(exc).__name__)
-            partition.isr_change_failed()
-            return
-        except Exception:
-            log.exception("ISR change of %s-%d to %s failed", *key, sorted(isr))
-            partition.isr_change_failed()
-            return
-        if self._replicas.partitions.get(key) is not partition or not partition.is_leader \
-                or partition.leader_epoch != epoch:
-            return  # leadership moved while writing: the controller's state is what counts
-        log.info("ISR of %s-%d is now %s (leader epoch %d)", *key, sorted(isr), epoch)
-        if partition.isr_committed(isr, written.version):
-            self._replicas.high_watermark_moved(*key)
+            async with asyncio.timeout(timeout_s):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
 
-    def _write_and_notify(self, key: TopicPartition, state: LeaderAndIsr) -> LeaderAndIsr:
-        written = self._store.update_partition_state(key, state, None)
-        self._store.notify_isr_change({key})
-        return written
+    async def _write(self, proposed: dict[TopicPartition, tuple[Partition, frozenset[int], LeaderAndIsr]]) -> None:
+        states = {key: state for key, (_, _, state) in proposed.items()}
+        try:
+            outcomes = await asyncio.to_thread(self._store.update_partition_states, states, None)
+        except Exception as exc:
+            log.warning("ISR changes of %d partitions failed (%s)", len(proposed), exc)
+            outcomes = {key: exc for key in proposed}
+        for key, (partition, isr, state) in proposed.items():
+            written = outcomes.get(key)
+            if not isinstance(written, LeaderAndIsr):
+                if isinstance(written, StoreError):
+                    log.info("ISR change of %s-%d to %s refused (%s): waiting for the controller's next LeaderAndIsr",
+                             *key, sorted(isr), type(written).__name__)
+                partition.isr_change_failed()
+                continue
+            self._unannounced.add(key)
+            if self._replicas.partitions.get(key) is not partition or not partition.is_leader \
+                    or partition.leader_epoch != state.leader_epoch:
+                continue  # leadership moved while writing: the controller's state is what counts
+            log.info("ISR of %s-%d is now %s (leader epoch %d)", *key, sorted(isr), state.leader_epoch)
+            if partition.isr_committed(isr, written.version):
+                self._replicas.high_watermark_moved(*key)
 
     async def stop(self) -> None:
         self._replicas.isr_updates = None
-        tasks = list(self._tasks) + ([self._checker] if self._checker is not None else [])
+        tasks = [t for t in (self._checker, self._writer) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

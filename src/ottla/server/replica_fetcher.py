@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from datetime import timedelta
 from functools import partial
 from typing import Iterable
@@ -27,6 +28,7 @@ from kio.schema.offset_for_leader_epoch.v4 import request as epoch_request
 from ..errors import ErrorCode, KafkaError
 from ..failpoints import crash_at
 from ..failpoints import from_environment as failpoints_from_environment
+from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, PARTITION_LEADER_EPOCH_OFFSET
 from ..replication.follower import FetchPhase, FollowerFetchState
 from .clock import now_ms
 from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
@@ -38,6 +40,8 @@ log = logging.getLogger("ottla.replica")
 
 TopicPartition = tuple[str, int]
 EARLIEST, LATEST = -2, -1
+_BASE_AND_LENGTH = struct.Struct(">qi")
+_EPOCH = struct.Struct(">i")
 # Failpoint (ottla.failpoints): kill -9 between a follower's append and its HW update.
 AFTER_FOLLOWER_APPEND = "replica.after_follower_append"
 
@@ -231,14 +235,38 @@ class _Fetcher:
                 for p, s in parts)) for topic, parts in _by_topic(wanted)),
             forgotten_topics_data=(), rack_id="")
         response = await self._send(endpoint, request)
+        usable = []
         for topic in response.responses:
             for data in topic.partitions:
                 key = (topic.topic, int(data.partition_index))
                 state = wanted.get(key)
-                if state is None or not self._current(key, state) or state.fetch_offset != sent[key]:
-                    continue
+                if state is not None and state.fetch_offset == sent[key]:
+                    usable.append((key, state, data))
+        written_ahead = await self._write_epoch_starts_ahead(usable)
+        for key, state, data in usable:
+            if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
                 await asyncio.sleep(0)  # let requests in between partitions' appends
+        for target in written_ahead:  # not appended after all (no longer followed here, an error)
+            target.leader_epoch_cache.flush()  # puts back what the cache holds; else writes nothing
+
+    async def _write_epoch_starts_ahead(self, usable: list) -> list:
+        """The first batch of a new leader epoch makes the append write the partition's leader
+        epoch checkpoint (two fsyncs); a restarted follower gets such a batch for every partition
+        whose leader changed while it was away, and those fsyncs on the event loop took seconds
+        for hundreds of partitions. They are written first in worker threads, so the appends find
+        the files current. Returns the logs written for."""
+        writes = {}
+        for key, state, data in usable:
+            diverging = data.diverging_epoch
+            if data.error_code or not data.records or (diverging is not None and diverging.epoch >= 0):
+                continue
+            start = _first_new_epoch(data.records, state.latest_epoch())
+            if start is not None:
+                writes[key] = (state, state.log.leader_epoch_cache.assign_ahead(*start))
+        if writes:
+            await self._manager.broker.replicas.write_epoch_checkpoints_ahead([w for _, w in writes.values()])
+        return [state.log for state, _ in writes.values()]
 
     def _apply(self, key: TopicPartition, state: FollowerFetchState, data) -> None:
         now = now_ms()
@@ -267,6 +295,21 @@ def _by_topic(wanted: dict[TopicPartition, FollowerFetchState]) -> list[tuple[st
     for (topic, partition), state in wanted.items():
         grouped.setdefault(topic, []).append((partition, state))
     return sorted(grouped.items())
+
+
+def _first_new_epoch(records, latest_epoch: int | None) -> tuple[int, int] | None:
+    """(epoch, base offset) of the first batch stamped with a leader epoch newer than
+    `latest_epoch`, walking only the batches' length fields (the append validates them)."""
+    position, end = 0, len(records)
+    while position + HEADER_SIZE <= end:
+        base_offset, length = _BASE_AND_LENGTH.unpack_from(records, position)
+        epoch = _EPOCH.unpack_from(records, position + PARTITION_LEADER_EPOCH_OFFSET)[0]
+        if epoch >= 0 and (latest_epoch is None or epoch > latest_epoch):
+            return epoch, base_offset
+        if length <= 0:
+            return None
+        position += LOG_OVERHEAD + length
+    return None
 
 
 def _or_undefined(epoch: int | None) -> int:
