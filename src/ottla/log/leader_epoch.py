@@ -145,6 +145,9 @@ class LeaderEpochCache:
         except FileNotFoundError:  # a scratch cache (tests) whose directory comes later
             self._directory_inode = None
         self._write_lock = threading.Lock()  # the owner's writes and `write_pending`
+        # The cache the file was last written ahead of (`assign_ahead`): a deferred write of it
+        # would only put back what the coming `assign` replaces.
+        self._ahead_of: list[EpochEntry] | None = None
 
     @classmethod
     def load(cls, directory: Path) -> tuple["LeaderEpochCache", bool]:
@@ -228,8 +231,9 @@ class LeaderEpochCache:
         return True
 
     def write_pending(self) -> None:
-        """Write the newest entries if the file lacks them (any thread)."""
-        self._write(None)
+        """Write the newest entries if the file lacks them (any thread); not when the file was
+        written ahead of them (the owner's `flush` puts them back if that `assign` never comes)."""
+        self._write(None, unless_ahead=True)
 
     def close(self) -> None:
         """The partition is gone: nothing more is written. Without the lock, so the event loop
@@ -254,9 +258,10 @@ class LeaderEpochCache:
         """Called on the event loop before an `assign(epoch, start_offset)` that is due soon (a
         follower's fetched batch of a newer epoch): the durable write of the entries it will
         make, for a worker thread, so that `assign` finds the file current. None when `assign`
-        would write nothing. The write is skipped if the cache or its file changed meanwhile:
-        whoever changed them writes the file after the change."""
-        basis, file_basis = self._published, self._in_file
+        would write nothing. The write is skipped if the cache changed meanwhile: whoever
+        changed it writes the file after the change (writes are serialised by the lock, so a
+        change made while this one writes is written after it)."""
+        basis = self._published
         if epoch < 0 or start_offset < 0 or (basis and epoch == basis[-1].epoch
                                              and start_offset >= basis[-1].start_offset):
             return None
@@ -264,14 +269,14 @@ class LeaderEpochCache:
         while planned and (planned[-1].epoch >= epoch or planned[-1].start_offset >= start_offset):
             planned.pop()
         planned.append(EpochEntry(epoch, start_offset))
-        if planned == file_basis:
+        if planned == self._in_file:
             return None
 
         def write() -> None:
             with self._write_lock:
-                if not self._closed and self._in_file == file_basis and self._published == basis:
+                if not self._closed and self._published == basis and self._in_file != planned:
                     _write_checkpoint(self.path, planned, self._directory_inode)
-                    self._in_file = planned
+                    self._in_file, self._ahead_of = planned, basis
 
         return write
 
@@ -321,7 +326,7 @@ class LeaderEpochCache:
         self._write(None)
         self._unwritten = False
 
-    def _write(self, entries: list[EpochEntry] | None) -> None:
+    def _write(self, entries: list[EpochEntry] | None, *, unless_ahead: bool = False) -> None:
         """Write `entries`, or (None) the newest published ones, under the lock: whichever
         write comes last writes the newest list."""
         with self._write_lock:
@@ -329,6 +334,8 @@ class LeaderEpochCache:
                 return
             if entries is None:
                 entries = self._published
+                if unless_ahead and self._ahead_of is not None and self._ahead_of == entries:
+                    return
             if entries != self._in_file:
                 try:
                     _write_checkpoint(self.path, entries, self._directory_inode)
@@ -336,7 +343,7 @@ class LeaderEpochCache:
                     if self.path.parent.exists():
                         raise
                     return  # the directory was removed meanwhile (the partition deleted)
-                self._in_file = entries
+                self._in_file, self._ahead_of = entries, None
 
 
 def entries_from_batches(headers) -> list[EpochEntry]:
