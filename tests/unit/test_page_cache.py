@@ -27,14 +27,32 @@ def _segment_path(log: Log):
 
 def test_appends_past_the_budget_leave_the_page_cache(tmp_path):
     budget = 4 * CHUNK_BYTES
-    log = Log(tmp_path / "t-0", TopicConfig(BrokerConfig({}), {}), recent_appends=RecentAppends(budget))
-    _fill(log, 16)
-    os.fsync(os.open(_segment_path(log), os.O_RDONLY))  # every page clean: the next drop takes all
-    _fill(log, 2)
+    recent = RecentAppends(budget)
+    log = Log(tmp_path / "t-0", TopicConfig(BrokerConfig({}), {}), recent_appends=recent)
+    _fill(log, 18)
+    recent.drain()
     size = os.path.getsize(_segment_path(log))
     resident = resident_bytes(_segment_path(log))
     assert size > 17 * CHUNK_BYTES
     assert resident <= budget + 2 * CHUNK_BYTES, (resident, size)
+
+
+def test_a_chunk_not_yet_written_back_when_it_leaves_the_budget_still_leaves_the_cache(tmp_path):
+    """A budget under one chunk evicts each chunk the moment its writeback starts: the case of a
+    disk too busy to write a chunk back before the budget's worth of newer appends arrives. The
+    kernel drops no page still under writeback; dropped without waiting, the chunk stayed cached
+    for good (the old code left all of it here)."""
+    recent = RecentAppends(1)
+    log = Log(tmp_path / "t-0", TopicConfig(BrokerConfig({}), {}), recent_appends=recent)
+    count = 0
+    while log.active_segment.writeback_started_to == 0:  # appends until exactly one chunk has filled
+        log.append(BATCH, now_ms=2_000)
+        count += 1
+    recent.drain()
+    chunk = log.active_segment.writeback_started_to
+    assert chunk >= CHUNK_BYTES and chunk == os.path.getsize(_segment_path(log)) == count * len(BATCH)
+    assert resident_bytes(_segment_path(log)) == 0
+    log.close()
 
 
 def test_dropped_data_reads_back_unchanged(tmp_path):

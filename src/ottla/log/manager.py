@@ -482,4 +482,6 @@ class LogManager:
         for log_ in self.logs.values():
             log_.close()
         self.checkpoint(inline=True)
+        if self.recent_appends is not None:
+            self.recent_appends.close()
         _write_atomically(self.data_dir / CLEAN_SHUTDOWN_FILE, "")

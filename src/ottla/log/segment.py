@@ -183,21 +183,6 @@ class LogSegment:
             page_cache.start_writeback(self._fd, start, end - start)
         self.writeback_started_to = end
 
-    def drop_cached_before(self, end: int) -> None:
-        """A sealed segment that gave its descriptor back gets a short-lived one for this; a
-        no-op once the segment is deleted."""
-        if self._fd >= 0:
-            page_cache.drop_clean_pages(self._fd, end)
-        elif self.sealed:
-            try:
-                fd = os.open(self.log_path, os.O_RDONLY)
-            except FileNotFoundError:
-                return
-            try:
-                page_cache.drop_clean_pages(fd, end)
-            finally:
-                os.close(fd)
-
     def seal(self, *, sync: bool = True) -> list[tuple[int, Path]]:
         """The segment stops being active: record its final max timestamp, trim and fsync
         everything, and give the descriptors back. With `sync=False` nothing is fsynced:
