@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
+from kazoo.exceptions import NoNodeError
 from kio.schema.metadata.v12.request import MetadataRequest
 
 from ottla.admin_client import AdminProtocolClient
@@ -115,9 +116,10 @@ def test_kill_the_controller_another_takes_over(three, zk):
     three.brokers[before].kill()
 
     def new_controller():
-        if not zk.exists("/controller"):
+        try:  # one read: /controller can vanish between an exists() and a get()
+            current = json.loads(zk.get("/controller")[0])["brokerid"]
+        except NoNodeError:  # the dead broker's session ended, no successor elected yet
             return None
-        current = json.loads(zk.get("/controller")[0])["brokerid"]
         return current if current != before else None
     # The dead broker's session (and its /controller) lasts until the session timeout.
     after = wait_for(new_controller, what="a new controller\n" + broker_logs(three))
