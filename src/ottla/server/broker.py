@@ -26,6 +26,7 @@ from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
 from ..failpoints import from_environment as failpoints_from_environment
+from ..fetch_sessions import FetchSessionCache
 from ..log.cleaner.service import LogCleaner
 from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
@@ -140,6 +141,7 @@ class Broker:
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
+        self.fetch_sessions = FetchSessionCache(config["max.incremental.fetch.session.cache.slots"])
         self._publish_local_metadata()
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)

@@ -1,7 +1,11 @@
 """Fetch: whole batches served from the segment files, long polling, size limits.
 
-Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
-cache is full: session id 0, so clients keep sending full fetch requests.
+Incremental fetch sessions (KIP-227, v7+): the request's session id and epoch pick a context
+(`fetch_sessions.new_context`): a full fetch (epoch 0 creates a session, -1 does not), an
+incremental one (every partition of the session is read, with the cached position of those
+the request leaves out; the response names only those with something new), or a session
+error (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR
+for a session made by name used by id or the reverse) answered with no partitions.
 
 As in Kafka, the partitions asked for become a map (a partition named twice is read once,
 with the last entry's offset and size, in the place of its first mention), and the
@@ -29,9 +33,11 @@ import time
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
+from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, new_context
 from ...protocol.build import make, nested
 from ...records.legacy import down_convert
 from ...replication.epochs import diverging_epoch
+from ..clock import now_ms
 from ..leader_epochs import leader_partition_at
 from ..leader_hints import LeaderHints
 
@@ -60,33 +66,63 @@ def _replica_id(request) -> int:
     return state.replica_id if state is not None else getattr(request, "replica_id", -1)
 
 
-def _distinct_partitions(ctx, request) -> list[tuple[str | None, object, list]]:
-    """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
-    FetchResponse.toMessage does: consecutive partitions of one topic share an entry. Each
-    topic is (name, topic id, partitions); v13+ name topics by id, resolved through the
-    metadata cache (name None: an id it does not know)."""
+def _requested(ctx, request) -> tuple[dict, list]:
+    """Kafka's FetchRequest.fetchData, a LinkedHashMap (a partition named twice keeps its first
+    place and its last parameters), and forgottenTopics, keyed by (topic, partition): the topic's
+    name, or from v13 its id."""
     by_id = ctx.api_version >= 13
     wanted = {}
     for topic in request.topics:
-        key = topic.topic_id if by_id else topic.topic
+        name = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
-            wanted[(key, partition.partition)] = partition
+            wanted[(name, partition.partition)] = partition
+    forgotten = [(topic.topic_id if by_id else topic.topic, partition)
+                 for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions]
+    return wanted, forgotten
+
+
+def _grouped(ctx, partitions) -> list[tuple[str | None, object, list]]:
+    """The partitions to read grouped back into topics the way FetchResponse.toMessage does:
+    consecutive partitions of one topic share an entry. Each topic is (name, topic id,
+    [(key, parameters)]); by id (v13+) the name comes from the metadata cache (None: an id it
+    does not know)."""
+    by_id = ctx.api_version >= 13
     grouped: list[tuple[str | None, object, list]] = []
-    for (key, _), partition in wanted.items():
-        if grouped and grouped[-1][1 if by_id else 0] == key:
-            grouped[-1][2].append(partition)
+    for key, wanted in partitions:
+        topic = key[0]
+        if grouped and grouped[-1][1 if by_id else 0] == topic:
+            grouped[-1][2].append((key, wanted))
         elif by_id:
-            info = ctx.broker.metadata.topic_by_id(key)
-            grouped.append((info.name if info is not None else None, key, [partition]))
+            info = ctx.broker.metadata.topic_by_id(topic)
+            grouped.append((info.name if info is not None else None, topic, [(key, wanted)]))
         else:
-            grouped.append((key, None, [partition]))
+            grouped.append((topic, None, [(key, wanted)]))
     return grouped
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHints):
+class _Outcome:
+    """One partition's answer before it becomes the response's PartitionData: an incremental
+    fetch session leaves out those with nothing new (`fetch_sessions.CachedPartition`)."""
+
+    __slots__ = ("partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "aborted",
+                 "records", "diverging")
+
+    def __init__(self, partition, error, high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
+                 aborted=None, records=b"", diverging=None):
+        self.partition = partition
+        self.error = error
+        self.high_watermark = high_watermark
+        self.last_stable_offset = last_stable_offset
+        self.log_start_offset = log_start_offset
+        self.aborted = aborted
+        self.records = records
+        self.diverging = diverging
+
+
+def _read_partitions(ctx, request, wanted_topics, response_type):
+    """Reads each partition: [(name, topic id, [(key, _Outcome)])], the bytes read, and whether
+    any partition failed (which answers at once)."""
     broker = ctx.broker
-    topic_type = nested(response_type, "FetchableTopicResponse")
-    partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
     replica_id = _replica_id(request)
@@ -97,7 +133,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
     topics = []
     for topic_name, topic_id, wanted_partitions in wanted_topics:
         partitions = []
-        for wanted in wanted_partitions:
+        for key, wanted in wanted_partitions:
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
@@ -105,11 +141,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                                                 getattr(wanted, "current_leader_epoch", -1), topic_id)
                 log = partition.log
             except KafkaError as exc:
-                partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=exc.code, high_watermark=-1,
-                                       last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                       preferred_read_replica=-1, records=b"",
-                                       **hints.current_leader(topic_name, wanted.partition, exc.code)))
+                partitions.append((key, _Outcome(wanted.partition, exc.code)))
                 failed = True
                 continue
             high_watermark = log.high_watermark
@@ -148,35 +180,52 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                 failed = True
             remaining -= len(records)
             total += len(records)
-            partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
-                                   high_watermark=high_watermark, last_stable_offset=stable,
-                                   log_start_offset=log.log_start_offset, aborted_transactions=aborted,
-                                   preferred_read_replica=-1, records=records,
-                                   **({} if diverging is None else {"diverging_epoch": diverging}),
-                                   **hints.current_leader(topic_name, wanted.partition, error)))
-        topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(partitions)))
+            partitions.append((key, _Outcome(wanted.partition, error, high_watermark, stable, log.log_start_offset,
+                                             aborted, records, diverging)))
+        topics.append((topic_name, topic_id, partitions))
     return topics, total, failed
+
+
+def _response_topics(response_type, read, kept: set, hints: LeaderHints) -> tuple:
+    """The response's topics: the partitions `kept` of those read, in the order read (a
+    partition answered with an error carries empty records, never null: librdkafka refuses
+    the whole response otherwise)."""
+    topic_type = nested(response_type, "FetchableTopicResponse")
+    partition_type = nested(response_type, "PartitionData")
+    topics = []
+    for topic_name, topic_id, outcomes in read:
+        partitions = tuple(
+            make(partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
+                 last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
+                 aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
+                 **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
+                 **hints.current_leader(topic_name, o.partition, o.error))
+            for key, o in outcomes if key in kept)
+        if partitions:
+            topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=partitions))
+    return tuple(topics)
 
 
 async def handle(ctx, request):
     response_type = ctx.response_type
-    session_error = ErrorCode.none
-    if getattr(request, "session_id", 0) != 0:
-        session_error = ErrorCode.fetch_session_id_not_found
-    if session_error != ErrorCode.none:
-        return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
+    broker = ctx.broker
+    wanted, forgotten = _requested(ctx, request)
+    context = new_context(broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
+                          getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted,
+                          forgotten, now_ms())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    wanted = _distinct_partitions(ctx, request)
-    hints = LeaderHints(ctx.broker.metadata, response_type)
-    topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
-    keys = [(name, p.partition) for name, _, partitions in wanted if name is not None for p in partitions]
+    grouped = _grouped(ctx, context.partitions())  # nothing to read after a session error
+    read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+    keys = [(name, key[1]) for name, _, partitions in grouped if name is not None for key, _ in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.replicas.wait_for_data(keys, remaining)
-        hints = LeaderHints(ctx.broker.metadata, response_type)
-        topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
-    return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
-                responses=tuple(topics), node_endpoints=hints.node_endpoints())
+        await broker.replicas.wait_for_data(keys, remaining)
+        read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+    error, session_id, kept = context.finish([pair for _, _, outcomes in read for pair in outcomes], now_ms())
+    hints = LeaderHints(broker.metadata, response_type)
+    return make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
+                responses=_response_topics(response_type, read, set(kept), hints),
+                node_endpoints=hints.node_endpoints())
