@@ -29,7 +29,7 @@ from typing import Any, Hashable, Iterable
 
 from .errors import ErrorCode
 
-__all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "new_context", "next_epoch",
+__all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
            "INVALID_SESSION_ID", "INITIAL_EPOCH", "FINAL_EPOCH", "EVICTION_MS"]
 
 INVALID_SESSION_ID = 0  # no session: the legacy fetch, or "none created"
@@ -330,3 +330,58 @@ def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: 
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
     return IncrementalFetch(session, epoch)
+
+
+class FetchSessionHandler:
+    """The fetcher's side of a session with one broker (Kafka's FetchSessionHandler), for
+    Ottla's followers: which partitions the next Fetch must name, and what its session id and
+    epoch are. Partitions are keyed as on the broker, with their request parameters as a
+    comparable value; only those added or changed since the last request are sent."""
+
+    def __init__(self):
+        self.session_id = INVALID_SESSION_ID
+        self.epoch = INITIAL_EPOCH
+        self._partitions: dict[Key, Hashable] = {}  # what the broker's session holds
+
+    @property
+    def full(self) -> bool:
+        return self.epoch in (INITIAL_EPOCH, FINAL_EPOCH)
+
+    def build(self, wanted: dict[Key, Hashable]) -> tuple[list[Key], list[Key]]:
+        """(partitions to send, partitions to forget) for a fetch of `wanted`: all of them in a
+        full fetch; else those new or whose parameters changed, and those no longer wanted."""
+        previous, self._partitions = self._partitions, dict(wanted)
+        if self.full:
+            return list(wanted), []
+        send = [key for key, params in wanted.items() if previous.get(key, _ABSENT) != params]
+        return send, [key for key in previous if key not in wanted]
+
+    def handle_response(self, error: ErrorCode, session_id: int, answered: Iterable[Key]) -> bool:
+        """Take the response's session id and check what it names; False if the response must
+        be ignored (a session error, or partitions it had no business naming), after which the
+        next fetch is a full one."""
+        if error != ErrorCode.none:
+            if error == ErrorCode.fetch_session_id_not_found:
+                self.session_id = INVALID_SESSION_ID
+            self.epoch = INITIAL_EPOCH  # a full fetch, closing the session it names
+            return False
+        answered = set(answered)
+        if not answered <= self._partitions.keys() or (self.full and len(answered) != len(self._partitions)):
+            if self.full:
+                self.session_id = INVALID_SESSION_ID
+            self.epoch = INITIAL_EPOCH
+            return False
+        if session_id == INVALID_SESSION_ID:
+            self.session_id, self.epoch = INVALID_SESSION_ID, INITIAL_EPOCH
+        elif self.full:
+            self.session_id, self.epoch = session_id, next_epoch(INITIAL_EPOCH)
+        else:
+            self.epoch = next_epoch(self.epoch)
+        return True
+
+    def handle_error(self) -> None:
+        """The request failed (timeout, lost connection): the next fetch is a full one."""
+        self.epoch = INITIAL_EPOCH
+
+
+_ABSENT = object()

@@ -7,7 +7,7 @@ import pytest
 
 from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
-                                  FetchSessionCache, FullFetch, IncrementalFetch, SessionError, Sessionless,
+                                  FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch, SessionError, Sessionless,
                                   new_context, next_epoch)
 
 V12, V13 = 12, 13
@@ -217,3 +217,69 @@ def test_the_least_recently_used_stale_session_goes_first_whoever_asks():
     incremental(cache, b, 2, now=EVICTION_MS + 2)
     assert _session(cache, 1, now=3 * EVICTION_MS) != INVALID_SESSION_ID
     assert cache.get(a) is None and cache.get(b) is not None and cache.get(new) is not None
+
+
+# The fetcher's side (FetchSessionHandler), as Ottla's followers use it.
+
+def test_the_handler_sends_everything_until_a_session_exists_then_only_what_changed():
+    handler = FetchSessionHandler()
+    wanted = {("t", p): (0, 5) for p in range(4)}
+    assert (handler.session_id, handler.epoch) == (INVALID_SESSION_ID, INITIAL_EPOCH)
+    assert handler.build(wanted) == (list(wanted), [])
+    assert handler.handle_response(ErrorCode.none, 77, list(wanted))
+    assert (handler.session_id, handler.epoch) == (77, 1)
+    assert handler.build(wanted) == ([], [])
+    assert handler.handle_response(ErrorCode.none, 77, [])
+    changed = {**wanted, ("t", 1): (3, 5), ("u", 0): (0, 5)}
+    del changed[("t", 3)]
+    assert handler.build(changed) == ([("t", 1), ("u", 0)], [("t", 3)])
+    assert handler.handle_response(ErrorCode.none, 77, [("t", 1)])
+    assert handler.epoch == 3
+
+
+def test_the_handler_against_the_broker_side():
+    """The two sides together: the broker's session ends up holding what the fetcher wants."""
+    cache, handler = FetchSessionCache(5), FetchSessionHandler()
+
+    def round_trip(offsets, answers=None):
+        send, forget = handler.build(offsets)
+        context = new_context(cache, V12, handler.session_id, handler.epoch, True,
+                              {key: wanted(offsets[key]) for key in send}, forget, 0)
+        error, session_id, kept = context.finish(read(context, answers or {}), 0)
+        assert handler.handle_response(error, session_id, kept)
+        return send, kept, {key: params.fetch_offset for key, params in context.partitions()}
+
+    start = {("t", p): 0 for p in range(3)}
+    assert round_trip(start)[0] == list(start)
+    send, kept, read_at = round_trip(start)
+    assert (send, kept, read_at) == ([], [], start)
+    moved = {**start, ("t", 2): 4}
+    send, kept, read_at = round_trip(moved, {("t", 2): outcome(10, records=b"r")})
+    assert (send, kept, read_at) == ([("t", 2)], [("t", 2)], moved)
+    assert cache.get(handler.session_id).privileged
+
+
+def test_the_handler_starts_over_after_errors():
+    handler = FetchSessionHandler()
+    handler.build({("t", 0): 1})
+    handler.handle_response(ErrorCode.none, 9, [("t", 0)])
+    handler.build({("t", 0): 1})
+    assert not handler.handle_response(ErrorCode.invalid_fetch_session_epoch, 0, [])
+    assert (handler.session_id, handler.epoch) == (9, INITIAL_EPOCH)  # full, closing session 9
+    assert handler.build({("t", 0): 1}) == ([("t", 0)], [])
+    assert handler.handle_response(ErrorCode.none, 10, [("t", 0)]) and handler.session_id == 10
+    handler.build({("t", 0): 1})
+    assert not handler.handle_response(ErrorCode.fetch_session_id_not_found, 0, [])
+    assert (handler.session_id, handler.epoch) == (INVALID_SESSION_ID, INITIAL_EPOCH)
+    handler.build({("t", 0): 1})
+    handler.handle_response(ErrorCode.none, 11, [("t", 0)])
+    handler.build({("t", 0): 1})
+    assert not handler.handle_response(ErrorCode.none, 11, [("x", 9)])  # names what it was never asked
+    assert handler.epoch == INITIAL_EPOCH
+    handler.build({("t", 0): 1})
+    handler.handle_error()
+    assert handler.epoch == INITIAL_EPOCH
+    # A full answer that omits a partition is not trusted either.
+    handler.build({("t", 0): 1, ("t", 1): 1})
+    assert not handler.handle_response(ErrorCode.none, 12, [("t", 0)])
+    assert (handler.session_id, handler.epoch) == (INVALID_SESSION_ID, INITIAL_EPOCH)
