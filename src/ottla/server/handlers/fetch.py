@@ -157,14 +157,18 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                     broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
                                                      int(time.time() * 1000))
                     high_watermark = log.high_watermark
+                max_offset = log.log_end_offset if replica_id >= 0 else stable if read_committed else high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
+                elif log.log_start_offset <= wanted.fetch_offset == max_offset:
+                    # Caught up: what the read would find (nothing), without the read. Most of an
+                    # idle session's partitions are here each round.
+                    aborted = () if read_committed else None
                 else:
                     data = log.read(
                         wanted.fetch_offset,
                         min(wanted.partition_max_bytes, max(remaining, 0)),
-                        max_offset=(log.log_end_offset if replica_id >= 0
-                                    else stable if read_committed else high_watermark),
+                        max_offset=max_offset,
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
                         lazy=ctx.api_version >= 4,  # older versions are down-converted in memory
