@@ -15,6 +15,7 @@ with and without a session.
    and the follower keeps sending full fetches (Ottla before sessions).
 
     PYTHONPATH=src python benchmarks/fetch_sessions.py [--rounds 300] [--repeat 2] [--window 30] [--skip-cluster]
+        [--modes full]  # a broker without sessions (e.g. PYTHONPATH of an older tree)
 
 Results table (Markdown) on stdout, progress on stderr; see docs/performance.md.
 """
@@ -100,7 +101,7 @@ def part_one(args, children: Children, root: Path) -> list[tuple[str, dict]]:
     consumer_rounds(broker, topics, args.partitions, 20, session=False)  # warm-up
     results = []
     for repeat in range(args.repeat):
-        for session in (False, True):
+        for session in [mode == "session" for mode in args.modes.split(",")]:
             progress(f"consumer rounds, {'session' if session else 'full'}, repeat {repeat + 1}")
             results.append(("session" if session else "full", consumer_rounds(broker, topics, args.partitions,
                                                                                 args.rounds, session)))
@@ -151,6 +152,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--window", type=float, default=30, help="seconds the idle followers are measured")
     parser.add_argument("--skip-cluster", action="store_true")
+    parser.add_argument("--modes", default="full,session", help="consumer modes; 'full' alone for a broker without sessions")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ottla-bench-sessions-") as tmp, Children() as children:
         consumer = part_one(args, children, Path(tmp))
@@ -159,7 +161,7 @@ def main() -> None:
     print(f"\nConsumer fetch rounds over {total} idle partitions, one broker, {args.rounds} rounds x {args.repeat}:\n")
     print("| mode | request bytes | response bytes | broker CPU ms / round | wall ms / round |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for mode in ("full", "session"):
+    for mode in args.modes.split(","):
         rows = [r for m, r in consumer if m == mode]
         cpu = " / ".join("%.2f" % r["broker_cpu_ms"] for r in rows)
         wall = " / ".join("%.2f" % r["wall_ms"] for r in rows)

@@ -6,7 +6,7 @@ that are new or whose fetch position changed, list the ones to drop in `forgotte
 and are answered only for the partitions with something new (records, a moved high watermark
 or log start offset, an error, a diverging epoch). Partitions left out keep their cached fetch
 position. Kafka's `FetchSession.scala` (`FetchSessionCache`, `FetchManager`, the fetch contexts)
-is the model; one cache, not Kafka 3.8's eight shards (KAFKA-9401), since one event loop
+is the model; one cache, not the shards of Kafka 3.8+ (KAFKA-9401), since one event loop
 serves every request.
 
 Pure: no sockets, no clock. Callers pass the time (`now_ms`) and the request's partitions as
@@ -16,9 +16,10 @@ where topic is the name (Fetch v7-v12) or the topic id (v13+, KIP-516).
 
 Eviction is Kafka's: the cache holds `max.incremental.fetch.session.cache.slots` sessions; when
 it is full a new session may take the place of a session unused for `EVICTION_MS`, else of the
-least valuable evictable one, ordered (privileged, size): followers' sessions are privileged
-and only evictable by followers' after `EVICTION_MS`, consumers' sessions are evictable at once
-by a follower and after `EVICTION_MS` by a consumer session with at least as many partitions.
+least valuable evictable one, ordered (privileged, size), by a session that outranks it:
+followers' sessions are privileged, evictable only by a follower's with more partitions once
+`EVICTION_MS` old; consumers' sessions are evictable by a follower's at once, and by a
+consumer's with more partitions once `EVICTION_MS` old.
 """
 
 from __future__ import annotations
