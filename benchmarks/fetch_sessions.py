@@ -121,7 +121,8 @@ def part_two(args, root: Path) -> list[tuple[str, float, float]]:
             leader = handle.add_broker(config={"max.incremental.fetch.session.cache.slots": slots})
             admin = AdminClient({"bootstrap.servers": handle.bootstrap, "log_level": 0})
             topics = [f"followed-{i}" for i in range(args.topics)]
-            for future in admin.create_topics([NewTopic(t, replica_assignment=[[2, 1]] * args.partitions)
+            for future in admin.create_topics([NewTopic(t, num_partitions=args.partitions,
+                                                        replica_assignment=[[2, 1]] * args.partitions)
                                                for t in topics], request_timeout=120).values():
                 future.result(180)
             deadline = time.monotonic() + 300
@@ -152,27 +153,30 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--window", type=float, default=30, help="seconds the idle followers are measured")
     parser.add_argument("--skip-cluster", action="store_true")
-    parser.add_argument("--modes", default="full,session", help="consumer modes; 'full' alone for a broker without sessions")
+    parser.add_argument("--modes", default="full,session",
+                        help="consumer modes; 'full' alone for a broker without sessions")
     args = parser.parse_args()
+    total = args.topics * args.partitions
     with tempfile.TemporaryDirectory(prefix="ottla-bench-sessions-") as tmp, Children() as children:
         consumer = part_one(args, children, Path(tmp))
-        follower = [] if args.skip_cluster else part_two(args, Path(tmp))
-    total = args.topics * args.partitions
-    print(f"\nConsumer fetch rounds over {total} idle partitions, one broker, {args.rounds} rounds x {args.repeat}:\n")
-    print("| mode | request bytes | response bytes | broker CPU ms / round | wall ms / round |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for mode in args.modes.split(","):
-        rows = [r for m, r in consumer if m == mode]
-        cpu = " / ".join("%.2f" % r["broker_cpu_ms"] for r in rows)
-        wall = " / ".join("%.2f" % r["wall_ms"] for r in rows)
-        print(f"| {mode} | {statistics.mean(r['request_bytes'] for r in rows):,.0f} "
-              f"| {statistics.mean(r['response_bytes'] for r in rows):,.0f} | {cpu} | {wall} |")
-    if follower:
-        print(f"\nIdle follower, {total} partitions RF 2 on two brokers, {args.window:.0f} s:\n")
-        print("| mode | leader CPU ms / s | follower CPU ms / s |")
-        print("| --- | ---: | ---: |")
-        for label, leader_ms, follower_ms in follower:
-            print(f"| {label} | {leader_ms:.1f} | {follower_ms:.1f} |")
+        print(f"\nConsumer fetch rounds over {total} idle partitions, one broker, "
+              f"{args.rounds} rounds x {args.repeat}:\n")
+        print("| mode | request bytes | response bytes | broker CPU ms / round | wall ms / round |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for mode in args.modes.split(","):
+            rows = [r for m, r in consumer if m == mode]
+            cpu = " / ".join("%.2f" % r["broker_cpu_ms"] for r in rows)
+            wall = " / ".join("%.2f" % r["wall_ms"] for r in rows)
+            print(f"| {mode} | {statistics.mean(r['request_bytes'] for r in rows):,.0f} "
+                  f"| {statistics.mean(r['response_bytes'] for r in rows):,.0f} | {cpu} | {wall} |", flush=True)
+        if args.skip_cluster:
+            return
+        follower = part_two(args, Path(tmp))
+    print(f"\nIdle follower, {total} partitions RF 2 on two brokers, {args.window:.0f} s:\n")
+    print("| mode | leader CPU ms / s | follower CPU ms / s |")
+    print("| --- | ---: | ---: |")
+    for label, leader_ms, follower_ms in follower:
+        print(f"| {label} | {leader_ms:.1f} | {follower_ms:.1f} |")
 
 
 if __name__ == "__main__":

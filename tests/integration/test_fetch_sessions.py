@@ -137,7 +137,8 @@ def test_sessions_by_topic_id_and_by_name_do_not_mix(session_topic):
     by_name = _fetch12(sock, [(0, 0)], session_id=0, epoch=0).session_id
     assert by_name != 0
     assert _fetch12(sock, [], session_id=by_id.session_id, epoch=1).error_code == ErrorCode.fetch_session_topic_id_error
-    assert _fetch13(sock, topic_id, [], session_id=by_name, epoch=1).error_code == ErrorCode.fetch_session_topic_id_error
+    by_name_by_id = _fetch13(sock, topic_id, [], session_id=by_name, epoch=1)
+    assert by_name_by_id.error_code == ErrorCode.fetch_session_topic_id_error
     # By id, the session works as by name: forget partition 0, then only partition 1 is read.
     response = _fetch13(sock, topic_id, [], session_id=by_id.session_id, epoch=1, forget=[0])
     assert response.error_code == ErrorCode.none and response.responses == ()

@@ -7,8 +7,8 @@ import pytest
 
 from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
-                                  FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch, SessionError, Sessionless,
-                                  new_context, next_epoch)
+                                  FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch, SessionError,
+                                  Sessionless, new_context, next_epoch)
 
 V12, V13 = 12, 13
 

@@ -252,7 +252,8 @@ class _Fetcher:
         except BaseException:
             session.handle_error()
             raise
-        answered = [(topic.topic, int(data.partition_index)) for topic in response.responses for data in topic.partitions]
+        answered = [(topic.topic, int(data.partition_index))
+                    for topic in response.responses for data in topic.partitions]
         if not session.handle_response(ErrorCode(response.error_code), response.session_id, answered):
             log.info("Fetch from leader %d in session %d: %s; the next fetch is a full one", self.source_id,
                      request.session_id, ErrorCode(response.error_code).name)
