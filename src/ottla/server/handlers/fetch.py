@@ -73,9 +73,9 @@ def _requested(ctx, request) -> tuple[dict, list]:
     by_id = ctx.api_version >= 13
     wanted = {}
     for topic in request.topics:
-        name = topic.topic_id if by_id else topic.topic
+        topic_key = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
-            wanted[(name, partition.partition)] = partition
+            wanted[(topic_key, partition.partition)] = partition
     forgotten = [(topic.topic_id if by_id else topic.topic, partition)
                  for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions]
     return wanted, forgotten
