@@ -106,16 +106,16 @@ def test_a_connection_closed_during_a_long_poll_is_freed_without_the_garbage_col
             FetchTopic(topic="t", partitions=(FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
             forgotten_topics_data=()), 1))
         for _ in range(500):
-            if ("t", 0) in broker.replicas._data_waiters:
+            if broker.replicas.delayed_fetches.watching(("t", 0)):
                 break
             await asyncio.sleep(0.01)
-        assert ("t", 0) in broker.replicas._data_waiters  # the fetch waits for data
+        assert broker.replicas.delayed_fetches.watching(("t", 0)) == 1  # the fetch waits for data
         gone = weakref.ref(connection)
         del connection
         theirs.close()
         for _ in range(5):
             await asyncio.sleep(0)  # EOF, connection_lost, the cancelled fetch ends
-        assert ("t", 0) not in broker.replicas._data_waiters
+        assert broker.replicas.delayed_fetches.watching(("t", 0)) == 0
         broker.logs.close()
         return gone
 
