@@ -5,12 +5,11 @@ have more (an append, a high-watermark move, a role change: `notify`) or its `ma
 passes. Consumers long-polling together have their waits fall due together, and asyncio runs
 every due timer in one loop iteration, then every task those make ready in the next: 2,000
 consumers answered at once held the loop for 226-269 ms of CPU, and one append woke every
-fetch on its partition at once too (docs/performance.md, "Event-loop holds"). As Kafka's
-timing wheel does:
+fetch on its partition at once too (docs/performance.md, "Event-loop holds"). So:
 
-- a deadline is rounded up to the next `TICK_S` and the fetches of one tick share one timer
-  (a fetch is answered at most a tick after its `max_wait`, never before); no timer, timeout
-  context or cancellation per request;
+- as in Kafka's timing wheel, a deadline is rounded up to the next `TICK_S` and the fetches
+  of one tick share one timer (a fetch is answered at most a tick after its `max_wait`,
+  never before); no timer, timeout context or cancellation per request;
 - due and woken fetches join one queue, completed at most `WAKE_SLICE` per loop iteration in
   the order they became due (by deadline, then arrival; woken ones as woken), the loop free
   in between: each completion resumes a handler that reads its partitions and answers.
