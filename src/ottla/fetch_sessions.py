@@ -31,6 +31,7 @@ from typing import Any, Hashable, Iterable
 from .errors import ErrorCode
 
 __all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
+           "SESSIONLESS",
            "INVALID_SESSION_ID", "INITIAL_EPOCH", "FINAL_EPOCH", "EVICTION_MS"]
 
 INVALID_SESSION_ID = 0  # no session: the legacy fetch, or "none created"
@@ -227,44 +228,51 @@ def _discard(ordered: list, item) -> None:
         del ordered[at]
 
 
-# The fetch contexts (Kafka's FetchContext subclasses): what one request reads and how its
-# response is trimmed and numbered. `partitions()` yields (key, request parameters) in the
-# order to read; `finish(outcomes, now_ms)` takes [(key, outcome)] in that order and returns
-# (top-level error, response session id, the keys the response names).
+# The fetch contexts (Kafka's FetchContext subclasses): how one request's response is trimmed
+# and numbered. `new_context` returns one with the partitions to read, [(key, request
+# parameters)] in order; `finish(outcomes, now_ms)` takes [(key, outcome)] in that order and
+# returns (top-level error, response session id, the keys the response names). Contexts that
+# need no state are shared, so a waiting fetch holds no object for them (a full garbage
+# collection walks every waiting fetch's objects).
 
 class SessionError:
     """A request on a session that is gone or out of step: answered with the error alone."""
 
+    __slots__ = ("error",)
+
     def __init__(self, error: ErrorCode):
         self.error = error
-
-    def partitions(self) -> Iterable[tuple[Key, Any]]:
-        return ()
 
     def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
         return self.error, INVALID_SESSION_ID, []
 
 
+_SESSION_ERRORS = {error: SessionError(error) for error in (ErrorCode.fetch_session_id_not_found,
+                                                           ErrorCode.invalid_fetch_session_epoch,
+                                                           ErrorCode.fetch_session_topic_id_error)}
+
+
 class Sessionless:
     """A full fetch that neither uses nor creates a session (epoch -1, Fetch v0-v6, or an
-    incremental request that forgot the session's last partition)."""
+    incremental request that forgot the session's last partition); one instance serves all."""
 
-    def __init__(self, fetch_data: dict[Key, Any]):
-        self.fetch_data = fetch_data
-
-    def partitions(self) -> Iterable[tuple[Key, Any]]:
-        return self.fetch_data.items()
+    __slots__ = ()
 
     def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
         return ErrorCode.none, INVALID_SESSION_ID, [key for key, _ in outcomes]
 
 
-class FullFetch(Sessionless):
+SESSIONLESS = Sessionless()
+
+
+class FullFetch:
     """A full fetch with epoch 0: answered in full, and a session is created from what the
     response tells the fetcher, if the cache has or can make room."""
 
+    __slots__ = ("_requests", "_cache", "_uses_topic_ids", "_privileged")
+
     def __init__(self, cache: FetchSessionCache, fetch_data: dict[Key, Any], uses_topic_ids: bool, privileged: bool):
-        super().__init__(fetch_data)
+        self._requests = fetch_data  # the session is made of them
         self._cache = cache
         self._uses_topic_ids = uses_topic_ids
         self._privileged = privileged
@@ -272,7 +280,7 @@ class FullFetch(Sessionless):
     def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
         cached = {}
         for key, outcome in outcomes:
-            partition = cached[key] = CachedPartition(key[1], self.fetch_data[key])
+            partition = cached[key] = CachedPartition(key[1], self._requests[key])
             partition.high_watermark = outcome.high_watermark
             partition.leader_log_start_offset = outcome.log_start_offset
         session_id = self._cache.maybe_create(now_ms, self._privileged, self._uses_topic_ids, cached)
@@ -283,12 +291,11 @@ class IncrementalFetch:
     """An incremental fetch on a live session: reads every partition of the session, answers
     only those with something new."""
 
+    __slots__ = ("session", "_expected_epoch")
+
     def __init__(self, session: FetchSession, request_epoch: int):
         self.session = session
         self._expected_epoch = next_epoch(request_epoch)
-
-    def partitions(self) -> Iterable[tuple[Key, Any]]:
-        return list(self.session.partitions.items())
 
     def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
         session = self.session
@@ -307,30 +314,31 @@ class IncrementalFetch:
 
 
 def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: int, privileged: bool,
-                fetch_data: dict[Key, Any], forgotten: list[Key], now_ms: int):
-    """Kafka's FetchManager.newContext: what a Fetch with this session id and epoch means."""
+                fetch_data: dict[Key, Any], forgotten: Iterable[Key], now_ms: int):
+    """Kafka's FetchManager.newContext: what a Fetch with this session id and epoch means, as
+    (context, the partitions to read)."""
     if version < FIRST_VERSION:
-        return Sessionless(fetch_data)
+        return SESSIONLESS, fetch_data.items()
     if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
         if session_id != INVALID_SESSION_ID:
             cache.remove(session_id)  # a full request closes the session it names
         if epoch == FINAL_EPOCH:
-            return Sessionless(fetch_data)
-        return FullFetch(cache, fetch_data, version >= TOPIC_ID_VERSION, privileged)
+            return SESSIONLESS, fetch_data.items()
+        return FullFetch(cache, fetch_data, version >= TOPIC_ID_VERSION, privileged), fetch_data.items()
     session = cache.get(session_id)
     if session is None:
-        return SessionError(ErrorCode.fetch_session_id_not_found)
+        return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
     if session.epoch != epoch:
-        return SessionError(ErrorCode.invalid_fetch_session_epoch)
+        return _SESSION_ERRORS[ErrorCode.invalid_fetch_session_epoch], ()
     if session.uses_topic_ids != (version >= TOPIC_ID_VERSION):
-        return SessionError(ErrorCode.fetch_session_topic_id_error)
+        return _SESSION_ERRORS[ErrorCode.fetch_session_topic_id_error], ()
     session.update(fetch_data, forgotten)
     if not session.partitions:
         cache.remove(session)
-        return Sessionless(fetch_data)
+        return SESSIONLESS, fetch_data.items()
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
-    return IncrementalFetch(session, epoch)
+    return IncrementalFetch(session, epoch), list(session.partitions.items())
 
 
 class FetchSessionHandler:

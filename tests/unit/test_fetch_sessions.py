@@ -7,8 +7,8 @@ import pytest
 
 from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
-                                  FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch, SessionError,
-                                  Sessionless, new_context, next_epoch)
+                                  SESSIONLESS, FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch,
+                                  SessionError, new_context, next_epoch)
 
 V12, V13 = 12, 13
 
@@ -23,6 +23,24 @@ def outcome(hw, records=b"", error=ErrorCode.none, log_start=0, diverging=None):
                            diverging=diverging)
 
 
+class Opened:
+    """What `new_context` returns, with its partitions kept for the test to look at."""
+
+    def __init__(self, opened):
+        self.context, partitions = opened
+        self.parts = list(partitions)
+
+    def partitions(self):
+        return self.parts
+
+    def finish(self, outcomes, now_ms):
+        return self.context.finish(outcomes, now_ms)
+
+    @property
+    def error(self):
+        return self.context.error
+
+
 def read(context, answers):
     """What the handler does: read what the context says, hand back outcomes in that order."""
     keys = [key for key, _ in context.partitions()]
@@ -30,17 +48,17 @@ def read(context, answers):
 
 
 def open_session(cache, partitions, *, version=V12, privileged=False, now=0, answers=None):
-    context = new_context(cache, version, INVALID_SESSION_ID, INITIAL_EPOCH, privileged,
-                          {key: wanted(offset) for key, offset in partitions.items()}, [], now)
-    assert isinstance(context, FullFetch)
+    context = Opened(new_context(cache, version, INVALID_SESSION_ID, INITIAL_EPOCH, privileged,
+                                 {key: wanted(offset) for key, offset in partitions.items()}, [], now))
+    assert isinstance(context.context, FullFetch)
     error, session_id, kept = context.finish(read(context, answers or {}), now)
     assert error == ErrorCode.none and kept == list(partitions)
     return session_id
 
 
 def incremental(cache, session_id, epoch, fetch=None, forget=(), *, version=V12, now=0, privileged=False):
-    return new_context(cache, version, session_id, epoch, privileged,
-                       {key: wanted(offset) for key, offset in (fetch or {}).items()}, list(forget), now)
+    return Opened(new_context(cache, version, session_id, epoch, privileged,
+                              {key: wanted(offset) for key, offset in (fetch or {}).items()}, list(forget), now))
 
 
 def test_a_full_fetch_with_epoch_0_creates_a_session_and_epoch_minus_1_does_not():
@@ -48,16 +66,16 @@ def test_a_full_fetch_with_epoch_0_creates_a_session_and_epoch_minus_1_does_not(
     session_id = open_session(cache, {("t", 0): 0, ("t", 1): 0})
     assert session_id != INVALID_SESSION_ID and len(cache) == 1 and cache.total_partitions == 2
     assert cache.get(session_id).epoch == 1
-    context = new_context(cache, V12, INVALID_SESSION_ID, FINAL_EPOCH, False, {("t", 0): wanted(0)}, [], 0)
-    assert isinstance(context, Sessionless)
+    context = Opened(new_context(cache, V12, INVALID_SESSION_ID, FINAL_EPOCH, False, {("t", 0): wanted(0)}, [], 0))
+    assert context.context is SESSIONLESS
     assert context.finish(read(context, {}), 0) == (ErrorCode.none, INVALID_SESSION_ID, [("t", 0)])
     assert len(cache) == 1
 
 
 def test_before_v7_there_are_no_sessions():
     cache = FetchSessionCache(10)
-    context = new_context(cache, 6, 0, 0, False, {("t", 0): wanted(0)}, [], 0)
-    assert isinstance(context, Sessionless)
+    context = Opened(new_context(cache, 6, 0, 0, False, {("t", 0): wanted(0)}, [], 0))
+    assert context.context is SESSIONLESS
     assert context.finish(read(context, {}), 0)[1] == INVALID_SESSION_ID and len(cache) == 0
 
 
@@ -65,7 +83,7 @@ def test_before_v7_there_are_no_sessions():
 def test_a_full_fetch_naming_a_session_closes_it(epoch):
     cache = FetchSessionCache(10)
     session_id = open_session(cache, {("t", 0): 0})
-    context = new_context(cache, V12, session_id, epoch, False, {("t", 0): wanted(5)}, [], 0)
+    context = Opened(new_context(cache, V12, session_id, epoch, False, {("t", 0): wanted(5)}, [], 0))
     assert cache.get(session_id) is None
     _, new_id, _ = context.finish(read(context, {}), 0)
     assert (new_id != INVALID_SESSION_ID) == (epoch == INITIAL_EPOCH) and new_id != session_id
@@ -81,11 +99,11 @@ def test_session_errors():
     assert incremental(cache, by_name, 1, version=V13).error == ErrorCode.fetch_session_topic_id_error
     assert incremental(cache, by_id, 1, version=V12).error == ErrorCode.fetch_session_topic_id_error
     error = incremental(cache, by_name, 2)
-    assert isinstance(error, SessionError) and list(error.partitions()) == []
+    assert isinstance(error.context, SessionError) and list(error.partitions()) == []
     assert error.finish([], 0) == (ErrorCode.invalid_fetch_session_epoch, INVALID_SESSION_ID, [])
     # An error changes nothing: the right epoch still works.
-    assert isinstance(incremental(cache, by_name, 1), IncrementalFetch)
-    assert isinstance(incremental(cache, by_id, 1, version=V13), IncrementalFetch)
+    assert isinstance(incremental(cache, by_name, 1).context, IncrementalFetch)
+    assert isinstance(incremental(cache, by_id, 1, version=V13).context, IncrementalFetch)
 
 
 def test_incremental_requests_add_update_forget_and_keep_the_positions_left_out():
@@ -105,7 +123,7 @@ def test_forgetting_every_partition_closes_the_session():
     cache = FetchSessionCache(10)
     session_id = open_session(cache, {("a", 0): 0})
     context = incremental(cache, session_id, 1, forget=[("a", 0)])
-    assert isinstance(context, Sessionless) and list(context.partitions()) == []
+    assert context.context is SESSIONLESS and list(context.partitions()) == []
     assert context.finish([], 0) == (ErrorCode.none, INVALID_SESSION_ID, [])
     assert cache.get(session_id) is None and len(cache) == 0 and cache.total_partitions == 0
 
@@ -157,7 +175,7 @@ def test_epochs_wrap_to_1():
 
 def test_no_slots_means_no_sessions():
     cache = FetchSessionCache(0)
-    context = new_context(cache, V12, 0, 0, True, {("t", 0): wanted(0)}, [], 0)
+    context = Opened(new_context(cache, V12, 0, 0, True, {("t", 0): wanted(0)}, [], 0))
     assert context.finish(read(context, {}), 0)[1] == INVALID_SESSION_ID and len(cache) == 0
 
 
@@ -243,8 +261,8 @@ def test_the_handler_against_the_broker_side():
 
     def round_trip(offsets, answers=None):
         send, forget = handler.build(offsets)
-        context = new_context(cache, V12, handler.session_id, handler.epoch, True,
-                              {key: wanted(offsets[key]) for key in send}, forget, 0)
+        context = Opened(new_context(cache, V12, handler.session_id, handler.epoch, True,
+                                     {key: wanted(offsets[key]) for key in send}, forget, 0))
         error, session_id, kept = context.finish(read(context, answers or {}), 0)
         assert handler.handle_response(error, session_id, kept)
         return send, kept, {key: params.fetch_offset for key, params in context.partitions()}

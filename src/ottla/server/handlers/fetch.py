@@ -76,27 +76,27 @@ def _requested(ctx, request) -> tuple[dict, list]:
         topic_key = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
             wanted[(topic_key, partition.partition)] = partition
-    forgotten = [(topic.topic_id if by_id else topic.topic, partition)
-                 for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions]
+    forgotten = tuple((topic.topic_id if by_id else topic.topic, partition)
+                      for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions)
     return wanted, forgotten
 
 
 def _grouped(ctx, partitions) -> list[tuple[str | None, object, list]]:
     """The partitions to read grouped back into topics the way FetchResponse.toMessage does:
     consecutive partitions of one topic share an entry. Each topic is (name, topic id,
-    [(key, parameters)]); by id (v13+) the name comes from the metadata cache (None: an id it
-    does not know)."""
+    [parameters]); by id (v13+) the name comes from the metadata cache (None: an id it does
+    not know). Kept while the fetch waits: no more objects than it needs."""
     by_id = ctx.api_version >= 13
     grouped: list[tuple[str | None, object, list]] = []
     for key, wanted in partitions:
         topic = key[0]
         if grouped and grouped[-1][1 if by_id else 0] == topic:
-            grouped[-1][2].append((key, wanted))
+            grouped[-1][2].append(wanted)
         elif by_id:
             info = ctx.broker.metadata.topic_by_id(topic)
-            grouped.append((info.name if info is not None else None, topic, [(key, wanted)]))
+            grouped.append((info.name if info is not None else None, topic, [wanted]))
         else:
-            grouped.append((topic, None, [(key, wanted)]))
+            grouped.append((topic, None, [wanted]))
     return grouped
 
 
@@ -130,10 +130,12 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
     remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
+    by_id = ctx.api_version >= 13
     topics = []
     for topic_name, topic_id, wanted_partitions in wanted_topics:
         partitions = []
-        for key, wanted in wanted_partitions:
+        for wanted in wanted_partitions:
+            key = (topic_id if by_id else topic_name, wanted.partition)  # as `_requested` keys it
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
@@ -213,21 +215,25 @@ def _response_topics(response_type, read, kept: set, hints: LeaderHints) -> tupl
 async def handle(ctx, request):
     response_type = ctx.response_type
     broker = ctx.broker
-    wanted, forgotten = _requested(ctx, request)
-    context = new_context(broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
-                          getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted,
-                          forgotten, now_ms())
+    context, partitions = new_context(
+        broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
+        getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, *_requested(ctx, request), now_ms())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    grouped = _grouped(ctx, context.partitions())  # nothing to read after a session error
+    grouped = _grouped(ctx, partitions)  # nothing to read after a session error
+    partitions = None
     read, total, failed = _read_partitions(ctx, request, grouped, response_type)
-    keys = [(name, key[1]) for name, _, partitions in grouped if name is not None for key, _ in partitions]
+    keys = [(name, p.partition) for name, _, partitions in grouped if name is not None for p in partitions]
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await broker.replicas.wait_for_data(keys, remaining)
+        # Not kept while waiting: a full garbage collection walks every waiting fetch's objects.
+        read = None
+        woken = await broker.replicas.delayed_fetches.wait(keys, remaining)
         read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+        if not woken:  # max_wait has passed: answered with whatever is there
+            break
     error, session_id, kept = context.finish([pair for _, _, outcomes in read for pair in outcomes], now_ms())
     hints = LeaderHints(broker.metadata, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
