@@ -205,7 +205,8 @@ class BrokerMarkerChannel:
         self._client = client
 
     async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                                partitions: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+                                partitions: frozenset[TopicPartition],
+                                transaction_version: int = 0) -> dict[TopicPartition, ErrorCode]:
         metadata = self._broker.metadata
         outcomes: dict[TopicPartition, ErrorCode] = {}
         by_leader: dict[int, dict[str, list[int]]] = {}
@@ -218,20 +219,23 @@ class BrokerMarkerChannel:
             else:
                 outcomes[(topic, index)] = ErrorCode.not_leader_or_follower  # offline: retried
         # Imported here, not at start: a kio message module costs a few ms of every broker start.
-        from kio.schema.write_txn_markers.v1.request import (
-            WritableTxnMarker,
-            WritableTxnMarkerTopic,
-            WriteTxnMarkersRequest,
-        )
+        # v2 names the transaction version (its markers' epoch check); v1 for version-1 ones.
+        if transaction_version >= 2:
+            from kio.schema.write_txn_markers.v2 import request as schema
+        else:
+            from kio.schema.write_txn_markers.v1 import request as schema
+        tv2 = {"transaction_version": transaction_version} if transaction_version >= 2 else {}
 
         sends = []
         for node_id, topics in by_leader.items():
-            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
+            request = schema.WriteTxnMarkersRequest(markers=(schema.WritableTxnMarker(
                 producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
-                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in topics.items()),
-                coordinator_epoch=coordinator_epoch),))
+                topics=tuple(schema.WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p))
+                             for t, p in topics.items()),
+                coordinator_epoch=coordinator_epoch, **tv2),))
             if node_id == self._broker.node_id:
-                ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
+                ctx = RequestContext(self._broker, write_txn_markers.API_KEY, request.__version__, None,
+                                     "transaction-coordinator")
                 _collect(outcomes, await write_txn_markers.write_markers(ctx, request))
             else:
                 sends.append(self._send(metadata.broker(node_id), request, topics, outcomes))
