@@ -14,27 +14,16 @@ from __future__ import annotations
 import socket
 import time
 import uuid
-from datetime import timedelta
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.api_versions.v4.request import ApiVersionsRequest
-from kio.schema.end_txn.v5.request import EndTxnRequest
 from kio.schema.errors import ErrorCode
-from kio.schema.init_producer_id.v5.request import InitProducerIdRequest
-from kio.schema.produce.v12.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.schema.txn_offset_commit.v5.request import (
-    TxnOffsetCommitRequest,
-    TxnOffsetCommitRequestPartition,
-    TxnOffsetCommitRequestTopic,
-)
 
-from ottla.records.records import Record, build_batch
+from tests.raw_txn_v2 import RawProducer
 from tests.waiting import wait_for
 from tests.wire import roundtrip
-
-TID = "java-4x-style"
 
 
 def _connect(broker):
@@ -45,70 +34,6 @@ def _connect(broker):
 def _create(broker, topic):
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-
-
-class RawProducer:
-    """The requests a Java 4.x transactional producer sends once the broker finalizes
-    `transaction.version` 2, one connection, one partition."""
-
-    def __init__(self, sock, topic):
-        self.sock = sock
-        self.topic = topic
-        self.sequence = 0
-        self.producer_id = self.epoch = -1
-
-    def init(self):
-        def attempt():
-            _, response = roundtrip(self.sock, InitProducerIdRequest(
-                transactional_id=TID, transaction_timeout=timedelta(minutes=5)))
-            # A fresh broker answers COORDINATOR_LOAD_IN_PROGRESS while it loads the log.
-            return response if response.error_code == ErrorCode.none else None
-        response = wait_for(attempt, what="InitProducerId")
-        self.producer_id, self.epoch, self.sequence = response.producer_id, response.producer_epoch, 0
-
-    def produce(self, value: bytes, epoch: int | None = None, sequence: int | None = None):
-        """Produce v12, transactional; (error, base offset)."""
-        epoch = self.epoch if epoch is None else epoch
-        sequence = self.sequence if sequence is None else sequence
-        batch = build_batch([Record(None, value, ())], producer_id=self.producer_id, producer_epoch=epoch,
-                            base_sequence=sequence, is_transactional=True)
-        _, response = roundtrip(self.sock, ProduceRequest(
-            transactional_id=TID, acks=-1, timeout=timedelta(seconds=30), topic_data=(TopicProduceData(
-                name=self.topic, partition_data=(PartitionProduceData(index=0, records=batch),)),)))
-        result = response.responses[0].partition_responses[0]
-        if result.error_code == ErrorCode.none and epoch == self.epoch:
-            self.sequence += 1
-        return result.error_code, result.base_offset
-
-    def commit_offsets(self, group: str, offset: int):
-        """TxnOffsetCommit v5, with no AddOffsetsToTxn before it."""
-        _, response = roundtrip(self.sock, TxnOffsetCommitRequest(
-            transactional_id=TID, group_id=group, producer_id=self.producer_id, producer_epoch=self.epoch,
-            topics=(TxnOffsetCommitRequestTopic(name=self.topic, partitions=(TxnOffsetCommitRequestPartition(
-                partition_index=0, committed_offset=offset, committed_metadata=None),)),)))
-        return response.topics[0].partitions[0].error_code
-
-    def settled(self):
-        """Wait until the last EndTxn's markers are written (the coordinator's CompleteCommit/
-        CompleteAbort): before that, the next EndTxn at the new epoch is PRODUCER_FENCED, as in
-        Kafka (a Java client only ends a transaction its writes started, which waits too)."""
-        from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
-
-        def complete():
-            _, response = roundtrip(self.sock, DescribeTransactionsRequest(transactional_ids=(TID,)))
-            return response.transaction_states[0].transaction_state.startswith("Complete")
-        wait_for(complete, what="the transaction's markers")
-
-    def end(self, commit: bool, epoch: int | None = None):
-        """EndTxn v5; the client carries on with the producer id and epoch it answers."""
-        _, response = roundtrip(self.sock, EndTxnRequest(
-            transactional_id=TID, producer_id=self.producer_id,
-            producer_epoch=self.epoch if epoch is None else epoch, committed=commit))
-        if response.error_code == ErrorCode.none:
-            if (response.producer_id, response.producer_epoch) != (self.producer_id, self.epoch):
-                self.sequence = 0  # a new epoch starts its sequences again
-            self.producer_id, self.epoch = response.producer_id, response.producer_epoch
-        return response
 
 
 def _read_committed(broker, topic, expected: int):

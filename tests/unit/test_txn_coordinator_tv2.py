@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ottla.coordinator.transaction import TxnState
-from ottla.coordinator.transaction.coordinator import EndTxnResult
+from ottla.coordinator.transaction import EndTxnResult, TxnState
 from ottla.coordinator.partitioning import partition_for
 from ottla.coordinator.transaction.log_format import TxnLogValue, decode_key, encode_key, encode_value
 from tests.unit.test_txn_coordinator import NOW, T0, T1, TID, E, FakeStore, Harness

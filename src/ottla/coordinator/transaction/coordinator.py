@@ -47,6 +47,7 @@ from .log_format import (
 from .metadata import (
     MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
+    EndTxnResult,
     TxnMetadata,
     TxnSnapshot,
     is_epoch_exhausted,
@@ -85,14 +86,6 @@ class MarkerWriter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdResult:
-    error: ErrorCode
-    producer_id: int = -1
-    producer_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class EndTxnResult:
-    """EndTxn v5's answer: the producer id and epoch the client continues with."""
     error: ErrorCode
     producer_id: int = -1
     producer_epoch: int = -1
@@ -377,11 +370,8 @@ class TransactionCoordinator:
         """EndTxn v5 (transactions version 2): commit or abort under a bumped epoch, answered
         with the producer id and epoch the client goes on with, once the Prepare is durable.
 
-        The epoch is bumped every time, so the state and the epoch tell a retry from the next
-        transaction's EndTxn: a retry holds the epoch just below the current one (or, after the
-        epochs ran out, the previous producer id's last one) and gets the outcome already
-        decided. An abort is accepted without any partition added (from Empty or Complete*):
-        the client cannot know whether its first write reached the coordinator.
+        Retries and refusals: `TxnMetadata.check_end_v2`. At the last epoch the answer is the
+        new producer id at epoch 0, which the Complete record moves to.
         """
         part, error = self._lookup(transactional_id)
         meta = part.txns.get(transactional_id) if part is not None else None
@@ -390,49 +380,21 @@ class TransactionCoordinator:
         if meta is None:
             respond(EndTxnResult(error))
             return
-        current, state = meta.current, meta.state
-        retry_on_bump = producer_id == current.producer_id and current.producer_epoch == producer_epoch + 1
-        retry_on_rotation = (producer_id != current.producer_id and producer_id == current.last_producer_id
-                             and producer_epoch == MAX_PRODUCER_EPOCH - 1 and current.producer_epoch == 0)
-        if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            valid_epoch = retry_on_bump
-        elif state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
-            valid_epoch = retry_on_bump or retry_on_rotation or producer_epoch == current.producer_epoch
-        else:
-            valid_epoch = producer_epoch == current.producer_epoch
-        retry = retry_on_bump or retry_on_rotation
-        completed = state is (TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT)
-        if producer_id != current.producer_id and not retry_on_rotation:
-            error = ErrorCode.invalid_producer_id_mapping
-        elif not valid_epoch:
-            error = ErrorCode.producer_fenced
-        elif meta.pending is not None:
-            error = ErrorCode.concurrent_transactions
-        elif state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            error = (ErrorCode.concurrent_transactions if commit == (state is TxnState.PREPARE_COMMIT)
-                     else ErrorCode.invalid_txn_state)
-        elif retry:
-            # The outcome is decided: the same one again succeeds with what the client should hold.
-            if completed:
-                respond(EndTxnResult(ErrorCode.none, current.producer_id, current.producer_epoch))
-                return
-            error = ErrorCode.invalid_txn_state
-        elif commit and state is not TxnState.ONGOING:
-            error = ErrorCode.invalid_txn_state
-        else:
-            next_producer_id = self._next_producer_id() if is_epoch_exhausted(current.producer_epoch) else -1
-            prepare = meta.prepare_end_v2(commit, next_producer_id, now_ms)
-
-            def decided(error: ErrorCode) -> None:
-                if error is not ErrorCode.none:
-                    respond(EndTxnResult(error))
-                elif prepare.next_producer_id != -1:
-                    respond(EndTxnResult(error, prepare.next_producer_id, 0))
-                else:
-                    respond(EndTxnResult(error, prepare.producer_id, prepare.producer_epoch))
-            self._prepare_commit_or_abort(part, meta, prepare, decided)
+        refused = meta.check_end_v2(producer_id, producer_epoch, commit)
+        if refused is not None:
+            respond(refused)
             return
-        respond(EndTxnResult(error))
+        next_producer_id = self._next_producer_id() if is_epoch_exhausted(meta.producer_epoch) else -1
+        prepare = meta.prepare_end_v2(commit, next_producer_id, now_ms)
+
+        def decided(error: ErrorCode) -> None:
+            if error is not ErrorCode.none:
+                respond(EndTxnResult(error))
+            elif prepare.next_producer_id != -1:
+                respond(EndTxnResult(error, prepare.next_producer_id, 0))
+            else:
+                respond(EndTxnResult(error, prepare.producer_id, prepare.producer_epoch))
+        self._prepare_commit_or_abort(part, meta, prepare, decided)
 
     def _prepare_fence(self, meta: TxnMetadata, now_ms: int) -> TxnSnapshot:
         """The abort that fences the producer of an ongoing transaction (timeout, or a new

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ...errors import ErrorCode
 from .log_format import TopicPartition, TxnLogValue, TxnState
 
 NO_PRODUCER_ID = -1
@@ -39,6 +40,14 @@ _TV2_EMPTY_ABORT = _EXPIRABLE
 def is_epoch_exhausted(epoch: int) -> bool:
     """One epoch is kept in reserve so that fencing an Ongoing transaction can always bump."""
     return epoch >= MAX_PRODUCER_EPOCH - 1
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnResult:
+    """EndTxn v5's answer: the producer id and epoch the client continues with."""
+    error: ErrorCode
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
 
 
 class IllegalTransition(Exception):
@@ -175,6 +184,43 @@ class TxnMetadata:
     def prepare_end(self, commit: bool, now_ms: int) -> TxnSnapshot:
         state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         return self._prepare(state, last_update_ms=now_ms, client_transaction_version=0)
+
+    def check_end_v2(self, producer_id: int, producer_epoch: int, commit: bool) -> EndTxnResult | None:
+        """Kafka's rules for EndTxn v5; None when it ends the transaction (`prepare_end_v2`).
+
+        The epoch is bumped every time, so the state and the epoch tell a retry from the next
+        transaction's EndTxn: a retry holds the epoch just below the current one (or, after
+        the epochs ran out, the previous producer id's last one) and gets the outcome already
+        decided. An abort is accepted without any partition added (from Empty or Complete*).
+        """
+        current, state = self.current, self.state
+        preparing = state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+        retry_on_bump = producer_id == current.producer_id and current.producer_epoch == producer_epoch + 1
+        retry_on_rotation = (producer_id != current.producer_id and producer_id == current.last_producer_id
+                             and producer_epoch == MAX_PRODUCER_EPOCH - 1 and current.producer_epoch == 0)
+        if preparing:
+            valid_epoch = retry_on_bump
+        elif state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+            valid_epoch = retry_on_bump or retry_on_rotation or producer_epoch == current.producer_epoch
+        else:
+            valid_epoch = producer_epoch == current.producer_epoch
+        if producer_id != current.producer_id and not retry_on_rotation:
+            return EndTxnResult(ErrorCode.invalid_producer_id_mapping)
+        if not valid_epoch:
+            return EndTxnResult(ErrorCode.producer_fenced)
+        if self.pending is not None:
+            return EndTxnResult(ErrorCode.concurrent_transactions)
+        if preparing:
+            same = commit == (state is TxnState.PREPARE_COMMIT)
+            return EndTxnResult(ErrorCode.concurrent_transactions if same else ErrorCode.invalid_txn_state)
+        if retry_on_bump or retry_on_rotation:
+            # The outcome is decided: the same one again succeeds with what the client should hold.
+            if state is (TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT):
+                return EndTxnResult(ErrorCode.none, current.producer_id, current.producer_epoch)
+            return EndTxnResult(ErrorCode.invalid_txn_state)
+        if commit and state is not TxnState.ONGOING:
+            return EndTxnResult(ErrorCode.invalid_txn_state)
+        return None
 
     def prepare_end_v2(self, commit: bool, next_producer_id: int, now_ms: int) -> TxnSnapshot:
         """Transactions version 2 (KIP-890 part 2): every commit or abort bumps the epoch, and the
