@@ -198,6 +198,17 @@ class DynamicConfigs:
         default = await asyncio.to_thread(self.store.broker_configs, None)
         self._apply_broker(per_broker, default)
 
+    @property
+    def last_change_seen(self) -> int:
+        """The last `/config/changes` sequence number applied."""
+        return self._seen
+
+    async def reload_topics(self, names) -> None:
+        """Re-read these topics' configs: a log created while a change to them was announced
+        missed that change (only existing logs are reloaded by `catch_up`)."""
+        async with self._reloading:
+            await self._reload_topics(names)
+
     async def _reload_topics(self, names) -> None:
         logs = self.broker.logs
         for name in names:
