@@ -55,6 +55,7 @@ async def _verify_transactional(broker, transactional_id, entries, add: bool) ->
     if transactional_id is None:
         return {tp: (ErrorCode.invalid_request, "transactional batch without a transactional id") for tp in wanted}
     verdicts = await txn_verification.verify(broker, transactional_id, *producer, wanted, add=add)
+
     def message(tp, error):
         if add:
             return f"the transaction coordinator did not add {tp[0]}-{tp[1]} to {transactional_id}: {error.name}"
