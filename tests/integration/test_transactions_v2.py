@@ -161,3 +161,47 @@ def test_librdkafka_transactions_work_at_either_level(ottla_broker_factory, tran
         else:
             producer.commit_transaction(30)
     assert _read_committed(broker, topic, 2) == [b"committed", b"committed-too"]
+
+
+def test_a_new_instance_fences_the_old_one_and_aborts_its_transaction(ottla_broker):
+    topic = "tv2-fence"
+    _create(ottla_broker, topic)
+    with _connect(ottla_broker) as old_sock, _connect(ottla_broker) as new_sock:
+        old = RawProducer(old_sock, topic)
+        old.init()
+        assert old.produce(b"left-open")[0] == ErrorCode.none
+        new = RawProducer(new_sock, topic)
+        new.init()          # aborts the open transaction (CONCURRENT_TRANSACTIONS until done)
+        assert new.epoch > old.epoch + 1
+        assert old.produce(b"zombie")[0] == ErrorCode.invalid_producer_epoch
+        assert old.end(commit=True).error_code == ErrorCode.producer_fenced
+        assert new.produce(b"new")[0] == ErrorCode.none
+        assert new.end(commit=True).error_code == ErrorCode.none
+    assert _read_committed(ottla_broker, topic, 1) == [b"new"]
+
+
+def test_a_commit_decided_before_a_crash_is_rolled_forward_with_the_bumped_epoch(ottla_broker_factory):
+    """The broker kills itself once the PrepareCommit record is durable, before any marker
+    (failpoint `txn.after_prepare_commit`); the restarted coordinator writes the markers under
+    the bumped epoch, and a retried EndTxn v5 gets that epoch."""
+    broker = ottla_broker_factory(env={"OTTLA_FAILPOINTS": "txn.after_prepare_commit"})
+    topic = "tv2-crash"
+    _create(broker, topic)
+    with _connect(broker) as sock:
+        producer = RawProducer(sock, topic)
+        producer.init()
+        epoch = producer.epoch
+        assert producer.produce(b"decided")[0] == ErrorCode.none
+        try:
+            producer.end(commit=True)
+        except ConnectionError:
+            pass   # the broker may die before its answer gets out
+    assert broker.process.wait(60) == -9
+    broker.env = {}
+    broker.start()
+    assert _read_committed(broker, topic, 1) == [b"decided"]
+    with _connect(broker) as sock:
+        producer.sock = producer.leader = producer.group = sock
+        retried = producer.end(commit=True, epoch=epoch)
+        assert (retried.error_code, retried.producer_epoch) == (ErrorCode.none, epoch + 1)
+        assert producer.produce(b"zombie", epoch=epoch, sequence=1)[0] == ErrorCode.invalid_producer_epoch
