@@ -20,6 +20,14 @@ least valuable evictable one, ordered (privileged, size), by a session that outr
 followers' sessions are privileged, evictable only by a follower's with more partitions once
 `EVICTION_MS` old; consumers' sessions are evictable by a follower's at once, and by a
 consumer's with more partitions once `EVICTION_MS` old.
+
+Memory is bounded by the configuration, not by what fetchers send: the sessions together hold
+at most `PARTITIONS_PER_SLOT` partitions per slot (about 240 bytes each: 240 MB at the default
+1,000 slots). Kafka has no such bound (one request naming millions of partitions would be kept
+until evicted). A full fetch that would go beyond it gets no session (the fetcher keeps sending
+full requests, as when the slots are taken); an incremental one that would grow its session
+beyond it closes the session with FETCH_SESSION_ID_NOT_FOUND, so the fetcher starts over with
+a full request.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any, Hashable, Iterable
 from .errors import ErrorCode
 
 __all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
+           "PARTITIONS_PER_SLOT",
            "SESSIONLESS",
            "INVALID_SESSION_ID", "INITIAL_EPOCH", "FINAL_EPOCH", "EVICTION_MS"]
 
@@ -41,6 +50,7 @@ MAX_EPOCH = 2**31 - 1
 # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS (a constant, not a config): a session unused
 # this long is stale, and a session must be this old before a rival of its kind may evict it.
 EVICTION_MS = 120_000
+PARTITIONS_PER_SLOT = 1_000
 FIRST_VERSION = 7  # Fetch v7 introduced sessions
 TOPIC_ID_VERSION = 13  # Fetch v13 names topics by id
 
@@ -137,8 +147,10 @@ class FetchSessionCache:
     """At most `max_entries` sessions by id, with the orderings eviction needs kept sorted:
     (last used, id) for staleness and (privileged, size, id) for value."""
 
-    def __init__(self, max_entries: int, eviction_ms: int = EVICTION_MS, rng: random.Random | None = None):
+    def __init__(self, max_entries: int, eviction_ms: int = EVICTION_MS, rng: random.Random | None = None,
+                 max_partitions: int | None = None):
         self.max_entries = max_entries
+        self.max_partitions = max_entries * PARTITIONS_PER_SLOT if max_partitions is None else max_partitions
         self.eviction_ms = eviction_ms
         self._random = rng or random.Random()
         self._sessions: dict[int, FetchSession] = {}
@@ -164,8 +176,14 @@ class FetchSessionCache:
                      partitions: dict[Key, CachedPartition]) -> int:
         """A new session for these partitions if there is room or something may be evicted
         for it; its id, else INVALID_SESSION_ID (the fetcher keeps sending full requests)."""
-        if len(self._sessions) >= self.max_entries and not self._try_evict(privileged, len(partitions), now_ms):
+        size = len(partitions)
+        if size > self.max_partitions:
             return INVALID_SESSION_ID
+        if len(self._sessions) >= self.max_entries and not self._try_evict(privileged, size, now_ms):
+            return INVALID_SESSION_ID
+        while self.total_partitions + size > self.max_partitions:
+            if not self._try_evict(privileged, size, now_ms):
+                return INVALID_SESSION_ID
         session = FetchSession(self._new_id(), privileged, uses_topic_ids, partitions, now_ms)
         self._sessions[session.id] = session
         self.touch(session, now_ms)
@@ -333,6 +351,9 @@ def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: 
     if session.uses_topic_ids != (version >= TOPIC_ID_VERSION):
         return _SESSION_ERRORS[ErrorCode.fetch_session_topic_id_error], ()
     session.update(fetch_data, forgotten)
+    if cache.total_partitions - max(session.cached_size, 0) + len(session.partitions) > cache.max_partitions:
+        cache.remove(session)  # grown past the cache's partition budget
+        return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
     if not session.partitions:
         cache.remove(session)
         return SESSIONLESS, fetch_data.items()

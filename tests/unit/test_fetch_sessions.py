@@ -7,6 +7,7 @@ import pytest
 
 from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
+                                  PARTITIONS_PER_SLOT,
                                   SESSIONLESS, FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch,
                                   SessionError, new_context, next_epoch)
 
@@ -181,6 +182,22 @@ def test_no_slots_means_no_sessions():
 
 def _session(cache, size, *, privileged=False, now=0):
     return open_session(cache, {("t", p): 0 for p in range(size)}, privileged=privileged, now=now)
+
+
+def test_the_sessions_together_hold_at_most_their_partition_budget():
+    # Memory bounded by configuration, not by what fetchers name: no session for more
+    # partitions than the budget, room made only by what may be evicted, and a session an
+    # incremental request grows past the budget is closed (the fetcher starts over in full).
+    cache = FetchSessionCache(10, max_partitions=10)
+    assert _session(cache, 11) == INVALID_SESSION_ID and len(cache) == 0
+    consumer = _session(cache, 6)
+    assert _session(cache, 5, now=10) == INVALID_SESSION_ID  # 11 > 10 and nothing evictable yet
+    follower = _session(cache, 5, privileged=True, now=20)  # a follower evicts a consumer at once
+    assert follower != INVALID_SESSION_ID and cache.get(consumer) is None and cache.total_partitions == 5
+    grown = incremental(cache, follower, 1, {("u", p): 0 for p in range(6)}, privileged=True, now=30)
+    assert grown.error == ErrorCode.fetch_session_id_not_found
+    assert cache.get(follower) is None and len(cache) == 0 and cache.total_partitions == 0
+    assert FetchSessionCache(3).max_partitions == 3 * PARTITIONS_PER_SLOT
 
 
 def test_a_full_cache_keeps_recent_consumer_sessions_from_other_consumers():
