@@ -352,7 +352,11 @@ def _request_writers(request_type: type):
 
 
 def encode_request(request: Any, correlation_id: int, client_id: str | None) -> bytes:
-    """A size-prefixed request frame for a kio request entity (its type names API and version)."""
+    """A size-prefixed request frame for a kio request entity (its type names API and version),
+    or for a request that encodes itself (`encode_frame`: the replica fetcher's Fetch)."""
+    encode_frame = getattr(request, "encode_frame", None)
+    if encode_frame is not None:
+        return encode_frame(correlation_id, client_id)
     header_schema, write_header, write_body = _request_writers(type(request))
     out = io.BytesIO()
     out.write(bytes(_SIZE.size))

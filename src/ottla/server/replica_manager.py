@@ -71,6 +71,16 @@ class ProduceResult:
     record_errors: tuple[tuple[int, str], ...] = ()
 
 
+class _DataWaiter:
+    """One delayed fetch: the future it awaits and the partitions notified since it began."""
+
+    __slots__ = ("future", "woken")
+
+    def __init__(self, future: asyncio.Future):
+        self.future = future
+        self.woken: set[TopicPartition] = set()
+
+
 class ReplicaManager:
     def __init__(self, node_id: int, logs: LogManager, metadata: MetadataCache | None = None):
         self.node_id = node_id
@@ -85,7 +95,7 @@ class ReplicaManager:
         self._listeners: list[LeadershipListener] = []
         # Per partition: the delayed fetches waiting for data, a dict as an ordered set (a
         # departing fetch leaves in O(1): 5,000 consumers closing on one partition).
-        self._data_waiters: dict[TopicPartition, dict[asyncio.Future, None]] = {}
+        self._data_waiters: dict[TopicPartition, dict[_DataWaiter, None]] = {}
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
         self._checkpoint_writers: ThreadPoolExecutor | None = None
@@ -158,6 +168,7 @@ class ReplicaManager:
             if was_leader and not partition.is_leader:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
+                self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
                 self._notify_leadership(partition)
         return errors
 
@@ -363,31 +374,37 @@ class ReplicaManager:
 
     def notify_data(self, topic: str, partition: int) -> None:
         """Wake the fetches waiting on this partition (an append, a HW move, a role change)."""
-        waiters = self._data_waiters.pop((topic, partition), None)
+        key = (topic, partition)
+        waiters = self._data_waiters.pop(key, None)
         if waiters:
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+            for waiter in waiters:
+                waiter.woken.add(key)
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
 
-    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
-        """Wait until any of `partitions` may have more to read, or the timeout passes."""
+    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> set[TopicPartition]:
+        """Wait until any of `partitions` may have more to read, or the timeout passes. Returns
+        the partitions notified meanwhile (empty on timeout): only they can read differently,
+        so a delayed fetch of 1,000 partitions re-reads those, not all (Kafka's DelayedFetch
+        completes on the partitions whose watch key fired)."""
         if timeout_s <= 0:
-            return
-        future = asyncio.get_running_loop().create_future()
+            return set()
+        waiter = _DataWaiter(asyncio.get_running_loop().create_future())
         for key in partitions:
-            self._data_waiters.setdefault(key, {})[future] = None
+            self._data_waiters.setdefault(key, {})[waiter] = None
         try:
             async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation
-                await future
+                await waiter.future
         except TimeoutError:
             pass
         finally:
             for key in partitions:
                 waiters = self._data_waiters.get(key)
                 if waiters is not None:
-                    waiters.pop(future, None)
+                    waiters.pop(waiter, None)
                     if not waiters:
                         del self._data_waiters[key]
+        return waiter.woken
 
     def close(self) -> None:
         """Answer every waiter: the broker is going away."""

@@ -83,79 +83,116 @@ def _distinct_partitions(ctx, request) -> list[tuple[str | None, object, list]]:
     return grouped
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHints):
-    broker = ctx.broker
-    topic_type = nested(response_type, "FetchableTopicResponse")
-    partition_type = nested(response_type, "PartitionData")
-    aborted_type = nested(response_type, "AbortedTransaction")
-    epoch_type = nested(response_type, "EpochEndOffset")
-    replica_id = _replica_id(request)
-    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and replica_id < 0
-    remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
-    total = 0
-    failed = False
-    topics = []
-    for topic_name, topic_id, wanted_partitions in wanted_topics:
-        partitions = []
-        for wanted in wanted_partitions:
-            try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
-                if topic_name is None:
-                    raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
-                partition = leader_partition_at(broker, topic_name, wanted.partition,
-                                                getattr(wanted, "current_leader_epoch", -1), topic_id)
-                log = partition.log
-            except KafkaError as exc:
-                partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=exc.code, high_watermark=-1,
-                                       last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                       preferred_read_replica=-1, records=b"",
-                                       **hints.current_leader(topic_name, wanted.partition, exc.code)))
-                failed = True
-                continue
-            high_watermark = log.high_watermark
-            stable = log.last_stable_offset
-            error, records, aborted, diverging = ErrorCode.none, b"", None, None
-            try:
-                if wanted.partition_max_bytes < 0:
-                    # Kafka's log read refuses a negative size (IllegalArgumentException).
-                    raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
-                diverging = _diverging(wanted, partition, epoch_type)
-                if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
-                    # Only a fetch that continues the leader's log tells the follower's progress.
-                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
-                                                     int(time.time() * 1000))
-                    high_watermark = log.high_watermark
-                if diverging is not None:  # the fetcher must truncate first: answer at once
-                    failed = True
-                else:
-                    data = log.read(
-                        wanted.fetch_offset,
-                        min(wanted.partition_max_bytes, max(remaining, 0)),
-                        max_offset=(log.log_end_offset if replica_id >= 0
-                                    else stable if read_committed else high_watermark),
-                        min_one_batch=total == 0,
-                        with_aborted=read_committed,
-                        lazy=ctx.api_version >= 4,  # older versions are down-converted in memory
-                    )
-                    records = data.records
-                    if ctx.api_version < 4:
-                        records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
-                    if read_committed:
-                        aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
-                                        for txn in data.aborted_transactions)
-            except KafkaError as exc:
-                error = exc.code
-                failed = True
-            remaining -= len(records)
-            total += len(records)
-            partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
-                                   high_watermark=high_watermark, last_stable_offset=stable,
-                                   log_start_offset=log.log_start_offset, aborted_transactions=aborted,
-                                   preferred_read_replica=-1, records=records,
-                                   **({} if diverging is None else {"diverging_epoch": diverging}),
-                                   **hints.current_leader(topic_name, wanted.partition, error)))
-        topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(partitions)))
-    return topics, total, failed
+class _Reads:
+    """One Fetch's reads: every partition asked for once, then, after each wait, only those the
+    wait says were notified (`wait_for_data`), in request order. Re-reading all of them was
+    O(partitions) per wake-up: a follower's delayed fetch of 333 partitions re-read them all
+    for each append to any one of them, several times per replication round."""
+
+    def __init__(self, ctx, request, wanted_topics, response_type):
+        self.ctx = ctx
+        self.request = request
+        self.wanted_topics = wanted_topics
+        self.response_type = response_type
+        self.topic_type = nested(response_type, "FetchableTopicResponse")
+        self.partition_type = nested(response_type, "PartitionData")
+        self.aborted_type = nested(response_type, "AbortedTransaction")
+        self.epoch_type = nested(response_type, "EpochEndOffset")
+        self.replica_id = _replica_id(request)
+        self.read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and self.replica_id < 0
+        self.budget = min(getattr(request, "max_bytes", _NO_LIMIT), ctx.broker.config["fetch.max.bytes"])
+        self.hints = LeaderHints(ctx.broker.metadata, response_type)
+        self.answers: list[list] = [[None] * len(partitions) for _, _, partitions in wanted_topics]
+        self.total = 0
+        self.failed = False
+
+    def read_all(self) -> None:
+        self._read(None)
+
+    def read_again(self, woken: set) -> None:
+        """Re-read after a wait. Before anything was read, only the notified partitions can
+        answer differently (every append, HW move, role change and removal notifies); once
+        some data was read (min_bytes > 1) the byte budget is shared, and after a timeout
+        (nothing notified) anything else may have moved, so then all are read again."""
+        self.hints = LeaderHints(self.ctx.broker.metadata, self.response_type)
+        if self.total == 0 and woken:
+            self._read(woken)
+        else:
+            self.total = 0
+            self._read(None)
+
+    def _read(self, only: set | None) -> None:
+        remaining = self.budget - self.total
+        for t, (topic_name, topic_id, wanted_partitions) in enumerate(self.wanted_topics):
+            answers = self.answers[t]
+            for i, wanted in enumerate(wanted_partitions):
+                if only is not None and (topic_name, wanted.partition) not in only:
+                    continue
+                answers[i], size = self._read_one(topic_name, topic_id, wanted, remaining)
+                remaining -= size
+                self.total += size
+
+    def _read_one(self, topic_name, topic_id, wanted, remaining: int):
+        """(PartitionData, bytes of records) of one partition; an error sets `failed`."""
+        broker = self.ctx.broker
+        partition_type = self.partition_type
+        try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
+            if topic_name is None:
+                raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
+            partition = leader_partition_at(broker, topic_name, wanted.partition,
+                                            getattr(wanted, "current_leader_epoch", -1), topic_id)
+            log = partition.log
+        except KafkaError as exc:
+            self.failed = True
+            return make(partition_type, partition_index=wanted.partition, error_code=exc.code, high_watermark=-1,
+                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
+                        preferred_read_replica=-1, records=b"",
+                        **self.hints.current_leader(topic_name, wanted.partition, exc.code)), 0
+        replica_id = self.replica_id
+        high_watermark = log.high_watermark
+        stable = log.last_stable_offset
+        error, records, aborted, diverging = ErrorCode.none, b"", None, None
+        try:
+            if wanted.partition_max_bytes < 0:
+                # Kafka's log read refuses a negative size (IllegalArgumentException).
+                raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
+            diverging = _diverging(wanted, partition, self.epoch_type)
+            if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
+                # Only a fetch that continues the leader's log tells the follower's progress.
+                broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                                                 int(time.time() * 1000))
+                high_watermark = log.high_watermark
+            if diverging is not None:  # the fetcher must truncate first: answer at once
+                self.failed = True
+            else:
+                data = log.read(
+                    wanted.fetch_offset,
+                    min(wanted.partition_max_bytes, max(remaining, 0)),
+                    max_offset=(log.log_end_offset if replica_id >= 0
+                                else stable if self.read_committed else high_watermark),
+                    min_one_batch=self.total == 0,
+                    with_aborted=self.read_committed,
+                    lazy=self.ctx.api_version >= 4,  # older versions are down-converted in memory
+                )
+                records = data.records
+                if self.ctx.api_version < 4:
+                    records = down_convert(records, magic=0 if self.ctx.api_version < 2 else 1)
+                if self.read_committed:
+                    aborted = tuple(make(self.aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
+                                    for txn in data.aborted_transactions)
+        except KafkaError as exc:
+            error = exc.code
+            self.failed = True
+        return make(partition_type, partition_index=wanted.partition, error_code=error,
+                    high_watermark=high_watermark, last_stable_offset=stable,
+                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
+                    preferred_read_replica=-1, records=records,
+                    **({} if diverging is None else {"diverging_epoch": diverging}),
+                    **self.hints.current_leader(topic_name, wanted.partition, error)), len(records)
+
+    def topics(self) -> tuple:
+        return tuple(make(self.topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(answers))
+                     for (topic_name, topic_id, _), answers in zip(self.wanted_topics, self.answers))
 
 
 async def handle(ctx, request):
@@ -168,15 +205,13 @@ async def handle(ctx, request):
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
     wanted = _distinct_partitions(ctx, request)
-    hints = LeaderHints(ctx.broker.metadata, response_type)
-    topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
+    reads = _Reads(ctx, request, wanted, response_type)
+    reads.read_all()
     keys = [(name, p.partition) for name, _, partitions in wanted if name is not None for p in partitions]
-    while total < request.min_bytes and keys and not failed:
+    while reads.total < request.min_bytes and keys and not reads.failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.replicas.wait_for_data(keys, remaining)
-        hints = LeaderHints(ctx.broker.metadata, response_type)
-        topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
+        reads.read_again(await ctx.broker.replicas.wait_for_data(keys, remaining))
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
-                responses=tuple(topics), node_endpoints=hints.node_endpoints())
+                responses=reads.topics(), node_endpoints=reads.hints.node_endpoints())

@@ -1,0 +1,83 @@
+"""CPU of one replication round's requests with many partitions, in-process (no sockets).
+
+- leader: one follower Fetch v12 of `--partitions` partitions, all at the log end (nothing
+  new: what a follower sends after each round), through the Fetch handler with
+  min_bytes=0, so it answers at once: the read every follower fetch costs the leader.
+- follower: building and encoding the request it sends (`protocol/replica_fetch.py`), and
+  kio's generic writer for the same request (what it used before).
+
+    PYTHONPATH=src python benchmarks/replica_fetch.py [--partitions 333] [--rounds 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+from kio.schema.fetch.v12 import request as fetch12
+from kio.schema.fetch.v12.response import FetchResponse
+
+from ottla.config import BrokerConfig
+from ottla.protocol.codec import encode_request
+from ottla.protocol.replica_fetch import FetchedPartition, ReplicaFetchRequest
+from ottla.records.records import Record, build_batch
+from ottla.server.broker import Broker
+from ottla.server.handlers import fetch
+from ottla.server.metadata_cache import PartitionState
+
+
+def cpu_ms(run, rounds: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(rounds):
+        start = time.thread_time()
+        run()
+        samples.append((time.thread_time() - start) * 1000)
+    samples.sort()
+    return statistics.median(samples), samples[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--partitions", type=int, default=333)
+    parser.add_argument("--rounds", type=int, default=50)
+    args = parser.parse_args()
+    n = args.partitions
+    with tempfile.TemporaryDirectory() as root:
+        broker = Broker(Path(root) / "data", BrokerConfig({}), host="127.0.0.1", port=0)
+        broker.create_topic("wide", n, {})
+        broker.replicas.apply_partition_states(
+            [PartitionState("wide", p, 0, 1, (0, 1, 2), (0, 1, 2)) for p in range(n)])
+        for p in range(n):
+            broker.replicas.append("wide", p, build_batch([Record(None, b"x" * 100)]), now_ms=int(time.time() * 1000))
+        request = fetch12.FetchRequest(
+            cluster_id=None, replica_id=1, max_wait=timedelta(0), min_bytes=0, max_bytes=10 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=(), rack_id="",
+            topics=(fetch12.FetchTopic(topic="wide", partitions=tuple(
+                fetch12.FetchPartition(partition=p, current_leader_epoch=1, fetch_offset=1, last_fetched_epoch=1,
+                                       log_start_offset=0, partition_max_bytes=1 << 20) for p in range(n))),))
+        ctx = SimpleNamespace(broker=broker, api_version=12, response_type=FetchResponse)
+        loop = asyncio.new_event_loop()
+        leader = cpu_ms(lambda: loop.run_until_complete(fetch.handle(ctx, request)), args.rounds)
+        ours = ReplicaFetchRequest(1, 0, 0, 10 << 20, (("wide", tuple(
+            FetchedPartition(p, 1, 1, 1, 0, 1 << 20) for p in range(n))),))
+        follower = cpu_ms(lambda: encode_request(ReplicaFetchRequest(1, 500, 1, 10 << 20, (("wide", tuple(
+            FetchedPartition(p, 1, 1, 1, 0, 1 << 20) for p in range(n))),)), 1, "b"), args.rounds)
+        kio = cpu_ms(lambda: encode_request(request, 1, "b"), args.rounds)
+        assert encode_request(ours, 1, "b") == encode_request(request, 1, "b")
+        loop.close()
+        broker.logs.close()
+    print(f"| {n} partitions, CPU per request (median / max of {args.rounds}) | ms |")
+    print("| --- | ---: |")
+    print(f"| leader: follower Fetch v12, nothing new, handler | {leader[0]:.2f} / {leader[1]:.2f} |")
+    print(f"| follower: Fetch request built and encoded (struct) | {follower[0]:.2f} / {follower[1]:.2f} |")
+    print(f"| follower: the same request encoded by kio's writer | {kio[0]:.2f} / {kio[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
