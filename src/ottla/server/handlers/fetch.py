@@ -122,6 +122,7 @@ class _Reads:
             self._read(None)
 
     def _read(self, only: set | None) -> None:
+        self.now_ms = int(time.time() * 1000)
         remaining = self.budget - self.total
         for t, (topic_name, topic_id, wanted_partitions) in enumerate(self.wanted_topics):
             answers = self.answers[t]
@@ -156,11 +157,19 @@ class _Reads:
             if wanted.partition_max_bytes < 0:
                 # Kafka's log read refuses a negative size (IllegalArgumentException).
                 raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
+            if (replica_id >= 0 and wanted.fetch_offset == log.log_end_offset
+                    and getattr(wanted, "last_fetched_epoch", -1) == log.leader_epoch_cache.latest_epoch):
+                # A follower at the log end in the latest epoch (most partitions of every
+                # replica fetch): nothing can diverge and nothing is there to read.
+                broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                                                 self.now_ms)
+                return self._answer(wanted.partition, ErrorCode.none, log.high_watermark, stable,
+                                    log.log_start_offset, None, b"", None, topic_name), 0
             diverging = _diverging(wanted, partition, self.epoch_type)
             if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
                 # Only a fetch that continues the leader's log tells the follower's progress.
                 broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
-                                                 int(time.time() * 1000))
+                                                 self.now_ms)
                 high_watermark = log.high_watermark
             if diverging is not None:  # the fetcher must truncate first: answer at once
                 self.failed = True
@@ -183,12 +192,17 @@ class _Reads:
         except KafkaError as exc:
             error = exc.code
             self.failed = True
-        return make(partition_type, partition_index=wanted.partition, error_code=error,
+        return self._answer(wanted.partition, error, high_watermark, stable, log.log_start_offset, aborted,
+                            records, diverging, topic_name), len(records)
+
+    def _answer(self, partition: int, error, high_watermark: int, stable: int, log_start_offset: int, aborted,
+                records, diverging, topic_name: str):
+        return make(self.partition_type, partition_index=partition, error_code=error,
                     high_watermark=high_watermark, last_stable_offset=stable,
-                    log_start_offset=log.log_start_offset, aborted_transactions=aborted,
+                    log_start_offset=log_start_offset, aborted_transactions=aborted,
                     preferred_read_replica=-1, records=records,
                     **({} if diverging is None else {"diverging_epoch": diverging}),
-                    **self.hints.current_leader(topic_name, wanted.partition, error)), len(records)
+                    **self.hints.current_leader(topic_name, partition, error))
 
     def topics(self) -> tuple:
         return tuple(make(self.topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(answers))
