@@ -5,7 +5,7 @@ It owns one `Partition` per local log and applies the leadership the metadata sa
 `append_records`, which answers once the acknowledgement `acks` asks for holds: acks=1 after
 the leader's append, acks=-1 once the high watermark has passed the batch (one node: at
 once, its ISR is itself; with replicas, once the ISR has it), NOT_ENOUGH_REPLICAS(_AFTER_APPEND)
-when the ISR is below min.insync.replicas. Fetches wait here for data (`wait_for_data`), and
+when the ISR is below min.insync.replicas. Fetches wait here for data (`delayed_fetches`), and
 anything may wait for a partition's high watermark to pass an offset (`after_high_watermark`),
 which is how "durable" means "replicated to the ISR". Followers' fetches reach the leader's
 state through `follower_fetched`; the replica fetchers (`fetchers`) and the ISR writer
@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Protocol
 from ..errors import ErrorCode, KafkaError
 from ..log.log import AppendResult
 from ..log.manager import LogManager
+from .delayed_fetch import DelayedFetches
 from .metadata_cache import MetadataCache, PartitionState
 from .partition import Partition
 
@@ -71,16 +72,6 @@ class ProduceResult:
     record_errors: tuple[tuple[int, str], ...] = ()
 
 
-class _DataWaiter:
-    """One delayed fetch: the future it awaits and the partitions notified since it began."""
-
-    __slots__ = ("future", "woken")
-
-    def __init__(self, future: asyncio.Future):
-        self.future = future
-        self.woken: set[TopicPartition] = set()
-
-
 class ReplicaManager:
     def __init__(self, node_id: int, logs: LogManager, metadata: MetadataCache | None = None):
         self.node_id = node_id
@@ -93,9 +84,7 @@ class ReplicaManager:
         self.isr_updates: IsrUpdates | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self._listeners: list[LeadershipListener] = []
-        # Per partition: the delayed fetches waiting for data, a dict as an ordered set (a
-        # departing fetch leaves in O(1): 5,000 consumers closing on one partition).
-        self._data_waiters: dict[TopicPartition, dict[_DataWaiter, None]] = {}
+        self.delayed_fetches = DelayedFetches()
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
         self._checkpoint_writers: ThreadPoolExecutor | None = None
@@ -374,37 +363,7 @@ class ReplicaManager:
 
     def notify_data(self, topic: str, partition: int) -> None:
         """Wake the fetches waiting on this partition (an append, a HW move, a role change)."""
-        key = (topic, partition)
-        waiters = self._data_waiters.pop(key, None)
-        if waiters:
-            for waiter in waiters:
-                waiter.woken.add(key)
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
-
-    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> set[TopicPartition]:
-        """Wait until any of `partitions` may have more to read, or the timeout passes. Returns
-        the partitions notified meanwhile (empty on timeout): only they can read differently,
-        so a delayed fetch of 1,000 partitions re-reads those, not all (Kafka's DelayedFetch
-        completes on the partitions whose watch key fired)."""
-        if timeout_s <= 0:
-            return set()
-        waiter = _DataWaiter(asyncio.get_running_loop().create_future())
-        for key in partitions:
-            self._data_waiters.setdefault(key, {})[waiter] = None
-        try:
-            async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation
-                await waiter.future
-        except TimeoutError:
-            pass
-        finally:
-            for key in partitions:
-                waiters = self._data_waiters.get(key)
-                if waiters is not None:
-                    waiters.pop(waiter, None)
-                    if not waiters:
-                        del self._data_waiters[key]
-        return waiter.woken
+        self.delayed_fetches.notify((topic, partition))
 
     def close(self) -> None:
         """Answer every waiter: the broker is going away."""

@@ -84,10 +84,16 @@ def _distinct_partitions(ctx, request) -> list[tuple[str | None, object, list]]:
 
 
 class _Reads:
-    """One Fetch's reads: every partition asked for once, then, after each wait, only those the
-    wait says were notified (`wait_for_data`), in request order. Re-reading all of them was
-    O(partitions) per wake-up: a follower's delayed fetch of 333 partitions re-read them all
-    for each append to any one of them, several times per replication round."""
+    """One Fetch's reads: every partition asked for once; after each wait, for a follower,
+    only those the wait says were notified (`DelayedFetches.wait`), in request order.
+    Re-reading all of them was O(partitions) per wake-up: a follower's delayed fetch of 333
+    partitions re-read them all for each append to any one of them, and for each HW move the
+    other follower made, several times per replication round. A consumer's fetch keeps no
+    answers while it waits (`release`) and reads all again."""
+
+    __slots__ = ("ctx", "request", "wanted_topics", "response_type", "topic_type", "partition_type",
+                 "aborted_type", "epoch_type", "replica_id", "read_committed", "budget", "keeps_answers", "hints",
+                 "answers", "total", "failed", "now_ms")
 
     def __init__(self, ctx, request, wanted_topics, response_type):
         self.ctx = ctx
@@ -101,10 +107,14 @@ class _Reads:
         self.replica_id = _replica_id(request)
         self.read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED and self.replica_id < 0
         self.budget = min(getattr(request, "max_bytes", _NO_LIMIT), ctx.broker.config["fetch.max.bytes"])
+        self.keeps_answers = self.replica_id >= 0
         self.hints = LeaderHints(ctx.broker.metadata, response_type)
-        self.answers: list[list] = [[None] * len(partitions) for _, _, partitions in wanted_topics]
+        self.answers: list[list] | None = None
         self.total = 0
         self.failed = False
+
+    def release(self) -> None:
+        self.answers = self.hints = None
 
     def read_all(self) -> None:
         self._read(None)
@@ -115,14 +125,17 @@ class _Reads:
         some data was read (min_bytes > 1) the byte budget is shared, and after a timeout
         (nothing notified) anything else may have moved, so then all are read again."""
         self.hints = LeaderHints(self.ctx.broker.metadata, self.response_type)
-        if self.total == 0 and woken:
+        if self.total == 0 and woken and self.answers is not None:
             self._read(woken)
         else:
             self.total = 0
+            self.failed = False
             self._read(None)
 
     def _read(self, only: set | None) -> None:
         self.now_ms = int(time.time() * 1000)
+        if self.answers is None or only is None:
+            self.answers = [[None] * len(partitions) for _, _, partitions in self.wanted_topics]
         remaining = self.budget - self.total
         for t, (topic_name, topic_id, wanted_partitions) in enumerate(self.wanted_topics):
             answers = self.answers[t]
@@ -226,6 +239,12 @@ async def handle(ctx, request):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        reads.read_again(await ctx.broker.replicas.wait_for_data(keys, remaining))
+        notified = set() if reads.keeps_answers else None
+        if notified is None:  # not kept while waiting: a full garbage collection walks every waiting fetch's objects
+            reads.release()
+        woken = await ctx.broker.replicas.delayed_fetches.wait(keys, remaining, notified)
+        reads.read_again(notified if woken else None)
+        if not woken:  # max_wait has passed: answered with whatever is there
+            break
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=reads.topics(), node_endpoints=reads.hints.node_endpoints())
