@@ -3,6 +3,9 @@
 - leader: one follower Fetch v12 of `--partitions` partitions, all at the log end (nothing
   new: what a follower sends after each round), through the Fetch handler with
   min_bytes=0, so it answers at once: the read every follower fetch costs the leader.
+- leader, a delayed follower fetch of those partitions (max_wait an hour) woken by an append
+  to one of them: CPU from the append to the answer built (the wake-up's reads), what
+  every acks=all round costs the leader once per follower.
 - follower: building and encoding the request it sends (`protocol/replica_fetch.py`), and
   kio's generic writer for the same request (what it used before).
 
@@ -16,6 +19,7 @@ import asyncio
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +46,19 @@ def cpu_ms(run, rounds: int) -> tuple[float, float]:
     return statistics.median(samples), samples[-1]
 
 
+async def wake_cpu_ms(broker, ctx, request, partition: int) -> float:
+    """CPU (ms) from an append to `partition` until the delayed `request` has its answer."""
+    task = asyncio.get_running_loop().create_task(fetch.handle(ctx, request))
+    while not broker.replicas.delayed_fetches.watching(("wide", partition)):
+        await asyncio.sleep(0)
+    start = time.thread_time()
+    broker.replicas.append("wide", partition, build_batch([Record(None, b"y" * 100)]), now_ms=int(time.time() * 1000))
+    response = await task
+    spent = (time.thread_time() - start) * 1000
+    assert any(p.records for t in response.responses for p in t.partitions)
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--partitions", type=int, default=333)
@@ -64,17 +81,29 @@ def main() -> None:
         ctx = SimpleNamespace(broker=broker, api_version=12, response_type=FetchResponse)
         loop = asyncio.new_event_loop()
         leader = cpu_ms(lambda: loop.run_until_complete(fetch.handle(ctx, request)), args.rounds)
+        static = request
+        delayed = replace(request, max_wait=timedelta(hours=1), min_bytes=1)
+        woken = []
+        for i in range(args.rounds):
+            woken.append(loop.run_until_complete(wake_cpu_ms(broker, ctx, delayed, i % n)))
+            request = replace(request, topics=(replace(request.topics[0], partitions=tuple(
+                replace(p, fetch_offset=broker.replicas.get_partition("wide", p.partition).log_end_offset)
+                for p in request.topics[0].partitions)),))
+            delayed = replace(request, max_wait=timedelta(hours=1), min_bytes=1)
+        woken.sort()
         ours = ReplicaFetchRequest(1, 0, 0, 10 << 20, (("wide", tuple(
             FetchedPartition(p, 1, 1, 1, 0, 1 << 20) for p in range(n))),))
         follower = cpu_ms(lambda: encode_request(ReplicaFetchRequest(1, 500, 1, 10 << 20, (("wide", tuple(
             FetchedPartition(p, 1, 1, 1, 0, 1 << 20) for p in range(n))),)), 1, "b"), args.rounds)
-        kio = cpu_ms(lambda: encode_request(request, 1, "b"), args.rounds)
-        assert encode_request(ours, 1, "b") == encode_request(request, 1, "b")
+        kio = cpu_ms(lambda: encode_request(static, 1, "b"), args.rounds)
+        assert encode_request(ours, 1, "b") == encode_request(static, 1, "b")
         loop.close()
         broker.logs.close()
     print(f"| {n} partitions, CPU per request (median / max of {args.rounds}) | ms |")
     print("| --- | ---: |")
     print(f"| leader: follower Fetch v12, nothing new, handler | {leader[0]:.2f} / {leader[1]:.2f} |")
+    print(f"| leader: the same fetch delayed, woken by an append to one partition: append to answer "
+          f"| {statistics.median(woken):.2f} / {woken[-1]:.2f} |")
     print(f"| follower: Fetch request built and encoded (struct) | {follower[0]:.2f} / {follower[1]:.2f} |")
     print(f"| follower: the same request encoded by kio's writer | {kio[0]:.2f} / {kio[1]:.2f} |")
 
