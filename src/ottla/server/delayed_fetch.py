@@ -43,18 +43,25 @@ class DelayedFetches:
         # woken before its turn): the second finds it done.
         self._due: deque[tuple[asyncio.Future, bool]] = deque()
         self._draining = False
+        # The `notified` sets of the fetches that asked for one (`wait`).
+        self._notified: dict[asyncio.Future, set[TopicPartition]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def watching(self, key: TopicPartition) -> int:
         """How many fetches wait for this partition."""
         return len(self._watchers.get(key, ()))
 
-    async def wait(self, keys: Iterable[TopicPartition], timeout_s: float) -> bool:
-        """Until any of `keys` may have more to read (True) or `timeout_s` has passed (False)."""
+    async def wait(self, keys: Iterable[TopicPartition], timeout_s: float,
+                   notified: set[TopicPartition] | None = None) -> bool:
+        """Until any of `keys` may have more to read (True) or `timeout_s` has passed (False).
+        `notified`, if given, collects the keys notified meanwhile: only they can read
+        differently (a follower's fetch re-reads those, `handlers/fetch.py`)."""
         loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         for key in keys:
             self._watchers.setdefault(key, {})[future] = None
+        if notified is not None:
+            self._notified[future] = notified
         tick = math.ceil((loop.time() + timeout_s) / self.tick_s)
         entry = self._ticks.get(tick)
         if entry is None:
@@ -63,6 +70,7 @@ class DelayedFetches:
         try:
             return await future
         finally:  # also when cancelled (its connection closed)
+            self._notified.pop(future, None)
             for key in keys:
                 waiters = self._watchers.get(key)
                 if waiters is not None:
@@ -80,6 +88,10 @@ class DelayedFetches:
         """The partition may have more to read: wake the fetches watching it."""
         waiters = self._watchers.pop(key, None)
         if waiters:
+            for future in waiters:
+                notified = self._notified.get(future)
+                if notified is not None:
+                    notified.add(key)
             self._due.extend((future, True) for future in waiters)
             self._drain_soon()
 

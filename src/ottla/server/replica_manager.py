@@ -157,6 +157,7 @@ class ReplicaManager:
             if was_leader and not partition.is_leader:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
+                self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
                 self._notify_leadership(partition)
         return errors
 

@@ -119,9 +119,14 @@ class _Outcome:
         self.diverging = diverging
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type):
+def _read_partitions(ctx, request, wanted_topics, response_type, previous=None, only: set | None = None):
     """Reads each partition: [(name, topic id, [(key, _Outcome)])], the bytes read, and whether
-    any partition failed (which answers at once)."""
+    any partition failed (which answers at once). With `previous` and `only` (a follower's fetch
+    woken with nothing read yet), only the partitions notified meanwhile are read again and the
+    others keep their answers: every append, HW move, role change and removal notifies, and a
+    follower's fetch names hundreds of partitions and is woken by an append to any one of them
+    and by each HW move the other follower makes; re-reading them all was O(partitions) per
+    wake-up, several times per acks=all replication round."""
     broker = ctx.broker
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
@@ -132,9 +137,12 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
     failed = False
     by_id = ctx.api_version >= 13
     topics = []
-    for topic_name, topic_id, wanted_partitions in wanted_topics:
+    for t, (topic_name, topic_id, wanted_partitions) in enumerate(wanted_topics):
         partitions = []
-        for wanted in wanted_partitions:
+        for i, wanted in enumerate(wanted_partitions):
+            if only is not None and (topic_name, wanted.partition) not in only:
+                partitions.append(previous[t][2][i])
+                continue
             key = (topic_id if by_id else topic_name, wanted.partition)  # as `_requested` keys it
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
                 if topic_name is None:
@@ -153,6 +161,15 @@ def _read_partitions(ctx, request, wanted_topics, response_type):
                 if wanted.partition_max_bytes < 0:
                     # Kafka's log read refuses a negative size (IllegalArgumentException).
                     raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
+                if (replica_id >= 0 and wanted.fetch_offset == log.log_end_offset
+                        and getattr(wanted, "last_fetched_epoch", -1) == log.leader_epoch_cache.latest_epoch):
+                    # A follower at the log end in the latest epoch (most partitions of every
+                    # replica fetch): nothing can diverge and nothing is there to read.
+                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                                                     int(time.time() * 1000))
+                    partitions.append((key, _Outcome(wanted.partition, ErrorCode.none, log.high_watermark, stable,
+                                                     log.log_start_offset)))
+                    continue
                 diverging = _diverging(wanted, partition, epoch_type)
                 if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
                     # Only a fetch that continues the leader's log tells the follower's progress.
@@ -224,14 +241,21 @@ async def handle(ctx, request):
     partitions = None
     read, total, failed = _read_partitions(ctx, request, grouped, response_type)
     keys = [(name, p.partition) for name, _, partitions in grouped if name is not None for p in partitions]
+    follower = _replica_id(request) >= 0
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        # Not kept while waiting: a full garbage collection walks every waiting fetch's objects.
-        read = None
-        woken = await broker.replicas.delayed_fetches.wait(keys, remaining)
-        read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+        # A consumer's answers are not kept while waiting: a full garbage collection walks
+        # every waiting fetch's objects. A follower's are, to re-read only what was notified.
+        notified: set | None = set() if follower else None
+        if not follower:
+            read = None
+        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified)
+        if woken and notified and total == 0:
+            read, total, failed = _read_partitions(ctx, request, grouped, response_type, read, notified)
+        else:
+            read, total, failed = _read_partitions(ctx, request, grouped, response_type)
         if not woken:  # max_wait has passed: answered with whatever is there
             break
     error, session_id, kept = context.finish([pair for _, _, outcomes in read for pair in outcomes], now_ms())
