@@ -280,8 +280,8 @@ class LogSegment:
         self._size = start + size
 
     def indexes_full(self) -> bool:
-        self.offset_index.open(active=True)
-        self.time_index.open(active=True)
+        """Without mapping them: opening an index active preallocates it (10 MB by default),
+        which every small partition's indexes got at its first append after a restart."""
         return self.offset_index.is_full or self.time_index.is_full
 
     def max_timestamp_and_offset(self) -> tuple[int, int]:
@@ -422,10 +422,9 @@ class LogSegment:
         self.reactivate()
         fd = self._open()
         file_size = self._size
-        self.offset_index.open(active=True)
-        self.time_index.open(active=True)
-        self.offset_index.reset()
-        self.time_index.reset()
+        offset_entries, time_entries = bytearray(), bytearray()
+        pack_offset, pack_time = OffsetIndex.entry.pack, TimeIndex.entry.pack
+        indexed_ts = None  # the time index's last timestamp: it only takes a higher one
         max_ts, max_ts_offset = -1, self.base_offset
         first_ts = None
         since_index = 0
@@ -462,8 +461,10 @@ class LogSegment:
                 if first_ts is None:
                     first_ts = batch_max_ts
                 if since_index > interval:
-                    self.offset_index.append(base_offset, position + offset)
-                    self.time_index.maybe_append(max_ts, max_ts_offset)
+                    offset_entries += pack_offset(base_offset - self.base_offset, position + offset)
+                    if indexed_ts is None or max_ts > indexed_ts:
+                        time_entries += pack_time(max_ts, max_ts_offset - self.base_offset)
+                        indexed_ts = max_ts
                     since_index = 0
                 since_index += size
                 if epoch_starts is not None and leader_epoch > latest_epoch:
@@ -479,8 +480,8 @@ class LogSegment:
         truncated = file_size - position
         if truncated:
             os.ftruncate(fd, position)
-        self.offset_index.trim()  # else a crash's 10 MB preallocation stays until the segment rolls
-        self.time_index.trim()
+        self.offset_index.rewrite(bytes(offset_entries))  # a crash's 10 MB preallocation goes too
+        self.time_index.rewrite(bytes(time_entries))
         self._max_timestamp = (max_ts, max_ts_offset)
         self._first_timestamp = first_ts
         self._bytes_since_index = since_index
