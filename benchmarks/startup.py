@@ -9,12 +9,13 @@ first start (the internal topics, 100 partitions), or copied from --data-dir (e.
 one from commit_storm.py) and restarted --runs times. Bytecode is cached, as an installed
 package has it.
 
-With --partitions N the first tree's broker makes a data dir holding a topic of N partitions
-with --records records each (idempotent producer), shut down cleanly; then restarts it, produces
+With --partitions N each tree's broker makes a data dir holding a topic of N partitions with
+--records records each (idempotent producer), shut down cleanly; then restarts it, produces
 --records more to each partition and is killed with SIGKILL, so the recovery-point checkpoint
-lies inside every active segment, as after any kill -9 of a broker that had restarted once.
-Both are timed: "clean" restarts the clean copy each run, "kill -9" starts a fresh copy of the
-crashed one each run (the copy is not timed). cProfile's top costs of opening that data dir's
+lies inside every active segment, as after any kill -9 of a broker that had restarted once
+(each tree's own, as its crash leaves the files). Both are timed: "clean" restarts the clean
+data dir each run, "kill -9" starts a fresh copy of the crashed one each run (the copy is not
+timed). cProfile's top costs of opening that data dir's
 logs (`LogManager(...)` in-process, on fresh copies) are printed after the table.
 
     .venv/bin/python benchmarks/startup.py --src before=/tmp/before/src --src after=src --runs 10
@@ -78,6 +79,7 @@ def make_partitioned(env: dict[str, str], root: Path, partitions: int, records: 
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    root.mkdir()
     clean, crashed = root / "partitioned-clean", root / "partitioned-crashed"
 
     def serve(data_dir: Path) -> tuple[subprocess.Popen, str]:
@@ -93,7 +95,8 @@ def make_partitioned(env: dict[str, str], root: Path, partitions: int, records: 
         return proc, ready.read_text().split()[0]
 
     def produce(bootstrap: str, round_: int) -> None:
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                             "log_level": 0})
         for i in range(records):
             for p in range(partitions):
                 producer.produce("startup", value=b"v" * 100, key=f"{round_}-{i}".encode(), partition=p)
@@ -207,23 +210,23 @@ def partitioned(args: argparse.Namespace) -> None:
             env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
             env.update(PYTHONPATH=str(Path(path).resolve()), PYTHONPYCACHEPREFIX=str(root / f"pycache{i}"))
             setups.append((label, env))
-        print(f"making {args.partitions} partitions x {args.records} records", file=sys.stderr)
-        clean, crashed = make_partitioned(setups[0][1], root, args.partitions, args.records)
+        made = []
         for i, (label, env) in enumerate(setups):
-            shutil.copytree(clean, root / f"clean{i}")
-            start_once(env, root / f"clean{i}", extra, importtime=False)  # warms the bytecode cache
+            print(f"{label}: making {args.partitions} partitions x {args.records} records", file=sys.stderr)
+            made.append(make_partitioned(env, root / f"tree{i}", args.partitions, args.records))
+            start_once(env, made[i][0], extra, importtime=False)  # warms the bytecode cache
         for run in range(args.runs):
             for i, (label, env) in enumerate(setups):
-                results[("clean", label)].append(start_once(env, root / f"clean{i}", extra, importtime=False))
+                results[("clean", label)].append(start_once(env, made[i][0], extra, importtime=False))
                 copy = root / f"crashed{i}"
                 shutil.rmtree(copy, ignore_errors=True)
-                shutil.copytree(crashed, copy)
+                shutil.copytree(made[i][1], copy)
                 results[("kill -9", label)].append(start_once(env, copy, extra, importtime=False))
                 print(f"{label} run {run + 1}: clean {results[('clean', label)][-1]}, "
                       f"kill -9 {results[('kill -9', label)][-1]}", file=sys.stderr)
             load.append(os.getloadavg()[0])
         profiles = [(case, label, profile_open(env, data_dir, root, args.profile_top))
-                    for label, env in setups for case, data_dir in (("clean", clean), ("kill -9", crashed))]
+                    for (label, env), dirs in zip(setups, made) for case, data_dir in zip(("clean", "kill -9"), dirs)]
     print("| restart | code | runs | launch to ready file s | CPU at ready s | broker's 'started in' s |")
     print("|---|---|---:|---:|---:|---:|")
     for (case, label), runs in results.items():
