@@ -77,8 +77,9 @@ class LogSegment:
         name = segment_name(base_offset)
         self.base_offset = base_offset
         self.log_path = directory / f"{name}.log"
-        self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_bytes)
-        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_bytes)
+        self._index_max_bytes = index_max_bytes
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
         self.index_interval_bytes = index_interval_bytes
         # Sealed: no more appends; its .log opens read-only, and only while recently read.
         self.sealed = False
@@ -94,6 +95,26 @@ class LogSegment:
         # Bumped whenever bytes already written may change or vanish (truncation, deletion,
         # the cleaner's swap): a FileRecords built before can no longer be sent.
         self.version = 0
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        """Made on first use, as Kafka's LazyIndex: a start builds no index object for the
+        segments nobody reads or appends to."""
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex(self._index_path(".index"), self.base_offset, self._index_max_bytes)
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._time_index = TimeIndex(self._index_path(".timeindex"), self.base_offset, self._index_max_bytes)
+        return self._time_index
+
+    def _index_path(self, suffix: str) -> Path:
+        return self.log_path.parent / f"{segment_name(self.base_offset)}{suffix}"
+
+    def _made_indexes(self) -> list[OffsetIndex | TimeIndex]:
+        return [index for index in (self._offset_index, self._time_index) if index is not None]
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -133,8 +154,8 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.close()
-        self.time_index.close()
+        for index in self._made_indexes():
+            index.close()
         if self._txn_index is not None:
             self._txn_index.close()
 
@@ -169,10 +190,9 @@ class LogSegment:
             fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
-        if self.offset_index.is_open:
-            self.offset_index.flush()
-        if self.time_index.is_open:
-            self.time_index.flush()
+        for index in self._made_indexes():
+            if index.is_open:
+                index.flush()
 
     def duplicate_fd(self) -> int | None:
         """A duplicate of the .log's descriptor (see Log.duplicate_data_fds)."""
@@ -215,7 +235,7 @@ class LogSegment:
                 deferred.append((fd, self._txn_index.path))
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
-        for index in (self.offset_index, self.time_index):
+        for index in self._made_indexes():
             if (fd := index.close(sync=sync)) is not None:
                 deferred.append((fd, index.path))
         self.sealed = True
@@ -239,8 +259,8 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.delete(unlink=unlink)
-        self.time_index.delete(unlink=unlink)
+        for index in (self.offset_index, self.time_index) if unlink else self._made_indexes():
+            index.delete(unlink=unlink)
         if self._txn_index is not None:
             self._txn_index.delete(unlink=unlink)
         elif unlink:  # never opened: no object to make just to remove its file
