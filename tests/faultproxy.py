@@ -125,6 +125,8 @@ class FaultProxy:
         self.seed = seed
         self.rewrite_addresses = rewrite_addresses
         self.stats: collections.Counter[str] = collections.Counter()
+        # (api_key, api_version) of every request forwarded: what version a client chose.
+        self.requests: collections.Counter[tuple[int, int]] = collections.Counter()
         # Unexpected exceptions inside the proxy (e.g. a response kio cannot parse); tests
         # should assert this stays empty.
         self.errors: list[Exception] = []
@@ -309,6 +311,7 @@ class FaultProxy:
                 self._maybe_cut(connection)
                 connection.pending.append((correlation_id, api_key, api_version, _client_id(frame)))
                 self.stats["requests"] += 1
+                self.requests[(api_key, api_version)] += 1
                 writer.write(struct.pack(">i", len(frame)) + frame)
                 await writer.drain()
         except (_CutConnection, ConnectionError, asyncio.IncompleteReadError):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from .config_names import LISTENER_SSL_CONFIGS, is_kafka_broker_config, is_sensitive, listener_security_config
 from .errors import ConfigError
+from .password_encoder import CIPHERS, KEY_FACTORY_ALGORITHMS
 
 _log = logging.getLogger("ottla.config")
 
@@ -54,6 +55,22 @@ def _compression_type(value: str) -> str:
     if value not in ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"):
         raise ValueError(f"unknown compression type {value!r}")
     return value
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value
+    return parse
+
+
+def _aes_key_length(value: str | int) -> int:
+    """Kafka takes any length of at least 8 and fails at the first encryption; AES has three."""
+    length = _int(value)
+    if length not in (128, 192, 256):
+        raise ValueError("AES takes keys of 128, 192 or 256 bits")
+    return length
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,14 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("transaction.remove.expired.transaction.cleanup.interval.ms", _int, 3600000, 1),
         ConfigDef("fetch.max.bytes", _int, 57671680, 0),
         ConfigDef("max.incremental.fetch.session.cache.slots", _int, 1000, 0),
+        # Dynamic password configs are stored encrypted with the secret (password_encoder.py);
+        # the old secret, when set, is the one they were encrypted with before a rotation.
+        ConfigDef("password.encoder.secret", _str, None),
+        ConfigDef("password.encoder.old.secret", _str, None),
+        ConfigDef("password.encoder.keyfactory.algorithm", _choice(KEY_FACTORY_ALGORITHMS), None),
+        ConfigDef("password.encoder.cipher.algorithm", _choice(CIPHERS), "AES/CBC/PKCS5Padding"),
+        ConfigDef("password.encoder.key.length", _aes_key_length, 128, 8),
+        ConfigDef("password.encoder.iterations", _int, 4096, 1024),
     ]
 }
 
@@ -355,6 +380,9 @@ class BrokerConfig:
         ids = {self.overrides[n] for n in ("broker.id", "node.id") if n in self.overrides}
         if len(ids) > 1:
             raise ConfigError("broker.id and node.id must have the same value when both are set")
+        if "password.encoder.old.secret" in self.overrides and "password.encoder.secret" not in self.overrides:
+            # Kafka fails at start too: the passwords decrypted with the old secret cannot be encrypted again.
+            raise ConfigError("password.encoder.old.secret is set without password.encoder.secret")
 
     def __getitem__(self, name: str) -> Any:
         for layer in (self.dynamic, self.dynamic_default, self.overrides):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_kafka_broker_config", "is_sensitive", "listener_security_config"]
+__all__ = ["is_dynamic_password", "is_kafka_broker_config", "is_sensitive", "listener_security_config"]
 
 KAFKA_BROKER_CONFIGS_NOT_IMPLEMENTED = frozenset({
     # ServerConfigs
@@ -73,11 +73,9 @@ KAFKA_BROKER_CONFIGS_NOT_IMPLEMENTED = frozenset({
     # metrics
     "metric.reporters", "metrics.num.samples", "metrics.sample.window.ms", "metrics.recording.level",
     "auto.include.jmx.reporter", "kafka.metrics.reporters", "kafka.metrics.polling.interval.secs",
-    # delegation tokens and password encoding
+    # delegation tokens
     "delegation.token.master.key", "delegation.token.secret.key", "delegation.token.max.lifetime.ms",
     "delegation.token.expiry.time.ms", "delegation.token.expiry.check.interval.ms",
-    "password.encoder.secret", "password.encoder.old.secret", "password.encoder.keyfactory.algorithm",
-    "password.encoder.cipher.algorithm", "password.encoder.key.length", "password.encoder.iterations",
     # security (besides the ssl.* and sasl.* families below)
     "principal.builder.class", "security.providers", "connections.max.reauth.ms",
 })
@@ -131,6 +129,13 @@ def listener_security_config(name: str) -> str | None:
     if base in LISTENER_SSL_CONFIGS:
         return base
     return next((config for config in LISTENER_MECHANISM_CONFIGS if base.endswith("." + config)), None)
+
+
+def is_dynamic_password(name: str) -> bool:
+    """A dynamic broker config that is stored encrypted (Kafka's `isPasswordConfig`): a listener's
+    PASSWORD-typed security config, the only passwords that may be set at runtime."""
+    base = listener_security_config(name)
+    return base is not None and {**LISTENER_SSL_CONFIGS, **LISTENER_MECHANISM_CONFIGS}[base] == 9
 
 
 def is_sensitive(name: str) -> bool:

@@ -174,16 +174,40 @@ def _list_groups(sock):
     return [r.resource_name for r in response.config_resources]
 
 
-def test_a_listeners_password_set_at_runtime_is_stored_for_that_broker_and_never_described(three, zk,
-                                                                                           raw_connection):
-    """Kept in `/config/brokers/<id>` as given (Kafka 3.9's ZK mode encrypts it with
-    password.encoder.secret, Kafka 4 keeps it in its metadata log: docs/compatibility.md);
-    described sensitive with no value; refused on the cluster default, as Kafka refuses it."""
+def test_a_listeners_password_is_encrypted_in_zookeeper_and_rotated_at_start(three, zk, raw_connection):
+    """As Kafka's ZK mode: refused while the broker has no password.encoder.secret; with one,
+    `/config/brokers/<id>` holds only the encrypted form, DescribeConfigs no value; refused on
+    the cluster default. Restarted with a new secret and the former one as the old secret, the
+    broker encrypts it again with the new one and still has it."""
+    from ottla.errors import ConfigError
+    from ottla.password_encoder import PasswordEncoder
+
     listener = "listener.name.plaintext.ssl.keystore.password"
-    on_3 = raw_connection(three.brokers[3].bootstrap)
+    handle = three.brokers[3]
+    refused = _alter(raw_connection(handle.bootstrap), BROKER, "3", **{listener: "zk-secret"})
+    assert (refused.error_code, refused.error_message) == (ErrorCode.invalid_request, (
+        "Invalid config value for resource ConfigResource(type=BROKER, name='3'): Password encoder secret not "
+        "configured"))
+    assert zk.exists("/config/brokers/3") is None or b"zk-secret" not in zk.get("/config/brokers/3")[0]
+
+    handle.config["password.encoder.secret"] = "first-secret"
+    handle.restart()
+    on_3 = raw_connection(handle.bootstrap)
     assert _alter(on_3, BROKER, "3", **{listener: "zk-secret"}).error_code == ErrorCode.none
-    assert json.loads(zk.get("/config/brokers/3")[0])["config"] == {listener: "zk-secret"}
+    data = zk.get("/config/brokers/3")[0]
+    assert b"zk-secret" not in data
+    assert PasswordEncoder("first-secret").decode(json.loads(data)["config"][listener]) == "zk-secret"
     assert _describe(on_3, BROKER, "3")[1][listener] == (None, 2)  # DYNAMIC_BROKER_CONFIG, no value
     refused = _alter(on_3, BROKER, "", **{listener: "x"})
     assert refused.error_code == ErrorCode.invalid_request
     assert "broker id must be specified" in refused.error_message
+
+    handle.config.update({"password.encoder.secret": "second-secret", "password.encoder.old.secret": "first-secret"})
+    handle.restart()
+    data = zk.get("/config/brokers/3")[0]
+    stored = json.loads(data)["config"][listener]
+    assert b"zk-secret" not in data and PasswordEncoder("second-secret").decode(stored) == "zk-secret"
+    with pytest.raises(ConfigError):
+        PasswordEncoder("first-secret").decode(stored)
+    assert _describe(raw_connection(handle.bootstrap), BROKER, "3")[1][listener] == (None, 2)
+    assert "could not be decoded" not in handle.read_stderr()

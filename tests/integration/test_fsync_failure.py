@@ -69,3 +69,19 @@ def test_eio_on_a_cleaner_fsync_halts_the_broker_like_any_other(ottla_broker_fac
     assert not broker.running() and broker.process.returncode == 1, broker.read_stderr()[-2000:]
     lines = [line for line in broker.read_stderr().splitlines() if "log directory offline" in line]
     assert len(lines) == 1 and ".cleaned" in lines[0] and "Input/output error" in lines[0], lines
+
+
+def test_eio_on_a_leader_epoch_checkpoint_fsync_halts_the_broker_like_any_other(ottla_broker_factory):
+    # A new leader's epoch entry is written by the disk worker after it leads: its fsync failing
+    # there must take the log directory offline, not end one worker job and go on.
+    broker = ottla_broker_factory(env={"OTTLA_FAILPOINTS": "fsync.eio@led-0/leader-epoch-checkpoint"})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("led", 1, 1)]).values():
+        future.result(60)
+
+    deadline = time.monotonic() + 60
+    while broker.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not broker.running() and broker.process.returncode == 1, broker.read_stderr()[-2000:]
+    lines = [line for line in broker.read_stderr().splitlines() if "log directory offline" in line]
+    assert len(lines) == 1 and "led-0/leader-epoch-checkpoint" in lines[0] and "Input/output error" in lines[0], lines

@@ -266,3 +266,46 @@ def test_markers_go_to_each_partitions_leader(tmp_path):
                 await here.stop()
 
         asyncio.run(scenario())
+
+
+def test_markers_go_at_the_highest_version_both_brokers_serve(tmp_path):
+    """As Kafka's coordinator sends what ApiVersions negotiated: the leader (a real `ottla
+    serve`, behind a proxy that notes each request's version) serves WriteTxnMarkers v0-2, so
+    the markers go as v2, after one ApiVersions on the connection; a new connection asks again."""
+    import uuid
+
+    from ottla.config import BrokerConfig
+    from ottla.server.broker import Broker
+    from ottla.server.coordinator_runtime import BrokerMarkerChannel
+    from ottla.server.metadata_cache import BrokerInfo, PartitionState
+    from tests.faultproxy import FaultProxy
+
+    with broker() as b, FaultProxy((b.host, b.port)) as proxy:
+        produce(b.bootstrap, "remote", [b"x"])
+
+        async def scenario():
+            here = Broker(tmp_path, BrokerConfig({"node.id": 1}), port=0)
+            await here.start()
+            try:
+                metadata = here.metadata
+                metadata.update(controller_id=1, controller_epoch=1, topic_ids={"remote": uuid.uuid4()},
+                                brokers=[*metadata.brokers, BrokerInfo(2, "127.0.0.1", proxy.port)],
+                                partition_states=[PartitionState("remote", 0, 2, 0, (2,), (2,))])
+                channel = BrokerMarkerChannel(here, here.interbroker)
+                for commit in (True, False):
+                    assert await channel.write_txn_markers(4242, 0, 0, commit, frozenset({("remote", 0)})) == {
+                        ("remote", 0): ErrorCode.none}
+                assert proxy.cut_all() == 1
+                connection = here.interbroker.connection(2, "127.0.0.1", proxy.port)
+                while connection.connected:  # until the coordinator's side has seen the cut
+                    await asyncio.sleep(0.01)
+                assert await channel.write_txn_markers(4243, 0, 0, True, frozenset({("remote", 0)})) == {
+                    ("remote", 0): ErrorCode.none}
+            finally:
+                await here.stop()
+
+        asyncio.run(scenario())
+        markers = {version: n for (key, version), n in proxy.requests.items() if key == 27}
+        api_versions = sum(n for (key, _), n in proxy.requests.items() if key == 18)
+        assert (markers, api_versions) == ({2: 3}, 2)
+        assert proxy.errors == []

@@ -6,6 +6,7 @@ import socket
 import uuid
 
 from ottla.cluster.memory_store import MemoryStore, MemoryZooKeeper
+from ottla.cluster.store import TopicAssignment
 from ottla.config import BrokerConfig
 from ottla.controller import wire
 from ottla.controller.requests import ControllerRequest, LeaderAndIsrPayload, PartitionState
@@ -53,6 +54,53 @@ def test_a_leader_and_isr_whose_controller_connection_closes_is_applied_whole(tm
                        if (partition := broker.replicas.get_partition("big", p)) is not None
                        and partition.is_leader and partition.leader_epoch == 1]
             assert len(leading) == PARTITIONS
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
+
+
+class _ChangedWhileRead(MemoryStore):
+    """The topic's configs are altered (and the change announced) while the broker is reading
+    them to create its logs: the AlterConfigs of an admin racing the topic's creation."""
+
+    altered = False
+
+    def topic_configs(self, name):
+        configs = super().topic_configs(name)
+        if name == "big" and not self.altered:
+            self.altered = True
+            self.set_topic_configs(name, {"retention.ms": "1234"})
+        return configs
+
+
+def test_a_config_change_announced_while_the_logs_are_created_is_applied_to_them(tmp_path):
+    """A config change is applied to the logs that exist when its notification is read; a
+    LeaderAndIsr creating the topic's logs at that moment read the configs before the change
+    and kept them until the next change."""
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}), port=0)
+        await broker.start()
+        try:
+            store = _ChangedWhileRead(MemoryZooKeeper(), 1)
+            topic_id = uuid.uuid4()
+            store.create_topic(TopicAssignment("big", topic_id, {p: (broker.node_id,) for p in range(PARTITIONS)}), {})
+            broker.dynamic_configs.store = store
+            await broker.dynamic_configs.start()
+            link = broker.controller_link = ControllerLink(broker, store)
+            link.metadata_received.set()
+            reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+            writer.write(leader_and_isr(broker.node_id, PARTITIONS, topic_id))
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 60), "big")
+            await reader.readexactly(size)
+            writer.close()
+            assert store.altered
+            for _ in range(100):  # the notification is read by the broker's config follower task
+                if broker.logs.topics["big"].config.overrides:
+                    break
+                await asyncio.sleep(0.05)
+            assert broker.logs.topics["big"].config.overrides == {"retention.ms": 1234}
         finally:
             await broker.stop()
 

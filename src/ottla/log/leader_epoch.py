@@ -37,6 +37,8 @@ import threading
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from ..durability import fsync
+
 __all__ = ["LeaderEpochCache", "EpochEntry", "EpochEndOffset", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "CHECKPOINT_FILE"]
 
 log = logging.getLogger(__name__)
@@ -111,11 +113,11 @@ def _write_checkpoint(path: Path, entries: list[EpochEntry], directory_inode: in
             data = memoryview(text.encode("ascii"))
             while data:
                 data = data[os.write(fd, data):]
-            os.fsync(fd)
+            fsync(fd, path)
         finally:
             os.close(fd)
         os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.fsync(dir_fd)
+        fsync(dir_fd, path.parent)
     finally:
         os.close(dir_fd)
 

@@ -119,11 +119,15 @@ class ControllerLink:
             info = None
         count = max(partitions) + 1
         if info is None:
+            dynamic = self.broker.dynamic_configs
+            seen = dynamic.last_change_seen
             configs = await asyncio.to_thread(self.store.topic_configs, topic)
             info = logs.create_topic(topic, count, configs, topic_id=topic_id,
                                      absent=frozenset(range(count)) - partitions, validate_only=True)
             # The files in a worker thread (seconds for 1,000 partitions), the catalog on the loop.
             logs.add_created_topic(info, await asyncio.to_thread(logs.write_topic_files, info))
+            if dynamic.last_change_seen != seen:  # a change announced meanwhile passed the absent log by
+                await dynamic.reload_topics([topic])
             return
         if info.partitions < count:
             logs.add_partitions(topic, count, absent=frozenset(range(count)) - partitions)

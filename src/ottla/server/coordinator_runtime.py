@@ -5,7 +5,8 @@ partition's leader through the replica manager, acknowledged once durable, and l
 changes from the replica manager. Durable means: with one replica, fdatasynced (`DataSync`);
 with several, past the high watermark, i.e. on every ISR member (as Kafka, which does not
 fsync either: a record on the ISR survives any single crash).
-`BrokerMarkerChannel` sends WriteTxnMarkers to each partition's leader: this broker is
+`BrokerMarkerChannel` sends WriteTxnMarkers to each partition's leader (at the highest version
+both brokers serve, from the leader's ApiVersions): this broker is
 served in-process through the same handler a remote coordinator's request reaches; other
 leaders get the request over the inter-broker client.
 """
@@ -23,12 +24,14 @@ from ..coordinator.group.records import OFFSETS_TOPIC
 from ..coordinator.runtime import OnDurable, OnLeadership, TopicPartition
 from ..coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ..errors import ErrorCode, KafkaError
+from ..protocol.build import make, nested
+from ..protocol.schemas import request_schema
 from ..records.batch import LOG_OVERHEAD
 from .clock import now_ms
 from .context import RequestContext
 from .data_sync import DataSync
 from .handlers import write_txn_markers
-from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
+from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut, UnsupportedVersion
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -217,36 +220,41 @@ class BrokerMarkerChannel:
                 outcomes[(topic, index)] = ErrorCode.unknown_topic_or_partition
             else:
                 outcomes[(topic, index)] = ErrorCode.not_leader_or_follower  # offline: retried
-        # Imported here, not at start: a kio message module costs a few ms of every broker start.
-        from kio.schema.write_txn_markers.v1.request import (
-            WritableTxnMarker,
-            WritableTxnMarkerTopic,
-            WriteTxnMarkersRequest,
-        )
-
         sends = []
         for node_id, topics in by_leader.items():
-            request = WriteTxnMarkersRequest(markers=(WritableTxnMarker(
-                producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
-                topics=tuple(WritableTxnMarkerTopic(name=t, partition_indexes=tuple(p)) for t, p in topics.items()),
-                coordinator_epoch=coordinator_epoch),))
+            marker = dict(producer_id=producer_id, producer_epoch=producer_epoch, transaction_result=commit,
+                          coordinator_epoch=coordinator_epoch, topics=topics)
             if node_id == self._broker.node_id:
-                ctx = RequestContext(self._broker, write_txn_markers.API_KEY, 1, None, "transaction-coordinator")
-                _collect(outcomes, await write_txn_markers.write_markers(ctx, request))
+                version = write_txn_markers.VERSIONS[1]
+                ctx = RequestContext(self._broker, write_txn_markers.API_KEY, version, None, "transaction-coordinator")
+                _collect(outcomes, await write_txn_markers.write_markers(ctx, _markers_request(version, marker)))
             else:
-                sends.append(self._send(metadata.broker(node_id), request, topics, outcomes))
+                sends.append(self._send(metadata.broker(node_id), marker, outcomes))
         if sends:
             await asyncio.gather(*sends)
         return outcomes
 
-    async def _send(self, leader, request, topics: dict[str, list[int]],
-                    outcomes: dict[TopicPartition, ErrorCode]) -> None:
+    async def _send(self, leader, marker: dict, outcomes: dict[TopicPartition, ErrorCode]) -> None:
+        """Markers to another broker at the highest version both serve, as Kafka's coordinator
+        sends what its NetworkClient negotiated (v2 between Ottla brokers, v1 to a Kafka 3.x)."""
         try:
+            version = await self._client.usable_version(leader.node_id, leader.host, leader.port,
+                                                        write_txn_markers.API_KEY, write_txn_markers.VERSIONS)
+            request = _markers_request(version, marker)
             _collect(outcomes, await self._client.send(leader.node_id, leader.host, leader.port, request))
-        except (BrokerNotAvailable, RequestTimedOut) as exc:
+        except (BrokerNotAvailable, RequestTimedOut, UnsupportedVersion) as exc:
             log.info("WriteTxnMarkers to broker %d failed: %s", leader.node_id, exc)
             error = ErrorCode.request_timed_out if isinstance(exc, RequestTimedOut) else ErrorCode.network_exception
-            outcomes.update({(t, p): error for t, indexes in topics.items() for p in indexes})
+            outcomes.update({(t, p): error for t, indexes in marker["topics"].items() for p in indexes})
+
+
+def _markers_request(version: int, marker: dict):
+    """WriteTxnMarkers of `version` for one marker. Ottla's coordinator is on transaction
+    version 0, which v2 states (`transaction_version`); v1 carries the same marker without it."""
+    schema = request_schema(write_txn_markers.API_KEY, version)
+    marker_type, topic_type = nested(schema, "WritableTxnMarker"), nested(schema, "WritableTxnMarkerTopic")
+    topics = tuple(make(topic_type, name=t, partition_indexes=tuple(p)) for t, p in marker["topics"].items())
+    return schema(markers=(make(marker_type, **{**marker, "topics": topics}, transaction_version=0),))
 
 
 def _next_offset(records: bytes) -> int:

@@ -13,6 +13,11 @@ Group configs (KIP-848, `GROUP` resources) live in `/config/groups/<g>` in a clu
 keeps them as ConfigRecords in its metadata log, so every broker answers for every group), in
 `group-configs.json` on a single node. No broker acts on them (`group_config.py`).
 
+A listener's passwords are stored encrypted with `password.encoder.secret` (KIP-226, Kafka's
+format: `password_encoder.py`) and decrypted when read; without a secret they are refused, as
+Kafka refuses them. At start, passwords encrypted with `password.encoder.old.secret` are
+encrypted again with the new secret and written back (Kafka's secret rotation).
+
 Applying a change: the broker's config layers are replaced (`BrokerConfig.set_dynamic`),
 every log resolves its settings again, and the cleaner and connection limits re-read theirs.
 """
@@ -27,8 +32,10 @@ from typing import Mapping
 from ..cluster.store import NoSuchTopic, StoreError
 from ..config import (ConfigError, coerce_dynamic, redacted, render, report_not_applied_listener_configs,
                       validate_topic_configs)
+from ..config_names import is_dynamic_password
 from ..errors import ErrorCode, KafkaError
 from ..group_config import report_not_applied, validate_group_configs
+from ..password_encoder import encoder_from_config
 from ..producer_state._files import atomic_write
 from .clock import now_ms
 
@@ -54,8 +61,14 @@ class DynamicConfigs:
         self._groups_path = broker.data_dir / _GROUPS_FILE
         self._groups: dict[str, dict[str, str]] = {}  # a single node's group configs
         self._groups_lock = asyncio.Lock()  # one read-modify-write of the groups file at a time
+        self._encoder = encoder_from_config(broker.config)
         if self.store is None:
-            self._apply_broker(*self._read_local())
+            per_broker, default = self._read_local()
+            rotated = self._reencrypted(per_broker)
+            if rotated is not None:
+                self._write_local(rotated, default)
+                per_broker = rotated
+            self._apply_broker(self._decrypted(per_broker), self._decrypted(default))
             if self._groups_path.exists():
                 self._groups = json.loads(self._groups_path.read_text()).get("groups", {})
                 report_not_applied({name for configs in self._groups.values() for name in configs})
@@ -72,11 +85,66 @@ class DynamicConfigs:
         atomic_write(self._path, json.dumps(data, sort_keys=True).encode())
 
     async def stored_broker_configs(self, broker_id: int | None) -> dict[str, str]:
-        """The dynamic configs stored for this broker (an id) or the cluster default (None)."""
+        """The dynamic configs stored for this broker (an id) or the cluster default (None),
+        passwords decrypted (IncrementalAlterConfigs changes them and stores them again)."""
+        return await asyncio.to_thread(self._read_broker, broker_id)
+
+    def _read_broker(self, broker_id: int | None) -> dict[str, str]:
         if self.store is not None:
-            return await asyncio.to_thread(self.store.broker_configs, broker_id)
-        per_broker, default = self._read_local()
-        return dict(default if broker_id is None else per_broker)
+            stored = self.store.broker_configs(broker_id)
+        else:
+            per_broker, default = self._read_local()
+            stored = default if broker_id is None else per_broker
+        return self._decrypted(stored)
+
+    # -- passwords at rest --------------------------------------------------------------------
+    def _encrypted(self, entity: str, configs: Mapping[str, str]) -> dict[str, str]:
+        """`configs` as stored: passwords encrypted (Kafka's `toPersistentProps`)."""
+        passwords = [name for name in configs if is_dynamic_password(name)]
+        if passwords and self._encoder is None:
+            raise KafkaError(ErrorCode.invalid_request, f"Invalid config value for resource ConfigResource("
+                                                        f"type=BROKER, name='{entity}'): Password encoder secret "
+                                                        "not configured")
+        return {name: self._encoder.encode(value) if name in passwords else value for name, value in configs.items()}
+
+    def _decrypted(self, stored: Mapping[str, str]) -> dict[str, str]:
+        """Stored configs with their passwords decrypted; one that does not decrypt with this
+        secret is left out with an error, as Kafka's `fromPersistentProps` does."""
+        result = {}
+        for name, value in stored.items():
+            if is_dynamic_password(name):
+                if self._encoder is None:
+                    log.error("Dynamic password config %s could not be decoded, ignoring: "
+                              "password.encoder.secret is not set", name)
+                    continue
+                try:
+                    value = self._encoder.decode(value)
+                except ConfigError as exc:
+                    log.error("Dynamic password config %s could not be decoded, ignoring: %s", name, exc)
+                    continue
+            result[name] = value
+        return result
+
+    def _reencrypted(self, stored: Mapping[str, str]) -> dict[str, str] | None:
+        """After a change of secret: this broker's passwords that `password.encoder.old.secret`
+        decrypts, encrypted with the new secret (Kafka's `maybeReEncodePasswords`); None when
+        there are none. One the old secret does not decrypt stays as it is: it was encrypted
+        again at an earlier start, which the old secret outlived."""
+        old = encoder_from_config(self.broker.config, "password.encoder.old.secret")
+        if old is None:
+            return None
+        rotated = {}
+        for name, value in stored.items():
+            if is_dynamic_password(name):
+                try:
+                    rotated[name] = self._encoder.encode(old.decode(value))
+                except ConfigError:
+                    continue
+        if not rotated:
+            return None
+        log.info("dynamic password configs %s encrypted again with the new password.encoder.secret",
+                 ", ".join(sorted(rotated)))
+        return {**stored, **rotated}
 
     # -- changing them ------------------------------------------------------------------------
     async def alter_broker(self, broker_id: int | None, configs: Mapping[str, str], validate_only: bool) -> None:
@@ -90,7 +158,7 @@ class DynamicConfigs:
                                                         f"type=BROKER, name='{entity}'): {exc}") from None
         if validate_only:
             return
-        stored = {name: str(value) for name, value in configs.items()}
+        stored = await asyncio.to_thread(self._encrypted, entity, {name: str(value) for name, value in configs.items()})
         if self.store is not None:
             await asyncio.to_thread(self.store.set_broker_configs, broker_id, stored)
             await self.catch_up()  # this broker sees its own change at once; the others on the notification
@@ -101,7 +169,7 @@ class DynamicConfigs:
         else:
             per_broker = stored
         await asyncio.to_thread(self._write_local, per_broker, default)
-        self._apply_broker(per_broker, default)
+        self._apply_broker(*await asyncio.to_thread(lambda: (self._decrypted(per_broker), self._decrypted(default))))
 
     async def alter_topic(self, name: str, configs: Mapping[str, str], validate_only: bool) -> None:
         """A cluster topic's configs: `/config/topics/<t>` and a notification; the brokers
@@ -194,9 +262,20 @@ class DynamicConfigs:
             await asyncio.to_thread(self.store.purge_config_changes, now_ms() - _CHANGE_EXPIRATION_MS)
 
     async def _reload_broker(self) -> None:
-        per_broker = await asyncio.to_thread(self.store.broker_configs, self.broker.node_id)
-        default = await asyncio.to_thread(self.store.broker_configs, None)
+        per_broker = await asyncio.to_thread(self._read_broker, self.broker.node_id)
+        default = await asyncio.to_thread(self._read_broker, None)
         self._apply_broker(per_broker, default)
+
+    @property
+    def last_change_seen(self) -> int:
+        """The last `/config/changes` sequence number applied."""
+        return self._seen
+
+    async def reload_topics(self, names) -> None:
+        """Re-read these topics' configs: a log created while a change to them was announced
+        missed that change (only existing logs are reloaded by `catch_up`)."""
+        async with self._reloading:
+            await self._reload_topics(names)
 
     async def _reload_topics(self, names) -> None:
         logs = self.broker.logs
@@ -223,6 +302,10 @@ class DynamicConfigs:
         loop = asyncio.get_running_loop()
         self.store.watch("config_changes", lambda: loop.call_soon_threadsafe(self._changed.set))
         async with self._reloading:
+            node_id = self.broker.node_id
+            rotated = await asyncio.to_thread(lambda: self._reencrypted(self.store.broker_configs(node_id)))
+            if rotated is not None:
+                await asyncio.to_thread(self.store.set_broker_configs, node_id, rotated)
             changes = await asyncio.to_thread(self.store.config_changes, self._seen)
             self._seen = changes[-1][0] if changes else self._seen
             await self._reload_broker()

@@ -9,6 +9,12 @@ the send with `BrokerNotAvailable`; the next send to it waits out a backoff that
 from `reconnect_backoff_ms` to `reconnect_backoff_max_ms` (Kafka's names and defaults) and
 reconnects. Every request sent here expects a response (no acks=0 produce).
 
+A sender that picks its request's version by what the other broker serves asks
+`usable_version`: the highest version both ends support, from that broker's ApiVersions,
+asked once per connection (Kafka's NetworkClient asks on every new connection; here only
+when a sender needs it) and asked again after a reconnect, since the broker may have been
+upgraded or downgraded meanwhile.
+
 Timeouts use `asyncio.timeout`, never `asyncio.wait_for`: Python 3.11's `wait_for` returns
 the result when its task is cancelled just as the answer arrives, so the cancellation is
 lost. A replica fetcher cancelled that way went on fetching, and the broker never finished
@@ -24,9 +30,11 @@ import struct
 import time
 from typing import Any
 
+from ..errors import ErrorCode
 from ..protocol.codec import ProtocolViolation, decode_response, encode_request, response_correlation_id
 
-__all__ = ["InterBrokerClient", "BrokerConnection", "BrokerNotAvailable", "RequestTimedOut"]
+__all__ = ["InterBrokerClient", "BrokerConnection", "BrokerNotAvailable", "RequestTimedOut", "UnsupportedVersion",
+           "highest_common_version"]
 
 log = logging.getLogger("ottla.interbroker")
 
@@ -39,6 +47,22 @@ class BrokerNotAvailable(ConnectionError):
 
 class RequestTimedOut(TimeoutError):
     pass
+
+
+class UnsupportedVersion(Exception):
+    """The other broker serves no version of the API that this one can send (Kafka's
+    UnsupportedVersionException)."""
+
+
+def highest_common_version(api_key: int, ours: tuple[int, int], theirs: dict[int, tuple[int, int]]) -> int:
+    """Kafka's `NodeApiVersions.latestUsableVersion`: the highest version in both ranges."""
+    if api_key not in theirs:
+        raise UnsupportedVersion(f"the broker does not serve API key {api_key}")
+    low, high = max(ours[0], theirs[api_key][0]), min(ours[1], theirs[api_key][1])
+    if low > high:
+        raise UnsupportedVersion(f"API key {api_key}: the broker serves v{theirs[api_key][0]}-{theirs[api_key][1]}, "
+                                 f"this one sends v{ours[0]}-{ours[1]}")
+    return high
 
 
 class BrokerConnection:
@@ -63,6 +87,7 @@ class BrokerConnection:
         # Requests whose sender was cancelled: their answers still come, and are dropped.
         self._abandoned: set[int] = set()
         self._closed = False
+        self._api_versions: dict[int, tuple[int, int]] | None = None  # the broker's, on this connection
 
     @property
     def connected(self) -> bool:
@@ -124,6 +149,18 @@ class BrokerConnection:
         finally:
             self._pending.pop(correlation_id, None)
 
+    async def usable_version(self, api_key: int, ours: tuple[int, int]) -> int:
+        """The highest version of `api_key` in `ours` that the broker serves (UnsupportedVersion
+        if none); its ApiVersions is asked on the first call on each connection."""
+        if self._api_versions is None or not self.connected:
+            from kio.schema.api_versions.v3.request import ApiVersionsRequest  # kio modules cost start time
+
+            response = await self.send(ApiVersionsRequest(client_software_name="ottla", client_software_version="1"))
+            if response.error_code != ErrorCode.none:
+                raise UnsupportedVersion(f"ApiVersions to broker {self.node_id} failed: {response.error_code!r}")
+            self._api_versions = {v.api_key: (v.min_version, v.max_version) for v in response.api_keys}
+        return highest_common_version(api_key, ours, self._api_versions)
+
     async def _read_responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         error: Exception = BrokerNotAvailable(f"broker {self.node_id} closed the connection")
         try:
@@ -154,6 +191,7 @@ class BrokerConnection:
 
     def _disconnect(self, error: Exception) -> None:
         writer, self._writer = self._writer, None
+        self._api_versions = None
         if writer is not None:
             writer.close()
         task, self._reader_task = self._reader_task, None
@@ -205,6 +243,9 @@ class InterBrokerClient:
 
     async def send(self, node_id: int, host: str, port: int, request: Any, timeout_ms: int | None = None) -> Any:
         return await self.connection(node_id, host, port).send(request, timeout_ms)
+
+    async def usable_version(self, node_id: int, host: str, port: int, api_key: int, ours: tuple[int, int]) -> int:
+        return await self.connection(node_id, host, port).usable_version(api_key, ours)
 
     async def close(self) -> None:
         self._closed = True

@@ -12,6 +12,8 @@ import os
 import weakref
 from pathlib import Path
 
+from ..durability import fsync
+
 MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
 MIN_ITERATIONS, MAX_ITERATIONS = 4096, 16384  # Kafka's ScramMechanism bounds
 FILE_NAME = "scram-credentials.json"
@@ -43,11 +45,11 @@ class ScramCredentials:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({u: {str(m): c for m, c in creds.items()} for u, creds in self.users.items()}, f)
             f.flush()
-            os.fsync(f.fileno())
+            fsync(f.fileno(), tmp)
         os.replace(tmp, self._path)
         fd = os.open(self._path.parent, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            fsync(fd, self._path.parent)
         finally:
             os.close(fd)
 

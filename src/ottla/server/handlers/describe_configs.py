@@ -76,7 +76,8 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
         if not per_broker:
             synonyms = [s for s in synonyms if s[2] != "dynamic_broker"]
         value = config[name] if per_broker else config.dynamic_default[name]
-        entries.append((name, render(value), synonyms[0][2] if synonyms else "default", _type_code(value), synonyms,
+        entries.append((name, render(value), synonyms[0][2] if synonyms else "default",
+                        _PASSWORD if name in PASSWORD_CONFIGS else _type_code(value), synonyms,
                         name not in DYNAMIC_BROKER_CONFIGS))
     if not per_broker:
         return entries

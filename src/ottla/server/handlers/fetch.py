@@ -175,8 +175,12 @@ async def handle(ctx, request):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.replicas.wait_for_data(keys, remaining)
+        # Not kept while waiting: a full garbage collection walks every waiting fetch's objects.
+        topics = hints = None
+        woken = await ctx.broker.replicas.delayed_fetches.wait(keys, remaining)
         hints = LeaderHints(ctx.broker.metadata, response_type)
         topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
+        if not woken:  # max_wait has passed: answered with whatever is there
+            break
     return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
                 responses=tuple(topics), node_endpoints=hints.node_endpoints())

@@ -13,7 +13,8 @@ v2 (Kafka 4.x) names each marker's transaction version. A transaction-version-2 
 bumps the producer epoch before it writes the markers, so such a marker must carry an epoch
 above the partition's (Kafka's `ProducerAppendInfo.checkProducerEpoch`): an equal epoch is a
 retry of a marker already written when no transaction is open, else INVALID_PRODUCER_EPOCH.
-Ottla's own coordinator is on version 0 and sends v1.
+Ottla's own coordinator is on transaction version 0 and sends the highest version the leader
+serves (its ApiVersions, `coordinator_runtime.py`): v2 between Ottla brokers, stating version 0.
 """
 
 import functools
