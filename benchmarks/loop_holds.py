@@ -20,7 +20,9 @@ has settled, before it stops, --rounds times over on the same broker. Each new w
 broker logged is named by the phase it fell in, and its RSS is read before, with the
 connections open and 3 s after they closed. `--topics 0` skips the admin requests.
 --long-poll N: on a broker of its own, N consumers long-poll one empty partition together
-(Fetch, max_wait 500 ms) for --seconds, each polling again as its answer arrives.
+(Fetch, max_wait 500 ms) for --seconds, each polling again as its answer arrives; the worst
+CPU hold is also named by phase (the broker's start, the polling, its shutdown with the
+consumers connected), from the broker's timestamped notes of each new worst.
 
 --wide N: on a broker of its own, one topic of N partitions, a record in each, then
 DeleteTopics of it: its round trip and longest single step (the partitions' directories go).
@@ -219,6 +221,7 @@ def _long_poll(count: int, seconds: float) -> list[tuple[str, str]]:
             sock.setblocking(False)
             consumers[sock.fileno()] = [sock, b""]
         _settle(handle.pid)
+        polling = datetime.now()
         poller = select.poll()
         for fd, (sock, _) in consumers.items():
             poller.register(fd, select.POLLIN)
@@ -233,14 +236,21 @@ def _long_poll(count: int, seconds: float) -> list[tuple[str, str]]:
                     answers += 1
                     consumer[0].send(fetch)
         cpu = _broker_cpu_s(handle.pid) - cpu
+        stopping = datetime.now()
         handle.stop()
         log = handle.read_stderr()
         for sock, _ in consumers.values():
             sock.close()
     lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    worst = {"start": "-", "polling": "-", "shutdown": "-"}  # "-": none above an earlier phase's
+    for stamp, held in re.findall(r"^(\S+ \S+) .*event loop: (\d+) ms of CPU between two wake-ups", log, re.MULTILINE):
+        at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+        worst["start" if at < polling else "polling" if at < stopping else "shutdown"] = held
     return [(f"long poll: {count} consumers, answers per second", f"{answers / seconds:.0f}"),
             ("long poll: broker CPU per answer (us)", f"{cpu / max(answers, 1) * 1e6:.0f}"),
             ("long poll: worst event-loop lag: wall / loop's own CPU (ms)", " / ".join(lag[-1])),
+            ("long poll: worst loop CPU between two wake-ups: start / polling / shutdown (ms)",
+             " / ".join(worst.values())),
             ("long poll: holds of a second or more logged", str(log.count("event loop held for"))),
             ("long poll: garbage collections, longest (how many, total)", _steps(log)[1])]
 

@@ -10,8 +10,15 @@
    leadership first) while the same producer runs, `--shutdown-rounds` times; the longest gap
    between two acknowledgements from the SIGTERM until a second after the broker exited
    (against the longest gap in the 2 s before: the producer's own pace).
+5. Many partitions (`--cases wide`): `--wide-records` records spread round-robin over a topic of
+   `--wide-partitions` partitions (RF=3, min.insync.replicas=2), once with acks=all and once with
+   acks=1: records/s and each record's produce latency (produce() to its delivery report)
+   p50/p99. librdkafka sends one partition per ProduceRequest and a connection is served one
+   request at a time, so acks=all here is bound by how fast a follower fetch round moves the
+   high watermark.
 
     PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500] [--shutdown-rounds 5]
+    PYTHONPATH=src python benchmarks/replication.py --cases wide [--wide-partitions 1000] [--wide-records 100000]
 """
 
 from __future__ import annotations
@@ -87,6 +94,59 @@ def latency(bootstrap: str, topic: str, samples: int) -> tuple[float, float]:
     consumer.close()
     seen.sort()
     return statistics.median(seen), seen[int(len(seen) * 0.99) - 1]
+
+
+def create_wide(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 3, config={"min.insync.replicas": "2"})])[topic].result(120)
+    while True:  # every partition led and its ISR full
+        info = admin.list_topics(topic, timeout=30).topics.get(topic)
+        if (info is not None and info.error is None and len(info.partitions) == partitions
+                and all(p.leader >= 0 and len(p.isrs) == 3 for p in info.partitions.values())):
+            return
+        time.sleep(0.5)
+
+
+def wide(bootstrap: str, topic: str, partitions: int, records: int, acks: str) -> tuple[float, float, float]:
+    """records/s and produce latency p50/p99 (ms) of `records` 100-byte records spread
+    round-robin over `partitions` partitions."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5,
+                         "message.timeout.ms": 1800000})
+    latencies: list[float] = []
+
+    def delivered(err, _msg, sent):
+        assert err is None, err
+        latencies.append(time.monotonic() - sent)
+    value = b"x" * 100
+    start = time.monotonic()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions,
+                                 on_delivery=lambda err, msg, sent=time.monotonic(): delivered(err, msg, sent))
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(1800) == 0
+    elapsed = time.monotonic() - start
+    latencies.sort()
+    return records / elapsed, latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+
+
+def wide_case(bootstrap: str, partitions: int, records: int) -> None:
+    create_wide(bootstrap, "wide", partitions)
+    rows = []
+    for acks in ("all", "1"):
+        wide(bootstrap, "wide", partitions, min(records, partitions * 2), acks)  # warm: connections, metadata
+        rate, p50, p99 = wide(bootstrap, "wide", partitions, records, acks)
+        progress(f"{partitions} partitions acks={acks}: {rate:,.0f} records/s, p50 {p50:.0f} ms p99 {p99:.0f} ms")
+        rows.append((acks, rate, p50, p99))
+    print()
+    print(f"| {records:,} records over {partitions:,} partitions, RF=3 | records/s | produce latency p50 / p99 |")
+    print("| --- | ---: | ---: |")
+    for acks, rate, p50, p99 in rows:
+        print(f"| acks={acks} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} ms |")
 
 
 def failover_producer(bootstrap: str) -> Producer:
@@ -169,9 +229,17 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200000)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--shutdown-rounds", type=int, default=5)
+    parser.add_argument("--cases", choices=("single", "wide", "all"), default="single",
+                        help="single: measures 1-4 (one-partition topics); wide: measure 5")
+    parser.add_argument("--wide-partitions", type=int, default=1000)
+    parser.add_argument("--wide-records", type=int, default=100000)
     args = parser.parse_args()
-    with cluster(brokers=3, config=CONFIG) as handle:
+    with cluster(brokers=3, config=CONFIG, log_level="warning") as handle:
         progress(f"cluster up: {handle.bootstrap}")
+        if args.cases in ("wide", "all"):
+            wide_case(handle.bootstrap, args.wide_partitions, args.wide_records)
+        if args.cases == "wide":
+            return
         create(handle.bootstrap, "rf1", 1)
         create(handle.bootstrap, "rf3", 3)
         rf1 = throughput(handle.bootstrap, "rf1", args.records)

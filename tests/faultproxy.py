@@ -135,6 +135,9 @@ class FaultProxy:
         self._drop: _DropRule | None = None
         self._delay: _DelayRule | None = None
         self._cut_rate = 0.0
+        self._record: tuple[int, str | None] | None = None
+        # Request frames (without the size prefix) passed upstream while `record_requests` is on.
+        self.recorded: list[bytes] = []
         self._connections: set[_Connection] = set()
         self._accepted = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -228,6 +231,10 @@ class FaultProxy:
         (requests and responses alike)."""
         self._cut_rate = rate
 
+    def record_requests(self, api_key: int, *, client_id: str | None = None) -> None:
+        """Keep a copy of each request frame of `api_key` (from `client_id`) in `recorded`."""
+        self._record = (api_key, client_id)
+
     def clear_faults(self) -> None:
         self._drop = None
         self._delay = None
@@ -310,6 +317,9 @@ class FaultProxy:
                 api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame)
                 self._maybe_cut(connection)
                 connection.pending.append((correlation_id, api_key, api_version, _client_id(frame)))
+                record = self._record
+                if record is not None and record[0] == api_key and record[1] in (None, _client_id(frame)):
+                    self.recorded.append(frame)
                 self.stats["requests"] += 1
                 self.requests[(api_key, api_version)] += 1
                 writer.write(struct.pack(">i", len(frame)) + frame)

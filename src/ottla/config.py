@@ -57,6 +57,13 @@ def _compression_type(value: str) -> str:
     return value
 
 
+def _transaction_version(value: str | int) -> int:
+    level = _int(value)
+    if not 0 <= level <= 2:
+        raise ValueError(f"supported levels are 0 to 2, got {value!r}")
+    return level
+
+
 def _choice(allowed: tuple[str, ...]) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in allowed:
@@ -211,6 +218,13 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("transactional.id.expiration.ms", _int, 7 * _DAY_MS, 1),
         ConfigDef("transaction.abort.timed.out.transaction.cleanup.interval.ms", _int, 10000, 1),
         ConfigDef("transaction.remove.expired.transaction.cleanup.interval.ms", _int, 3600000, 1),
+        # Kafka's feature of that name (finalized cluster-wide there; server/features.py): 2 is
+        # KIP-890 part 2, Kafka 4.0's level for a new cluster.
+        ConfigDef("transaction.version", _transaction_version, 2),
+        # How long a transactions-version-2 write waits out the previous transaction's markers
+        # (CONCURRENT_TRANSACTIONS) before it is answered with that error.
+        ConfigDef("add.partitions.to.txn.retry.backoff.ms", _int, 20, 1),
+        ConfigDef("add.partitions.to.txn.retry.backoff.max.ms", _int, 100, 0),
         ConfigDef("fetch.max.bytes", _int, 57671680, 0),
         ConfigDef("max.incremental.fetch.session.cache.slots", _int, 1000, 0),
         # Dynamic password configs are stored encrypted with the secret (password_encoder.py);

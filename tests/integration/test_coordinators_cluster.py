@@ -18,13 +18,15 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition as KTopicPartition
+from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
 from ottla.coordinator.partitioning import partition_for
 from ottla.testing import cluster
+from tests.raw_txn_v2 import RawProducer
 from tests.wire import roundtrip
 from tests.waiting import wait_for
 
@@ -177,6 +179,40 @@ def test_transactions_on_one_broker_with_data_on_others_survive_its_kill(three):
     batch(producer, "d", True)
     expected = sorted(f"{t}{i}".encode() for t in "acd" for i in range(10))
     assert sorted(read_committed(three, "txdata", targets, len(expected))) == expected
+
+
+def test_transactions_version_2_adds_partitions_through_their_leaders(three):
+    """A Java 4.x producer's requests (raw frames): its data partition led by broker 1, its
+    group by broker 2 and its transactional id by broker 3, so broker 1 (Produce v12) and
+    broker 2 (TxnOffsetCommit v5) add the partitions with AddPartitionsToTxn v5 to broker 3."""
+    led = data_topic(three, "tv2data")
+    partition = next(p for p, b in led.items() if b == 1)
+    txn_id = key_on(three, TRANSACTION, "tv2", 3)
+    group = key_on(three, GROUP, "tv2-group", 2)
+    assert (coordinator_of(three, TRANSACTION, txn_id), coordinator_of(three, GROUP, group)) == (3, 2)
+
+    def connect(broker_id):
+        host, port = three.brokers[broker_id].bootstrap.rsplit(":", 1)
+        return socket.create_connection((host, int(port)), timeout=60)
+
+    with connect(3) as coordinator, connect(1) as leader, connect(2) as groups:
+        producer = RawProducer(coordinator, "tv2data", transactional_id=txn_id, partition=partition,
+                               leader=leader, group=groups)
+        producer.init()
+        epoch = producer.epoch
+        assert producer.produce(b"tv2-a")[0] == ErrorCode.none
+        assert producer.commit_offsets(group, 7) == ErrorCode.none
+        assert producer.end(commit=True).producer_epoch == epoch + 1
+        assert producer.produce(b"late", epoch=epoch, sequence=1)[0] == ErrorCode.invalid_producer_epoch
+        assert producer.produce(b"tv2-b")[0] == ErrorCode.none
+        assert producer.end(commit=True).producer_epoch == epoch + 2
+    assert sorted(read_committed(three, "tv2data", [partition], 2)) == [b"tv2-a", b"tv2-b"]
+    consumer = Consumer({"bootstrap.servers": three.bootstrap, "group.id": group})
+    try:
+        assert wait_for(lambda: consumer.committed([TopicPartition("tv2data", partition)], timeout=30)[0].offset == 7,
+                        what="the offset committed in the transaction")
+    finally:
+        consumer.close()
 
 
 def test_no_coordinator_until_enough_brokers_for_the_replication_factor(tmp_path):

@@ -11,10 +11,10 @@ TOPIC = "crashy"
 PARTITIONS = 3
 
 
-def _read_partition(bootstrap, partition, timeout=60):
+def _read_partition(bootstrap, partition, timeout=60, topic=TOPIC):
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.partition.eof": True,
                          "enable.auto.commit": False})
-    consumer.assign([TopicPartition(TOPIC, partition, 0)])
+    consumer.assign([TopicPartition(topic, partition, 0)])
     records = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -93,9 +93,9 @@ def test_torn_last_batch_is_cut_on_restart(ottla_broker_factory):
     with open(segment, "r+b") as handle:
         handle.truncate(size - 5)  # a torn write of the last batch
     indexes = [segment.with_suffix(".index"), segment.with_suffix(".timeindex")]
-    assert [p.stat().st_size for p in indexes] == [10485760, 10485760 // 12 * 12]  # preallocated, untrimmed
+    assert [p.stat().st_size for p in indexes] == [0, 0]  # no entry (10 small batches): never preallocated
     broker.start()
-    assert [p.stat().st_size for p in indexes] == [0, 0]  # recovery trims them (no entry: 9 small batches)
+    assert [p.stat().st_size for p in indexes] == [0, 0]
     records = _read_partition(broker.bootstrap, 0)
     assert [value for _, value in records] == [f"r{i}".encode() for i in range(9)]
     producer = Producer({"bootstrap.servers": broker.bootstrap})
@@ -154,3 +154,51 @@ def test_recovery_rescans_only_from_the_checkpointed_recovery_point(ottla_broker
     producer.produce(TOPIC, value=b"after", partition=0, on_delivery=lambda e, m: offsets.append(m.offset()))
     producer.flush(10)
     assert offsets == [59]
+
+
+def test_kill_9_after_a_clean_restart_keeps_every_acknowledged_record_once(ottla_broker_factory):
+    """The usual crash of a long-running broker: it had restarted cleanly (recovery points and
+    producer snapshots at that restart's log ends, inside every active segment), took more
+    acknowledged writes from an idempotent producer, and was killed with kill -9. Recovery then
+    rebuilds indexes the crash left preallocated and keeps the snapshots still valid: every
+    acknowledged record is there once, at its acknowledged offset, reads through the rebuilt
+    indexes find them, and the same producer's next records continue its sequence."""
+    topic, partitions = "restarted", 4
+    broker = ottla_broker_factory({"log.index.interval.bytes": 256})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 1,
+                         "message.timeout.ms": 120000, "reconnect.backoff.max.ms": 500})
+    acked = {}
+    errors = []
+
+    def delivered(err, msg):
+        if err is None:
+            acked[msg.value()] = (msg.partition(), msg.offset())
+        else:
+            errors.append(err)
+
+    def produce_round(n):
+        for i in range(300):
+            producer.produce(topic, value=f"round{n}-{i:04d}-".encode() + b"x" * 100, partition=i % partitions,
+                             on_delivery=delivered)
+            if i % 20 == 19:
+                assert producer.flush(120) == 0  # many batches: the indexes get entries
+        assert producer.flush(120) == 0
+
+    produce_round(0)
+    broker.stop()
+    broker.start()
+    produce_round(1)
+    broker.kill()
+    active = Path(broker.data_dir, f"{topic}-0", f"{0:020d}.index")
+    assert active.stat().st_size == 10485760  # the crash left it preallocated: recovery rebuilds it
+    broker.start()
+    produce_round(2)
+    assert errors == [] and len(acked) == 900
+    stored = {p: _read_partition(broker.bootstrap, p, topic=topic) for p in range(partitions)}
+    for partition, records in stored.items():
+        assert [offset for offset, _ in records] == list(range(len(records))), "offsets must be dense"
+        assert len(records) == 225  # every acknowledged record once, nothing else
+    for value, (partition, offset) in acked.items():
+        assert stored[partition][offset] == (offset, value), f"acknowledged {value!r} not at {partition}/{offset}"

@@ -1,4 +1,5 @@
-"""Fetch semantics on the wire: long polling, size limits, whole batches, sessions, compression."""
+"""Fetch semantics on the wire: long polling, size limits, whole batches, compression (sessions:
+`test_fetch_sessions.py`)."""
 
 import threading
 import time
@@ -122,16 +123,6 @@ def test_a_partition_with_an_error_carries_empty_records_not_null(wire_topic):
     _, sock = wire_topic
     response = _fetch(sock, [(0, 5), (7, 0)])
     assert [p.records for p in response.responses[0].partitions] == [b"", b""]
-
-
-def test_fetch_sessions_are_declined_cleanly(wire_topic):
-    broker, sock = wire_topic
-    _produce_batches(broker.bootstrap, 0, 1, 10)
-    response = _fetch(sock, [(0, 0)], session_id=0, session_epoch=0)  # asks for a new session
-    assert response.error_code == ErrorCode.none and response.session_id == 0
-    assert _batches(response.responses[0].partitions[0].records)
-    response = _fetch(sock, [(0, 0)], session_id=1234, session_epoch=1)
-    assert response.error_code == ErrorCode.fetch_session_id_not_found
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))

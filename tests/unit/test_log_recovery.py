@@ -212,13 +212,28 @@ def test_recovery_of_an_empty_active_segment_leaves_empty_indexes(tmp_path):
     log = Log(tmp_path / "e-0", CFG)
     log.append(batch(0), now_ms=0)
     log.roll(now_ms=0)
-    log.active_segment.indexes_full()  # maps them at full size, as a running broker does
+    for index in (log.active_segment.offset_index, log.active_segment.time_index):
+        index.open(active=True)  # preallocated, as an active index that got its first entry
     directory = crashed_copy(log, tmp_path)
     assert segment_files(directory, ".index")[-1].stat().st_size == 10485760
     recovered = Log(directory, CFG, recovery_point=0)
     assert recovered.log_end_offset == 2
     assert [p.stat().st_size for p in segment_files(directory, ".index")[-1:]] == [0]
     assert [p.stat().st_size for p in segment_files(directory, ".timeindex")[-1:]] == [0]
+
+
+def test_a_small_active_segment_never_preallocates_its_indexes(tmp_path):
+    """Appends too few for an index entry leave the index files empty: checking whether the
+    indexes are full mapped them at their preallocated size (10 MB each), which a kill -9 then
+    left for the next start's recovery to cut back, ~11 s of ftruncate over 1,000 partitions."""
+    log = Log(tmp_path / "s-0", CFG)
+    log.append(batch(0), now_ms=0)
+    log.roll(now_ms=0)
+    for i in range(1, 3):  # fewer bytes than index.interval.bytes (256) before the last
+        log.append(batch(i), now_ms=0)
+    assert log.active_segment.offset_index.entries == 0
+    assert [p.stat().st_size for p in segment_files(log.directory, ".index")] == [0, 0]
+    assert [p.stat().st_size for p in segment_files(log.directory, ".timeindex")] == [12, 0]
 
 
 def test_recovery_logs_one_info_line_only_when_it_did_work(written, tmp_path, caplog):
@@ -250,6 +265,60 @@ def test_producer_state_survives_a_crash(tmp_path):
     retry = recovered.append(batch(39, producer_id=5, producer_epoch=0, base_sequence=78), now_ms=0)
     assert retry.duplicate and retry.base_offset == 78
     assert recovered.append(batch(40, producer_id=5, producer_epoch=0, base_sequence=80), now_ms=0).base_offset == 85
+
+
+K_CFG = TopicConfig(BrokerConfig(), {"index.interval.bytes": 256})  # one segment
+
+
+def _restarted_then_crashed(tmp_path):
+    """A log shut down cleanly at offset 20 (producer snapshot there), restarted, written on
+    by producer 5 and left as a kill -9 leaves it (recovery point 20, inside the active segment)."""
+    log = Log(tmp_path / "k-0", K_CFG)
+    for i in range(10):
+        log.append(batch(i, producer_id=5, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+    log.close()
+    log = Log(log.directory, log.config, recovery_point=20, clean_shutdown=True)
+    for i in range(10, 15):
+        log.append(batch(i, producer_id=5, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+    return log, crashed_copy(log, tmp_path)
+
+
+def test_recovery_keeps_the_snapshots_the_recovered_log_still_holds(tmp_path, monkeypatch):
+    """A kill -9 after a clean restart: the snapshot at the clean end (20) describes batches
+    recovery finds intact, so it stays (deleting it cost every partition an unlink and a
+    directory fsync), and the state the scan rebuilt still deduplicates and continues."""
+    from ottla.producer_state import manager
+
+    _, directory = _restarted_then_crashed(tmp_path)
+    synced = []
+    monkeypatch.setattr(manager, "fsync_dir", synced.append)
+    recovered = Log(directory, K_CFG, recovery_point=20)
+    assert recovered.log_end_offset == 30
+    assert sorted(p.name for p in directory.glob("*.snapshot")) == ["00000000000000000020.snapshot"]
+    assert synced == []
+    retry = recovered.append(batch(14, producer_id=5, producer_epoch=0, base_sequence=28), now_ms=0)
+    assert retry.duplicate and retry.base_offset == 28
+    assert recovered.append(batch(15, producer_id=5, producer_epoch=0, base_sequence=30), now_ms=0).base_offset == 30
+    recovered.truncate_to(24)  # reloads from the kept snapshot and replays 20..23
+    assert recovered.append(batch(12, producer_id=5, producer_epoch=0, base_sequence=24), now_ms=0).base_offset == 24
+
+
+def test_recovery_deletes_snapshots_past_the_end_it_recovers(tmp_path):
+    """The same crash with the log torn below the clean end (20): the snapshot at 20 holds
+    producer 5's batches 6..9, which are gone. Kept, a later reload from it (a truncation,
+    here) would take 5's resent batches for duplicates: acknowledged, never written."""
+    _, directory = _restarted_then_crashed(tmp_path)
+    log_file = segment_files(directory, ".log")[-1]
+    torn_at = next(h for h in parse_batches(log_file.read_bytes()) if h.base_offset == 12).position + 30
+    os.truncate(log_file, torn_at)
+    recovered = Log(directory, K_CFG, recovery_point=20)
+    assert recovered.log_end_offset == 12
+    assert list(directory.glob("*.snapshot")) == []
+    for i in range(6):  # another producer takes the log past 20 again
+        recovered.append(batch(50 + i, producer_id=7, producer_epoch=0, base_sequence=2 * i), now_ms=0)
+    recovered.truncate_to(22)  # reloads producer state: from a snapshot at or below 22, if any
+    resent = recovered.append(batch(6, producer_id=5, producer_epoch=0, base_sequence=12), now_ms=0)
+    assert not resent.duplicate and resent.base_offset == 22
 
 
 def test_batches_without_a_producer_id_between_producers_recover_alike(tmp_path):

@@ -3,6 +3,7 @@ recorded under its API name, and the wrapper is transparent to results, errors a
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_the_longest_step_is_attributed_to_the_request(monkeypatch):
         await asyncio.sleep(0.01)
         return "answer"
 
-    assert asyncio.run(_await(loop_lag.timed(handler(), lambda: "Metadata v12"))) == "answer"
+    assert asyncio.run(_await(loop_lag.timed(handler(), SimpleNamespace(what="Metadata v12")))) == "answer"
     assert loop_lag.longest_steps["Metadata v12"] >= 150  # the CPU the step spun for
     assert loop_lag.steps_summary().startswith("Metadata v12 ")
 
@@ -40,8 +41,8 @@ def test_errors_and_cancellation_pass_through(monkeypatch):
 
     async def scenario():
         with pytest.raises(ValueError, match="bad request"):
-            await loop_lag.timed(failing(), lambda: "Produce v9")
-        task = asyncio.ensure_future(_await(loop_lag.timed(waiting(), lambda: "Fetch v12")))
+            await loop_lag.timed(failing(), SimpleNamespace(what="Produce v9"))
+        task = asyncio.ensure_future(_await(loop_lag.timed(waiting(), SimpleNamespace(what="Fetch v12"))))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -78,7 +79,7 @@ def test_a_collection_inside_a_step_is_not_charged_to_the_request(monkeypatch):
 
     collected_before = loop_lag._loop_gc_cpu[0]
     try:
-        asyncio.run(_await(loop_lag.timed(handler(), lambda: "ApiVersions v0")))
+        asyncio.run(_await(loop_lag.timed(handler(), SimpleNamespace(what="ApiVersions v0"))))
     finally:
         gc.callbacks.remove(pauses)
     collection_ms = (loop_lag._loop_gc_cpu[0] - collected_before) * 1000

@@ -12,9 +12,10 @@ from ottla.records.records import Record, build_batch
 
 
 def test_a_failing_partition_does_not_stop_the_others(tmp_path, monkeypatch, caplog):
-    # EIO on every sync of partition a-0, through the failpoint of ottla.durability, with the
-    # broker's halt replaced so the manager's handling can be seen in process.
-    monkeypatch.setattr(durability, "_FAILING", ("a-0",))
+    # EIO on every sync of partition a-0 once its records are appended (the first append's
+    # leader epoch checkpoint is synced too, and would fail the append itself), through the
+    # failpoint of ottla.durability, with the broker's halt replaced so the manager's handling
+    # can be seen in process.
     monkeypatch.setattr(durability, "_on_failure", lambda path, exc: None)
     config = BrokerConfig({"log.flush.offset.checkpoint.interval.ms": 0, "log.retention.check.interval.ms": 1})
     manager = LogManager(tmp_path, config, clock=lambda: 0)
@@ -23,6 +24,7 @@ def test_a_failing_partition_does_not_stop_the_others(tmp_path, monkeypatch, cap
     for name in ("a", "b"):
         for i in range(5):
             manager.get_log(name, 0).append(build_batch([Record(b"k", b"v" * 100, (), 1_000 + i)]), now_ms=0)
+    monkeypatch.setattr(durability, "_FAILING", ("a-0",))
     b = manager.get_log("b", 0)
     b.high_watermark = b.log_end_offset  # what the replica manager does on one node
     assert len(b.segments) > 1

@@ -84,11 +84,14 @@ class FakeMarkers:
 
     def __init__(self):
         self.calls = []
+        self.versions = []  # each call's transaction version
         self.auto = True
         self.pending = []
 
-    def write_markers(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions, on_done):
+    def write_markers(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions, on_done,
+                      transaction_version=0):
         self.calls.append((producer_id, producer_epoch, coordinator_epoch, commit, set(partitions)))
+        self.versions.append(transaction_version)
         if self.auto:
             on_done(E.none)
         else:

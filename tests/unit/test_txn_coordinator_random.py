@@ -74,7 +74,8 @@ class Markers:
         self.log = log
         self.pending = []
 
-    def write_markers(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions, on_done):
+    def write_markers(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions, on_done,
+                      transaction_version=0):
         # Only for a decision the log acknowledged, and exactly that decision.
         decided = [v for tid in TIDS for v in self.log.acked_values(tid)
                    if v.state in PREPARE and (v.producer_id, v.producer_epoch) == (producer_id, producer_epoch)]

@@ -57,6 +57,9 @@ class CoordinatorRuntime(Protocol):
 
 class MarkerChannel(Protocol):
     def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                          partitions: frozenset[TopicPartition]) -> Awaitable[dict[TopicPartition, ErrorCode]]:
+                          partitions: frozenset[TopicPartition],
+                          transaction_version: int = 0) -> Awaitable[dict[TopicPartition, ErrorCode]]:
         """Send WriteTxnMarkers to each partition's leader; the per-partition outcome. The
-        caller retries the partitions that failed, so this sends each request once."""
+        caller retries the partitions that failed, so this sends each request once. A
+        transactions-version-2 marker (WriteTxnMarkers v2) must carry an epoch above the
+        partition's."""

@@ -31,7 +31,8 @@ class _Index:
         self._fd = -1
         self._mm: mmap.mmap | None = None
         self._active = False
-        self._trimmed = False
+        self._trimmed = False  # rebuilt or trimmed, not yet fsynced: close() does it
+        self._counted = False  # `entries` is the file's, though it may not be open
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -49,6 +50,7 @@ class _Index:
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             self.entries = os.fstat(self._fd).st_size // self.entry.size
+            self._counted = True
         self._active = active
         capacity = max(self.entries, self.max_entries) if active else self.entries
         if active:
@@ -74,7 +76,9 @@ class _Index:
         A later use reopens it. With `sync=False` the mapping is dropped unflushed (its dirty
         pages stay in the page cache) and a duplicate descriptor to fsync later is returned."""
         if self._fd < 0:
-            return None
+            if not self._trimmed:
+                return None
+            self._fd = os.open(self.path, os.O_RDONLY)  # rebuilt by recovery, released since
         deferred = None
         if sync:
             self._unmap()
@@ -93,28 +97,42 @@ class _Index:
         self._active = self._trimmed = False
         return deferred
 
-    def trim(self) -> None:
-        """Cut an active index back to its entries, without fsync: recovery rebuilt it, and a
-        crash before the next checkpoint rebuilds it again. The next append maps it at full
-        size again; until then the file holds no preallocated tail (Kafka's trimToValidSize)."""
-        if self._fd < 0 or not self._active:
-            return
+    def rewrite(self, data: bytes) -> None:
+        """Make the file hold exactly `data`, recovery's rebuilt entries, and release it.
+
+        Only what differs is written: the file a crash left usually holds them already (a
+        small segment's index has none), and recovery grew every index to its preallocated
+        size and cut it back, seconds of ftruncate over 1,000 partitions. Like a trimmed
+        index, it is fsynced when it closes."""
         if self._mm is not None:
             self._mm.close()
             self._mm = None
-        os.ftruncate(self._fd, self.entries * self.entry.size)
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(self._fd).st_size
+        if size != len(data) or (data and os.pread(self._fd, len(data), 0) != data):
+            if size > len(data):
+                os.ftruncate(self._fd, len(data))
+            os.pwrite(self._fd, data, 0)
+        os.close(self._fd)
+        self._fd = -1
+        self.entries = len(data) // self.entry.size
+        self._counted = self._trimmed = True
         self._active = False
-        self._trimmed = True  # still to fsync when it closes, as an active index is
-        if self.entries:
-            self._mm = mmap.mmap(self._fd, self.entries * self.entry.size)
 
-    def reset(self) -> None:
-        """Drop every entry (before a rebuild)."""
-        self.entries = 0
+    def _entry_count(self) -> int:
+        """`entries`, from the file's size if it was never opened: no mapping, no preallocation."""
+        if self._fd < 0 and not self._counted:
+            try:
+                self.entries = os.stat(self.path).st_size // self.entry.size
+            except FileNotFoundError:
+                self.entries = 0
+            self._counted = True
+        return self.entries
 
     @property
     def is_full(self) -> bool:
-        return self.entries >= self.max_entries
+        return self._entry_count() >= self.max_entries
 
     def delete(self, *, unlink: bool = True) -> None:
         """Release the file and remove it (`unlink=False`: its directory goes whole, later).
@@ -221,7 +239,7 @@ class TimeIndex(_Index):
     @property
     def is_full(self) -> bool:
         """Full one entry early, like Kafka's: sealing a segment still appends its final entry."""
-        return self.entries >= self.max_entries - 1
+        return self._entry_count() >= self.max_entries - 1
 
     def last_entry(self) -> tuple[int, int] | None:
         """(timestamp, absolute offset) of the newest entry."""

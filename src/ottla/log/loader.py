@@ -43,9 +43,8 @@ def load_log(
 ) -> LoadedLog:
     """`recovery_point` and `log_start_offset` come from the manager's checkpoints; with
     `clean_shutdown` the recovery point is the exact log end, and nothing on disk is read."""
-    recover_swaps(directory)
     bases = []
-    for name in os.listdir(directory):
+    for name in recover_swaps(directory):
         stem, _, suffix = name.partition(".")
         if suffix == "log" and stem.isdigit():
             bases.append(int(stem))
@@ -107,7 +106,7 @@ def _recover(
     scan_from = segments[first].base_offset
     state = ProducerStateManager(directory, expiration_ms=expiration_ms)
     state.truncate_and_reload(log_start_offset, scan_from,
-                              lambda offset: replay_batches(segments, bases, scan_from, offset))
+                              lambda offset: replay_batches(segments, bases, scan_from, offset), keep_above=True)
 
     scanned_bytes = truncated_bytes = 0
     next_offset = scan_from
@@ -125,6 +124,7 @@ def _recover(
             keep = i + 1
             break
     state.skip_to(next_offset)
+    state.delete_snapshots_above(next_offset)
     for segment in segments[keep:]:
         truncated_bytes += segment.size
         segment.delete()

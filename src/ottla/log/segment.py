@@ -77,8 +77,9 @@ class LogSegment:
         name = segment_name(base_offset)
         self.base_offset = base_offset
         self.log_path = directory / f"{name}.log"
-        self.offset_index = OffsetIndex(directory / f"{name}.index", base_offset, index_max_bytes)
-        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset, index_max_bytes)
+        self._index_max_bytes = index_max_bytes
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
         self.index_interval_bytes = index_interval_bytes
         # Sealed: no more appends; its .log opens read-only, and only while recently read.
         self.sealed = False
@@ -94,6 +95,26 @@ class LogSegment:
         # Bumped whenever bytes already written may change or vanish (truncation, deletion,
         # the cleaner's swap): a FileRecords built before can no longer be sent.
         self.version = 0
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        """Made on first use, as Kafka's LazyIndex: a start builds no index object for the
+        segments nobody reads or appends to."""
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex(self._index_path(".index"), self.base_offset, self._index_max_bytes)
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._time_index = TimeIndex(self._index_path(".timeindex"), self.base_offset, self._index_max_bytes)
+        return self._time_index
+
+    def _index_path(self, suffix: str) -> Path:
+        return self.log_path.parent / f"{segment_name(self.base_offset)}{suffix}"
+
+    def _made_indexes(self) -> list[OffsetIndex | TimeIndex]:
+        return [index for index in (self._offset_index, self._time_index) if index is not None]
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -133,8 +154,8 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.close()
-        self.time_index.close()
+        for index in self._made_indexes():
+            index.close()
         if self._txn_index is not None:
             self._txn_index.close()
 
@@ -169,10 +190,9 @@ class LogSegment:
             fsync(self._fd, self.log_path)
         if self._txn_index is not None:
             self._txn_index.flush()
-        if self.offset_index.is_open:
-            self.offset_index.flush()
-        if self.time_index.is_open:
-            self.time_index.flush()
+        for index in self._made_indexes():
+            if index.is_open:
+                index.flush()
 
     def duplicate_fd(self) -> int | None:
         """A duplicate of the .log's descriptor (see Log.duplicate_data_fds)."""
@@ -200,7 +220,7 @@ class LogSegment:
                 deferred.append((fd, self._txn_index.path))
         if self._max_timestamp is not None and self._max_timestamp[0] >= 0:
             self.time_index.maybe_append(*self._max_timestamp)
-        for index in (self.offset_index, self.time_index):
+        for index in self._made_indexes():
             if (fd := index.close(sync=sync)) is not None:
                 deferred.append((fd, index.path))
         self.sealed = True
@@ -224,8 +244,8 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self.offset_index.delete(unlink=unlink)
-        self.time_index.delete(unlink=unlink)
+        for index in (self.offset_index, self.time_index) if unlink else self._made_indexes():
+            index.delete(unlink=unlink)
         if self._txn_index is not None:
             self._txn_index.delete(unlink=unlink)
         elif unlink:  # never opened: no object to make just to remove its file
@@ -265,8 +285,8 @@ class LogSegment:
         self._size = start + size
 
     def indexes_full(self) -> bool:
-        self.offset_index.open(active=True)
-        self.time_index.open(active=True)
+        """Without mapping them: opening an index active preallocates it (10 MB by default),
+        which every small partition's indexes got at its first append after a restart."""
         return self.offset_index.is_full or self.time_index.is_full
 
     def max_timestamp_and_offset(self) -> tuple[int, int]:
@@ -407,10 +427,9 @@ class LogSegment:
         self.reactivate()
         fd = self._open()
         file_size = self._size
-        self.offset_index.open(active=True)
-        self.time_index.open(active=True)
-        self.offset_index.reset()
-        self.time_index.reset()
+        offset_entries, time_entries = bytearray(), bytearray()
+        pack_offset, pack_time = OffsetIndex.entry.pack, TimeIndex.entry.pack
+        indexed_ts = None  # the time index's last timestamp: it only takes a higher one
         max_ts, max_ts_offset = -1, self.base_offset
         first_ts = None
         since_index = 0
@@ -447,8 +466,10 @@ class LogSegment:
                 if first_ts is None:
                     first_ts = batch_max_ts
                 if since_index > interval:
-                    self.offset_index.append(base_offset, position + offset)
-                    self.time_index.maybe_append(max_ts, max_ts_offset)
+                    offset_entries += pack_offset(base_offset - self.base_offset, position + offset)
+                    if indexed_ts is None or max_ts > indexed_ts:
+                        time_entries += pack_time(max_ts, max_ts_offset - self.base_offset)
+                        indexed_ts = max_ts
                     since_index = 0
                 since_index += size
                 if epoch_starts is not None and leader_epoch > latest_epoch:
@@ -464,8 +485,8 @@ class LogSegment:
         truncated = file_size - position
         if truncated:
             os.ftruncate(fd, position)
-        self.offset_index.trim()  # else a crash's 10 MB preallocation stays until the segment rolls
-        self.time_index.trim()
+        self.offset_index.rewrite(bytes(offset_entries))  # a crash's 10 MB preallocation goes too
+        self.time_index.rewrite(bytes(time_entries))
         self._max_timestamp = (max_ts, max_ts_offset)
         self._first_timestamp = first_ts
         self._bytes_since_index = since_index

@@ -370,6 +370,8 @@ class ProducerStateManager:
         log_start_offset: int,
         log_end_offset: int,
         replay: Callable[[int], Iterable[Batch]],
+        *,
+        keep_above: bool = False,
     ) -> list[CompletedTxn]:
         """Rebuild the state for a log holding [log_start_offset, log_end_offset).
 
@@ -378,13 +380,19 @@ class ProducerStateManager:
         and `replay(offset)` must then yield the log's batches from that offset on, control
         batches as `ControlBatch`; batches wholly below it or at/after the end are skipped.
         Returns the transactions the replayed markers ended, for rebuilding the txn index.
+
+        `keep_above`: snapshots above `log_end_offset` stay on disk, unloaded. Recovery
+        rebuilds the state only up to where its scan starts, and deletes those above the log
+        end the scan finds (`delete_snapshots_above`): deleting them first cost every
+        partition an unlink and a directory fsync, for a snapshot still valid after the scan.
         """
-        self._delete_snapshots(o for o in self._snapshots if o > log_end_offset or o < log_start_offset)
+        self._delete_snapshots(o for o in self._snapshots
+                               if (o > log_end_offset and not keep_above) or o < log_start_offset)
         self._producers.clear()
         self._ongoing.clear()
         self._version += 1
         start = log_start_offset
-        for offset in reversed(list(self._snapshots)):
+        for offset in reversed([o for o in self._snapshots if o <= log_end_offset]):
             try:
                 entries = snapshot.read_snapshot(self.log_dir, offset)
             except snapshot.CorruptSnapshotError as exc:
@@ -408,6 +416,10 @@ class ProducerStateManager:
         self.on_log_start_offset(log_start_offset)
         self._map_end_offset = log_end_offset
         return completed
+
+    def delete_snapshots_above(self, offset: int) -> None:
+        """Recovery found the log end at `offset`: snapshots past it describe lost batches."""
+        self._delete_snapshots([o for o in self._snapshots if o > offset])
 
     def _delete_snapshots(self, offsets: Iterable[int], sync: bool = True) -> bool:
         # The directory fsync keeps a deleted snapshot from reappearing after power loss,

@@ -26,6 +26,7 @@ from ..config import BrokerConfig
 from ..coordinator.group.service import GroupService
 from ..coordinator.transaction.service import TransactionService
 from ..failpoints import from_environment as failpoints_from_environment
+from ..fetch_sessions import FetchSessionCache
 from ..log.cleaner.service import LogCleaner
 from ..log.disk_worker import DiskWorker
 from ..log.manager import LogManager, TopicInfo
@@ -38,6 +39,7 @@ from .handlers import load_handlers
 from .heap import release_after_connection_storms
 from .connections import Connections, size_socket_buffers
 from .dynamic_configs import DynamicConfigs
+from . import features
 from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
@@ -134,12 +136,16 @@ class Broker:
         self.membership = membership  # None: a single node without ZooKeeper
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
-        self.supported_versions = {k: (h.min_version, h.max_version) for k, h in self.handlers.items()}
+        self.supported_versions = features.supported_versions(self.handlers, config)
+        # ApiVersions' finalized features epoch: the levels come from the config, so they can
+        # only change across a restart, and each start is a later epoch.
+        self.features_epoch = now_ms()
         self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
         self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
+        self.fetch_sessions = FetchSessionCache(config["max.incremental.fetch.session.cache.slots"])
         self._publish_local_metadata()
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)

@@ -208,7 +208,8 @@ class BrokerMarkerChannel:
         self._client = client
 
     async def write_txn_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                                partitions: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+                                partitions: frozenset[TopicPartition],
+                                transaction_version: int = 0) -> dict[TopicPartition, ErrorCode]:
         metadata = self._broker.metadata
         outcomes: dict[TopicPartition, ErrorCode] = {}
         by_leader: dict[int, dict[str, list[int]]] = {}
@@ -227,20 +228,24 @@ class BrokerMarkerChannel:
             if node_id == self._broker.node_id:
                 version = write_txn_markers.VERSIONS[1]
                 ctx = RequestContext(self._broker, write_txn_markers.API_KEY, version, None, "transaction-coordinator")
-                _collect(outcomes, await write_txn_markers.write_markers(ctx, _markers_request(version, marker)))
+                _collect(outcomes, await write_txn_markers.write_markers(
+                    ctx, _markers_request(version, marker, transaction_version)))
             else:
-                sends.append(self._send(metadata.broker(node_id), marker, outcomes))
+                sends.append(self._send(metadata.broker(node_id), marker, transaction_version, outcomes))
         if sends:
             await asyncio.gather(*sends)
         return outcomes
 
-    async def _send(self, leader, marker: dict, outcomes: dict[TopicPartition, ErrorCode]) -> None:
+    async def _send(self, leader, marker: dict, transaction_version: int,
+                    outcomes: dict[TopicPartition, ErrorCode]) -> None:
         """Markers to another broker at the highest version both serve, as Kafka's coordinator
-        sends what its NetworkClient negotiated (v2 between Ottla brokers, v1 to a Kafka 3.x)."""
+        sends what its NetworkClient negotiated (v2 between Ottla brokers, v1 to a Kafka 3.x:
+        a version-2 marker then goes without its version, its bumped epoch still above the
+        partition's)."""
         try:
             version = await self._client.usable_version(leader.node_id, leader.host, leader.port,
                                                         write_txn_markers.API_KEY, write_txn_markers.VERSIONS)
-            request = _markers_request(version, marker)
+            request = _markers_request(version, marker, transaction_version)
             _collect(outcomes, await self._client.send(leader.node_id, leader.host, leader.port, request))
         except (BrokerNotAvailable, RequestTimedOut, UnsupportedVersion) as exc:
             log.info("WriteTxnMarkers to broker %d failed: %s", leader.node_id, exc)
@@ -248,13 +253,13 @@ class BrokerMarkerChannel:
             outcomes.update({(t, p): error for t, indexes in marker["topics"].items() for p in indexes})
 
 
-def _markers_request(version: int, marker: dict):
-    """WriteTxnMarkers of `version` for one marker. Ottla's coordinator is on transaction
-    version 0, which v2 states (`transaction_version`); v1 carries the same marker without it."""
+def _markers_request(version: int, marker: dict, transaction_version: int):
+    """WriteTxnMarkers of `version` for one marker: v2 states the transaction's version
+    (`transaction_version`, 2 for KIP-890 part 2); v1 carries the same marker without it."""
     schema = request_schema(write_txn_markers.API_KEY, version)
     marker_type, topic_type = nested(schema, "WritableTxnMarker"), nested(schema, "WritableTxnMarkerTopic")
     topics = tuple(make(topic_type, name=t, partition_indexes=tuple(p)) for t, p in marker["topics"].items())
-    return schema(markers=(make(marker_type, **{**marker, "topics": topics}, transaction_version=0),))
+    return schema(markers=(make(marker_type, **{**marker, "topics": topics}, transaction_version=transaction_version),))
 
 
 def _next_offset(records: bytes) -> int:

@@ -142,7 +142,6 @@ class Connection(asyncio.BufferedProtocol):
             self.pending.extend(frames)
             if self.worker is None:
                 self.worker = asyncio.get_running_loop().create_task(self._serve())
-                self.worker.add_done_callback(self._worker_done)
         if self.decoder.blocked:
             self.memory.wait(self)
         self._update_reading()
@@ -185,17 +184,6 @@ class Connection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         self.writable.set()
 
-    def _worker_done(self, worker: asyncio.Task):
-        """A request loop that failed must not leave the connection open unanswered."""
-        if worker.cancelled():
-            return
-        exc = worker.exception()
-        if exc is not None:
-            log.error("request loop of connection %s from %s failed, closing it: %s: %s", self.id, self.peer,
-                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-            if not self.closed:
-                self.close()
-
     # request processing ------------------------------------------------------------
     def close(self, reason: str | None = None):
         if reason:
@@ -205,17 +193,26 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     async def _serve(self):
-        """The worker: one request at a time, in order, until none is left (see `worker`)."""
-        while self.pending and not self.closed:
-            frame = self.pending.popleft()
-            self._update_reading()
-            self.what = "an undecoded request"
-            try:
-                await timed(self._handle(frame), lambda: self.what)
-            finally:
-                self.handling = False
-                self.last_active = time.monotonic()
-                self.memory.release(len(frame))
+        """The worker: one request at a time, in order, until none is left (see `worker`). A
+        failure here must not leave the connection open unanswered: it is closed (caught here,
+        not in a done callback, which would be two more objects per request in flight)."""
+        try:
+            while self.pending and not self.closed:
+                frame = self.pending.popleft()
+                self._update_reading()
+                self.what = "an undecoded request"
+                try:
+                    await timed(self._handle(frame), self)
+                finally:
+                    self.handling = False
+                    self.last_active = time.monotonic()
+                    self.memory.release(len(frame))
+        except Exception as exc:
+            log.error("request loop of connection %s from %s failed, closing it: %s: %s", self.id, self.peer,
+                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            if not self.closed:
+                self.close()
+            return
         self.worker = None  # in the same step that found `pending` empty: the next frame starts another
 
     async def _handle(self, frame: bytes | memoryview):

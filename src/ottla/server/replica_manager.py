@@ -5,7 +5,7 @@ It owns one `Partition` per local log and applies the leadership the metadata sa
 `append_records`, which answers once the acknowledgement `acks` asks for holds: acks=1 after
 the leader's append, acks=-1 once the high watermark has passed the batch (one node: at
 once, its ISR is itself; with replicas, once the ISR has it), NOT_ENOUGH_REPLICAS(_AFTER_APPEND)
-when the ISR is below min.insync.replicas. Fetches wait here for data (`wait_for_data`), and
+when the ISR is below min.insync.replicas. Fetches wait here for data (`delayed_fetches`), and
 anything may wait for a partition's high watermark to pass an offset (`after_high_watermark`),
 which is how "durable" means "replicated to the ISR". Followers' fetches reach the leader's
 state through `follower_fetched`; the replica fetchers (`fetchers`) and the ISR writer
@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Protocol
 from ..errors import ErrorCode, KafkaError
 from ..log.log import AppendResult
 from ..log.manager import LogManager
+from .delayed_fetch import DelayedFetches
 from .metadata_cache import MetadataCache, PartitionState
 from .partition import Partition
 
@@ -83,9 +84,7 @@ class ReplicaManager:
         self.isr_updates: IsrUpdates | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self._listeners: list[LeadershipListener] = []
-        # Per partition: the delayed fetches waiting for data, a dict as an ordered set (a
-        # departing fetch leaves in O(1): 5,000 consumers closing on one partition).
-        self._data_waiters: dict[TopicPartition, dict[asyncio.Future, None]] = {}
+        self.delayed_fetches = DelayedFetches()
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
         self._checkpoint_writers: ThreadPoolExecutor | None = None
@@ -158,6 +157,7 @@ class ReplicaManager:
             if was_leader and not partition.is_leader:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
+                self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
                 self._notify_leadership(partition)
         return errors
 
@@ -363,31 +363,7 @@ class ReplicaManager:
 
     def notify_data(self, topic: str, partition: int) -> None:
         """Wake the fetches waiting on this partition (an append, a HW move, a role change)."""
-        waiters = self._data_waiters.pop((topic, partition), None)
-        if waiters:
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
-
-    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
-        """Wait until any of `partitions` may have more to read, or the timeout passes."""
-        if timeout_s <= 0:
-            return
-        future = asyncio.get_running_loop().create_future()
-        for key in partitions:
-            self._data_waiters.setdefault(key, {})[future] = None
-        try:
-            async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation
-                await future
-        except TimeoutError:
-            pass
-        finally:
-            for key in partitions:
-                waiters = self._data_waiters.get(key)
-                if waiters is not None:
-                    waiters.pop(future, None)
-                    if not waiters:
-                        del self._data_waiters[key]
+        self.delayed_fetches.notify((topic, partition))
 
     def close(self) -> None:
         """Answer every waiter: the broker is going away."""

@@ -1,18 +1,29 @@
-"""KIP-890 part 1 verification from any broker of a cluster: may this transactional write
-land here? The transaction coordinator of the id answers -- in-process when this broker
-leads its `__transaction_state` partition, else through AddPartitionsToTxn v4 with
-`verify_only`, as Kafka's `AddPartitionsToTxnManager` does. A coordinator that cannot
-answer (moving, loading, unreachable) gives NOT_ENOUGH_REPLICAS, Kafka's retriable stand-in
-for old clients."""
+"""KIP-890 from any broker of a cluster: may this transactional write land here?
+
+Transactions version 1 (part 1) only verifies: the partition must already be in the
+producer's ongoing transaction. Version 2 (part 2) adds it: the client no longer sends
+AddPartitionsToTxn, and the partition leader asks the coordinator to enlist the partition
+before the first write to it. The transaction coordinator of the id answers -- in-process
+when this broker leads its `__transaction_state` partition, else through AddPartitionsToTxn
+(v4 `verify_only` to verify, v5 to add), as Kafka's `AddPartitionsToTxnManager` does. A
+coordinator that cannot answer (moving, loading, unreachable) gives NOT_ENOUGH_REPLICAS,
+Kafka's retriable stand-in for old clients. An add that meets the previous transaction's
+markers still being written (CONCURRENT_TRANSACTIONS) is retried here for a moment
+(`add.partitions.to.txn.retry.backoff.ms` up to `.max.ms`), as Kafka does, since that is
+the usual state right after the client's EndTxn."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Iterable
 
 from ..coordinator.partitioning import partition_for
 from ..coordinator.transaction.log_format import TRANSACTION_STATE_TOPIC
 from ..errors import ErrorCode
+from .clock import now_ms
 from .interbroker import BrokerNotAvailable, RequestTimedOut
+from .replies import reply_future
 
 TopicPartition = tuple[str, int]
 _UNAVAILABLE = (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
@@ -20,29 +31,53 @@ _UNAVAILABLE = (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
 
 
 async def verify(broker, transactional_id: str, producer_id: int, producer_epoch: int,
-                 partitions: Iterable[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+                 partitions: Iterable[TopicPartition], *, add: bool = False) -> dict[TopicPartition, ErrorCode]:
+    """Per partition: ErrorCode.none when the write may go ahead. `add`: transactions
+    version 2, enlist the partitions rather than only check them."""
     wanted = list(partitions)
-    local = broker.transactions.coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, wanted)
+    if not add:
+        return await _ask(broker, transactional_id, producer_id, producer_epoch, wanted, add)
+    config = broker.config
+    backoff_s = config["add.partitions.to.txn.retry.backoff.ms"] / 1000
+    deadline = time.monotonic() + config["add.partitions.to.txn.retry.backoff.max.ms"] / 1000
+    while True:
+        answers = await _ask(broker, transactional_id, producer_id, producer_epoch, wanted, add)
+        if ErrorCode.concurrent_transactions not in answers.values() or time.monotonic() >= deadline:
+            return answers
+        await asyncio.sleep(backoff_s)
+
+
+async def _ask(broker, transactional_id: str, producer_id: int, producer_epoch: int,
+               wanted: list[TopicPartition], add: bool) -> dict[TopicPartition, ErrorCode]:
+    coordinator = broker.transactions.coordinator
+    if add:
+        future, respond = reply_future()
+        coordinator.add_partitions(transactional_id, producer_id, producer_epoch, wanted, now_ms(), respond,
+                                   transaction_version=2)
+        error = await future
+        local = {tp: error for tp in wanted}
+    else:
+        local = coordinator.verify_partitions(transactional_id, producer_id, producer_epoch, wanted)
     if broker.membership is None or not any(error in _UNAVAILABLE for error in local.values()):
-        return local
+        return {tp: _retriable(error) for tp, error in local.items()} if add else local
     info = broker.metadata.topic(TRANSACTION_STATE_TOPIC)
     leader = None if info is None else broker.metadata.leader(
         TRANSACTION_STATE_TOPIC, partition_for(transactional_id, info.partition_count))
     if leader is None or leader.node_id == broker.node_id:
         return {tp: _retriable(error) for tp, error in local.items()}
     # Imported here, not at start: a kio message module costs a few ms of every broker start.
-    from kio.schema.add_partitions_to_txn.v4.request import (
-        AddPartitionsToTxnRequest,
-        AddPartitionsToTxnTopic,
-        AddPartitionsToTxnTransaction,
-    )
+    if add:
+        from kio.schema.add_partitions_to_txn.v5 import request as schema
+    else:
+        from kio.schema.add_partitions_to_txn.v4 import request as schema
 
     by_topic: dict[str, list[int]] = {}
     for topic, index in wanted:
         by_topic.setdefault(topic, []).append(index)
-    request = AddPartitionsToTxnRequest(transactions=(AddPartitionsToTxnTransaction(
-        transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch, verify_only=True,
-        topics=tuple(AddPartitionsToTxnTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items())),))
+    request = schema.AddPartitionsToTxnRequest(transactions=(schema.AddPartitionsToTxnTransaction(
+        transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+        verify_only=not add, topics=tuple(schema.AddPartitionsToTxnTopic(name=t, partitions=tuple(p))
+                                          for t, p in by_topic.items())),))
     try:
         response = await broker.interbroker.send(leader.node_id, leader.host, leader.port, request)
     except (BrokerNotAvailable, RequestTimedOut):

@@ -1,6 +1,7 @@
 """The transaction coordinator (KIP-98): `__transaction_state` records and the state machine."""
 
 from .coordinator import (
+    EndTxnResult,
     InitProducerIdResult,
     ListTransactionsResult,
     MarkerWriter,
@@ -13,6 +14,7 @@ from ..partitioning import partition_for
 from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition, TxnState
 
 __all__ = [
+    "EndTxnResult",
     "InitProducerIdResult",
     "ListTransactionsResult",
     "MarkerWriter",

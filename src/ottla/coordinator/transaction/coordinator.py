@@ -6,13 +6,15 @@ when the state change it made is durable in `__transaction_state`. Durability an
 and abort markers go through two injected interfaces, `TxnLogStore` and `MarkerWriter`, so
 the same class runs under the broker and in unit tests with in-memory fakes.
 
-Protocol level: transactions version 1, i.e. KIP-98 with KIP-360 (epoch bumps on
-InitProducerId with a known producer id and epoch) and KIP-588 (PRODUCER_FENCED; the request
-handlers turn it into INVALID_PRODUCER_EPOCH for the versions that predate it). Transactions
-version 2 (KIP-890 part 2: epoch bump at every EndTxn, implicit AddPartitions) is not offered:
-clients only use it when the broker finalizes the `transaction.version` feature at 2, and
-EndTxn v5 / AddPartitionsToTxn v4+ are not advertised. `verify_partitions` provides the
-server-side check of KIP-890 part 1 for the produce path.
+Protocol levels: transactions version 1 is KIP-98 with KIP-360 (epoch bumps on InitProducerId
+with a known producer id and epoch) and KIP-588 (PRODUCER_FENCED; the request handlers turn
+it into INVALID_PRODUCER_EPOCH for the versions that predate it); `verify_partitions` is the
+server-side check of KIP-890 part 1 for its produce path. Transactions version 2 (KIP-890
+part 2, `end_txn_v2`; the broker offers it when `transaction.version` is 2) adds partitions
+as the transaction's writes arrive (`add_partitions` with `transaction_version=2`, asked by
+the partition leader) and bumps the epoch at every EndTxn, so that the markers fence any
+late write of the transaction that just ended. Each transaction runs under the version its
+client chose; both live side by side.
 
 Flow of a transaction (numbers from the KIP-98 data flow):
   2   init_producer_id  -> Empty, new epoch (durable before the answer)
@@ -43,7 +45,9 @@ from .log_format import (
     encode_value,
 )
 from .metadata import (
+    MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
+    EndTxnResult,
     TxnMetadata,
     TxnSnapshot,
     is_epoch_exhausted,
@@ -73,7 +77,7 @@ class MarkerWriter(Protocol):
 
     def write_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                       commit: bool, partitions: frozenset[TopicPartition],
-                      on_done: Callable[[ErrorCode], None]) -> None:
+                      on_done: Callable[[ErrorCode], None], transaction_version: int = 0) -> None:
         """Call `on_done(ErrorCode.none)` once every partition has the marker (retrying
         retriable errors and skipping partitions whose topic was deleted), or with
         TRANSACTION_COORDINATOR_FENCED / INVALID_PRODUCER_EPOCH if a newer coordinator or
@@ -243,7 +247,7 @@ class TransactionCoordinator:
             def fenced(error: ErrorCode) -> None:
                 respond(InitProducerIdResult(
                     ErrorCode.concurrent_transactions if error is ErrorCode.none else error))
-            self._prepare_commit_or_abort(part, meta, meta.prepare_fence_and_abort(now_ms), fenced)
+            self._prepare_commit_or_abort(part, meta, self._prepare_fence(meta, now_ms), fenced)
             return
 
         snapshot = self._init_transition(meta, timeout_ms, expected, now_ms)
@@ -279,10 +283,11 @@ class TransactionCoordinator:
 
     def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                        partitions: Iterable[TopicPartition], now_ms: int,
-                       respond: _ErrorCallback) -> None:
+                       respond: _ErrorCallback, transaction_version: int = 0) -> None:
         """Enlist partitions in the producer's transaction, starting it if needed.
 
-        One error applies to every partition of the request, as in Kafka.
+        One error applies to every partition of the request, as in Kafka. Under transactions
+        version 2 the partition leader asks this for the client, as its writes arrive.
         """
         wanted = frozenset(partitions)
         part, meta, error = self._producer_lookup(transactional_id, producer_id, producer_epoch)
@@ -292,7 +297,7 @@ class TransactionCoordinator:
             elif wanted <= meta.partitions:
                 error = ErrorCode.none       # already enlisted (or nothing asked): no write
             else:
-                self._append(part, meta, meta.prepare_add_partitions(wanted, now_ms), respond)
+                self._append(part, meta, meta.prepare_add_partitions(wanted, now_ms, transaction_version), respond)
                 return
         respond(error)
 
@@ -360,6 +365,45 @@ class TransactionCoordinator:
         else:
             respond(ErrorCode.none)
 
+    def end_txn_v2(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                   commit: bool, now_ms: int, respond: Callable[[EndTxnResult], None]) -> None:
+        """EndTxn v5 (transactions version 2): commit or abort under a bumped epoch, answered
+        with the producer id and epoch the client goes on with, once the Prepare is durable.
+
+        Retries and refusals: `TxnMetadata.check_end_v2`. At the last epoch the answer is the
+        new producer id at epoch 0, which the Complete record moves to.
+        """
+        part, error = self._lookup(transactional_id)
+        meta = part.txns.get(transactional_id) if part is not None else None
+        if part is not None and meta is None:
+            error = ErrorCode.invalid_producer_id_mapping
+        if meta is None:
+            respond(EndTxnResult(error))
+            return
+        refused = meta.check_end_v2(producer_id, producer_epoch, commit)
+        if refused is not None:
+            respond(refused)
+            return
+        next_producer_id = self._next_producer_id() if is_epoch_exhausted(meta.producer_epoch) else -1
+        prepare = meta.prepare_end_v2(commit, next_producer_id, now_ms)
+
+        def decided(error: ErrorCode) -> None:
+            if error is not ErrorCode.none:
+                respond(EndTxnResult(error))
+            elif prepare.next_producer_id != -1:
+                respond(EndTxnResult(error, prepare.next_producer_id, 0))
+            else:
+                respond(EndTxnResult(error, prepare.producer_id, prepare.producer_epoch))
+        self._prepare_commit_or_abort(part, meta, prepare, decided)
+
+    def _prepare_fence(self, meta: TxnMetadata, now_ms: int) -> TxnSnapshot:
+        """The abort that fences the producer of an ongoing transaction (timeout, or a new
+        instance's InitProducerId); a new producer id only when a version-2 double bump
+        does not fit in the epochs left."""
+        tv2_overflow = (meta.current.client_transaction_version >= 2
+                        and meta.producer_epoch + 2 > MAX_PRODUCER_EPOCH)
+        return meta.prepare_fence_and_abort(now_ms, self._next_producer_id() if tv2_overflow else -1)
+
     def _prepare_commit_or_abort(self, part: _Partition, meta: TxnMetadata, prepare: TxnSnapshot,
                                  respond: _ErrorCallback) -> None:
         def durable(error: ErrorCode) -> None:
@@ -386,7 +430,7 @@ class TransactionCoordinator:
 
         self._markers.write_markers(prepared.producer_id, prepared.producer_epoch,
                                     part.coordinator_epoch, prepared.state is TxnState.PREPARE_COMMIT,
-                                    prepared.partitions, done)
+                                    prepared.partitions, done, prepared.client_transaction_version)
 
     def _append_complete(self, part: _Partition, meta: TxnMetadata, complete: TxnSnapshot) -> None:
         def durable(error: ErrorCode) -> None:
@@ -403,7 +447,10 @@ class TransactionCoordinator:
                 on_done: _ErrorCallback) -> None:
         """Write the pending `snapshot`; it becomes the state only once durable."""
         dead = snapshot.state is TxnState.DEAD
-        value = None if dead else encode_value(snapshot.log_value())
+        # Version 1 (flexible) carries what transactions version 2 adds; version-1 transactions
+        # are written as before.
+        version = 1 if snapshot.client_transaction_version >= 2 else 0
+        value = None if dead else encode_value(snapshot.log_value(), version)
 
         def durable(error: ErrorCode) -> None:
             if self._partitions.get(part.index) is not part:
@@ -455,7 +502,7 @@ class TransactionCoordinator:
                 log.info("aborting transaction of %s (producer id %d, epoch %d): timed out after %d ms",
                          meta.transactional_id, meta.producer_id, meta.producer_epoch,
                          meta.current.timeout_ms)
-                self._prepare_commit_or_abort(part, meta, meta.prepare_fence_and_abort(now_ms),
+                self._prepare_commit_or_abort(part, meta, self._prepare_fence(meta, now_ms),
                                               _log_failure(meta.transactional_id))
 
     def _retry_unfinished(self, now_ms: int) -> None:

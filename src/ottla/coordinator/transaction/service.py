@@ -86,21 +86,23 @@ class MarkerSender:
 
     def write_markers(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                       commit: bool, partitions: frozenset[TopicPartition],
-                      on_done: Callable[[ErrorCode], None]) -> None:
+                      on_done: Callable[[ErrorCode], None], transaction_version: int = 0) -> None:
         if commit and self._crash_after_prepare_commit:
             crash_at("txn.after_prepare_commit", self._failpoints)
         task = asyncio.get_running_loop().create_task(
-            self._send(producer_id, producer_epoch, coordinator_epoch, commit, set(partitions), on_done))
+            self._send(producer_id, producer_epoch, coordinator_epoch, commit, set(partitions), on_done,
+                       transaction_version))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
-                    remaining: set[TopicPartition], on_done: Callable[[ErrorCode], None]) -> None:
+                    remaining: set[TopicPartition], on_done: Callable[[ErrorCode], None],
+                    transaction_version: int) -> None:
         delay = _MARKER_RETRY_MIN_S
         while remaining:
             try:
                 outcomes = await self._channel.write_txn_markers(producer_id, producer_epoch, coordinator_epoch,
-                                                                 commit, frozenset(remaining))
+                                                                 commit, frozenset(remaining), transaction_version)
             except Exception:
                 log.exception("WriteTxnMarkers for producer %d failed; retrying", producer_id)
                 await asyncio.sleep(_MARKER_RETRY_MAX_S)

@@ -125,9 +125,11 @@ def _next_offset(log_path: Path, base: int) -> int:
     return next_offset
 
 
-def recover_swaps(directory: Path) -> None:
-    """Finish or undo a swap a crash interrupted; then drop `.cleaned` and `.deleted` files."""
-    names = set(os.listdir(directory))
+def recover_swaps(directory: Path) -> list[str]:
+    """Finish or undo a swap a crash interrupted; then drop `.cleaned` and `.deleted` files.
+    Returns the directory's file names after that (the log's load reads no second listing)."""
+    listing = os.listdir(directory)
+    names = set(listing)
     swap_bases = sorted({int(n.split(".", 1)[0]) for n in names if n.endswith(SWAP) and n.split(".", 1)[0].isdigit()})
     regular = sorted({int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit()})
     for base in swap_bases:
@@ -150,6 +152,8 @@ def recover_swaps(directory: Path) -> None:
             _rename_if_exists(directory / f"{name}{ext}{SWAP}", directory / f"{name}{ext}")
         remove_files([range_path])
         log.warning("completed an interrupted cleaner swap of segments [%d, %d) in %s", base, end, directory.name)
-    remove_files(directory / n for n in names if n.endswith(CLEANED) or n.endswith(DELETED))
+    leftovers = [n for n in names if n.endswith(CLEANED) or n.endswith(DELETED)]
+    remove_files(directory / n for n in leftovers)
     if swap_bases:
         _fsync_dir(directory)
+    return os.listdir(directory) if swap_bases or leftovers else listing

@@ -1,7 +1,9 @@
 """AddPartitionsToTxn (client versions): enlist partitions in the producer's transaction.
 
 Versions 4+ batch several transactions and are for brokers: a partition leader in a
-cluster verifies a transactional produce with `verify_only` (KIP-890, `txn_verification`).
+cluster verifies a transactional produce with `verify_only` (KIP-890 part 1,
+`txn_verification`), or with v5 adds the partition for a client on transactions version 2
+(KIP-890 part 2; served while `transaction.version` is 2).
 """
 
 from datetime import timedelta
@@ -13,11 +15,13 @@ from ...protocol.build import make, nested
 from ..clock import now_ms
 
 API_KEY = 24
-VERSIONS = (0, 4)
+VERSIONS = (0, 5)
+FIRST_TV2_VERSION = 5
 
 
 async def _broker_batch(ctx, request):
-    """v4: several transactions, from another broker; `verify_only` adds nothing."""
+    """v4+: several transactions, from another broker; `verify_only` adds nothing, and an add
+    by v5 is one of transactions version 2."""
     coordinator = ctx.broker.transactions.coordinator
     response_type = ctx.response_type
     result_type = nested(response_type, "AddPartitionsToTxnResult")
@@ -31,7 +35,7 @@ async def _broker_batch(ctx, request):
         else:
             future, respond = reply_future()
             coordinator.add_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted, now_ms(),
-                                       respond)
+                                       respond, transaction_version=2 if ctx.api_version >= FIRST_TV2_VERSION else 0)
             error = await future
             errors = {tp: error for tp in wanted}
         by_topic: dict[str, list] = {}

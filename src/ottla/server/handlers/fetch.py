@@ -1,7 +1,11 @@
 """Fetch: whole batches served from the segment files, long polling, size limits.
 
-Incremental fetch sessions (KIP-227) are answered the way Kafka answers when its session
-cache is full: session id 0, so clients keep sending full fetch requests.
+Incremental fetch sessions (KIP-227, v7+): the request's session id and epoch pick a context
+(`fetch_sessions.new_context`): a full fetch (epoch 0 creates a session, -1 does not), an
+incremental one (every partition of the session is read, with the cached position of those
+the request leaves out; the response names only those with something new), or a session
+error (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR
+for a session made by name used by id or the reverse) answered with no partitions.
 
 As in Kafka, the partitions asked for become a map (a partition named twice is read once,
 with the last entry's offset and size, in the place of its first mention), and the
@@ -29,9 +33,11 @@ import time
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
+from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, new_context
 from ...protocol.build import make, nested
 from ...records.legacy import down_convert
 from ...replication.epochs import diverging_epoch
+from ..clock import now_ms
 from ..leader_epochs import leader_partition_at
 from ..leader_hints import LeaderHints
 
@@ -60,33 +66,68 @@ def _replica_id(request) -> int:
     return state.replica_id if state is not None else getattr(request, "replica_id", -1)
 
 
-def _distinct_partitions(ctx, request) -> list[tuple[str | None, object, list]]:
-    """Kafka's FetchRequest.fetchData (a LinkedHashMap), grouped back into topics the way
-    FetchResponse.toMessage does: consecutive partitions of one topic share an entry. Each
-    topic is (name, topic id, partitions); v13+ name topics by id, resolved through the
-    metadata cache (name None: an id it does not know)."""
+def _requested(ctx, request) -> tuple[dict, list]:
+    """Kafka's FetchRequest.fetchData, a LinkedHashMap (a partition named twice keeps its first
+    place and its last parameters), and forgottenTopics, keyed by (topic, partition): the topic's
+    name, or from v13 its id."""
     by_id = ctx.api_version >= 13
     wanted = {}
     for topic in request.topics:
-        key = topic.topic_id if by_id else topic.topic
+        topic_key = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
-            wanted[(key, partition.partition)] = partition
+            wanted[(topic_key, partition.partition)] = partition
+    forgotten = tuple((topic.topic_id if by_id else topic.topic, partition)
+                      for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions)
+    return wanted, forgotten
+
+
+def _grouped(ctx, partitions) -> list[tuple[str | None, object, list]]:
+    """The partitions to read grouped back into topics the way FetchResponse.toMessage does:
+    consecutive partitions of one topic share an entry. Each topic is (name, topic id,
+    [parameters]); by id (v13+) the name comes from the metadata cache (None: an id it does
+    not know). Kept while the fetch waits: no more objects than it needs."""
+    by_id = ctx.api_version >= 13
     grouped: list[tuple[str | None, object, list]] = []
-    for (key, _), partition in wanted.items():
-        if grouped and grouped[-1][1 if by_id else 0] == key:
-            grouped[-1][2].append(partition)
+    for key, wanted in partitions:
+        topic = key[0]
+        if grouped and grouped[-1][1 if by_id else 0] == topic:
+            grouped[-1][2].append(wanted)
         elif by_id:
-            info = ctx.broker.metadata.topic_by_id(key)
-            grouped.append((info.name if info is not None else None, key, [partition]))
+            info = ctx.broker.metadata.topic_by_id(topic)
+            grouped.append((info.name if info is not None else None, topic, [wanted]))
         else:
-            grouped.append((key, None, [partition]))
+            grouped.append((topic, None, [wanted]))
     return grouped
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHints):
+class _Outcome:
+    """One partition's answer before it becomes the response's PartitionData: an incremental
+    fetch session leaves out those with nothing new (`fetch_sessions.CachedPartition`)."""
+
+    __slots__ = ("partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "aborted",
+                 "records", "diverging")
+
+    def __init__(self, partition, error, high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
+                 aborted=None, records=b"", diverging=None):
+        self.partition = partition
+        self.error = error
+        self.high_watermark = high_watermark
+        self.last_stable_offset = last_stable_offset
+        self.log_start_offset = log_start_offset
+        self.aborted = aborted
+        self.records = records
+        self.diverging = diverging
+
+
+def _read_partitions(ctx, request, wanted_topics, response_type, previous=None, only: set | None = None):
+    """Reads each partition: [(name, topic id, [(key, _Outcome)])], the bytes read, and whether
+    any partition failed (which answers at once). With `previous` and `only` (a follower's fetch
+    woken with nothing read yet), only the partitions notified meanwhile are read again and the
+    others keep their answers: every append, HW move, role change and removal notifies, and a
+    follower's fetch names hundreds of partitions and is woken by an append to any one of them
+    and by each HW move the other follower makes; re-reading them all was O(partitions) per
+    wake-up, several times per acks=all replication round."""
     broker = ctx.broker
-    topic_type = nested(response_type, "FetchableTopicResponse")
-    partition_type = nested(response_type, "PartitionData")
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
     replica_id = _replica_id(request)
@@ -94,10 +135,15 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
     remaining = min(getattr(request, "max_bytes", _NO_LIMIT), broker.config["fetch.max.bytes"])
     total = 0
     failed = False
+    by_id = ctx.api_version >= 13
     topics = []
-    for topic_name, topic_id, wanted_partitions in wanted_topics:
+    for t, (topic_name, topic_id, wanted_partitions) in enumerate(wanted_topics):
         partitions = []
-        for wanted in wanted_partitions:
+        for i, wanted in enumerate(wanted_partitions):
+            if only is not None and (topic_name, wanted.partition) not in only:
+                partitions.append(previous[t][2][i])
+                continue
+            key = (topic_id if by_id else topic_name, wanted.partition)  # as `_requested` keys it
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
@@ -105,11 +151,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                                                 getattr(wanted, "current_leader_epoch", -1), topic_id)
                 log = partition.log
             except KafkaError as exc:
-                partitions.append(make(partition_type, partition_index=wanted.partition,
-                                       error_code=exc.code, high_watermark=-1,
-                                       last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                       preferred_read_replica=-1, records=b"",
-                                       **hints.current_leader(topic_name, wanted.partition, exc.code)))
+                partitions.append((key, _Outcome(wanted.partition, exc.code)))
                 failed = True
                 continue
             high_watermark = log.high_watermark
@@ -119,20 +161,33 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                 if wanted.partition_max_bytes < 0:
                     # Kafka's log read refuses a negative size (IllegalArgumentException).
                     raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
+                if (replica_id >= 0 and wanted.fetch_offset == log.log_end_offset
+                        and getattr(wanted, "last_fetched_epoch", -1) == log.leader_epoch_cache.latest_epoch):
+                    # A follower at the log end in the latest epoch (most partitions of every
+                    # replica fetch): nothing can diverge and nothing is there to read.
+                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                                                     int(time.time() * 1000))
+                    partitions.append((key, _Outcome(wanted.partition, ErrorCode.none, log.high_watermark, stable,
+                                                     log.log_start_offset)))
+                    continue
                 diverging = _diverging(wanted, partition, epoch_type)
                 if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
                     # Only a fetch that continues the leader's log tells the follower's progress.
                     broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
                                                      int(time.time() * 1000))
                     high_watermark = log.high_watermark
+                max_offset = log.log_end_offset if replica_id >= 0 else stable if read_committed else high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
+                elif log.log_start_offset <= wanted.fetch_offset == max_offset:
+                    # Caught up: what the read would find (nothing), without the read. Most of an
+                    # idle session's partitions are here each round.
+                    aborted = () if read_committed else None
                 else:
                     data = log.read(
                         wanted.fetch_offset,
                         min(wanted.partition_max_bytes, max(remaining, 0)),
-                        max_offset=(log.log_end_offset if replica_id >= 0
-                                    else stable if read_committed else high_watermark),
+                        max_offset=max_offset,
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
                         lazy=ctx.api_version >= 4,  # older versions are down-converted in memory
@@ -148,35 +203,63 @@ def _read_partitions(ctx, request, wanted_topics, response_type, hints: LeaderHi
                 failed = True
             remaining -= len(records)
             total += len(records)
-            partitions.append(make(partition_type, partition_index=wanted.partition, error_code=error,
-                                   high_watermark=high_watermark, last_stable_offset=stable,
-                                   log_start_offset=log.log_start_offset, aborted_transactions=aborted,
-                                   preferred_read_replica=-1, records=records,
-                                   **({} if diverging is None else {"diverging_epoch": diverging}),
-                                   **hints.current_leader(topic_name, wanted.partition, error)))
-        topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=tuple(partitions)))
+            partitions.append((key, _Outcome(wanted.partition, error, high_watermark, stable, log.log_start_offset,
+                                             aborted, records, diverging)))
+        topics.append((topic_name, topic_id, partitions))
     return topics, total, failed
+
+
+def _response_topics(response_type, read, kept: set, hints: LeaderHints) -> tuple:
+    """The response's topics: the partitions `kept` of those read, in the order read (a
+    partition answered with an error carries empty records, never null: librdkafka refuses
+    the whole response otherwise)."""
+    topic_type = nested(response_type, "FetchableTopicResponse")
+    partition_type = nested(response_type, "PartitionData")
+    topics = []
+    for topic_name, topic_id, outcomes in read:
+        partitions = tuple(
+            make(partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
+                 last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
+                 aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
+                 **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
+                 **hints.current_leader(topic_name, o.partition, o.error))
+            for key, o in outcomes if key in kept)
+        if partitions:
+            topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=partitions))
+    return tuple(topics)
 
 
 async def handle(ctx, request):
     response_type = ctx.response_type
-    session_error = ErrorCode.none
-    if getattr(request, "session_id", 0) != 0:
-        session_error = ErrorCode.fetch_session_id_not_found
-    if session_error != ErrorCode.none:
-        return make(response_type, throttle_time=timedelta(0), error_code=session_error, session_id=0, responses=())
+    broker = ctx.broker
+    context, partitions = new_context(
+        broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
+        getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, *_requested(ctx, request), now_ms())
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    wanted = _distinct_partitions(ctx, request)
-    hints = LeaderHints(ctx.broker.metadata, response_type)
-    topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
-    keys = [(name, p.partition) for name, _, partitions in wanted if name is not None for p in partitions]
+    grouped = _grouped(ctx, partitions)  # nothing to read after a session error
+    partitions = None
+    read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+    keys = [(name, p.partition) for name, _, partitions in grouped if name is not None for p in partitions]
+    follower = _replica_id(request) >= 0
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        await ctx.broker.replicas.wait_for_data(keys, remaining)
-        hints = LeaderHints(ctx.broker.metadata, response_type)
-        topics, total, failed = _read_partitions(ctx, request, wanted, response_type, hints)
-    return make(response_type, throttle_time=timedelta(0), error_code=ErrorCode.none, session_id=0,
-                responses=tuple(topics), node_endpoints=hints.node_endpoints())
+        # A consumer's answers are not kept while waiting: a full garbage collection walks
+        # every waiting fetch's objects. A follower's are, to re-read only what was notified.
+        notified: set | None = set() if follower else None
+        if not follower:
+            read = None
+        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified)
+        if woken and notified and total == 0:
+            read, total, failed = _read_partitions(ctx, request, grouped, response_type, read, notified)
+        else:
+            read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+        if not woken:  # max_wait has passed: answered with whatever is there
+            break
+    error, session_id, kept = context.finish([pair for _, _, outcomes in read for pair in outcomes], now_ms())
+    hints = LeaderHints(broker.metadata, response_type)
+    return make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
+                responses=_response_topics(response_type, read, set(kept), hints),
+                node_endpoints=hints.node_endpoints())

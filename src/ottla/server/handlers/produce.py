@@ -1,10 +1,10 @@
 """Produce: validate and append opaque batches; acks 0, 1 and -1 (all).
 
 From v10 a partition answered NOT_LEADER_OR_FOLLOWER names its current leader and the
-response lists its endpoint (KIP-951, `server/leader_hints.py`). v12 is v11's body (KIP-890
-part 2 gives it a meaning for transactional batches only under transaction protocol v2, which
-Ottla does not finalize, so clients keep transactions at v11 and a transactional v12+ batch is
-verified as at v11). v13 names topics by id (KIP-516), resolved through the metadata cache:
+response lists its endpoint (KIP-951, `server/leader_hints.py`). v12 is v11's body; under
+transactions version 2 (KIP-890 part 2, `transaction.version` 2) a transactional v12+ batch
+adds its partition to the transaction rather than requiring it there already (below that
+level it is verified as at v11). v13 names topics by id (KIP-516), resolved through the metadata cache:
 UNKNOWN_TOPIC_ID for an id it does not know or that is not the local log's, as Kafka's
 ReplicaManager.getPartitionOrException(TopicIdPartition)."""
 
@@ -19,13 +19,14 @@ from ..clock import now_ms
 from ..context import CloseConnection
 from ..leader_hints import LeaderHints
 from ..replica_manager import ProduceResult
-from .. import txn_verification
+from .. import features, txn_verification
 from ..replies import fencing_as_version_says
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 0
 # v0-v2 carry message format v0/v1, up-converted to a v2 batch (removed in Kafka 4.0, KIP-896).
 VERSIONS = (0, 13)
+FIRST_TV2_VERSION = 12
 
 _UTC = datetime.timezone.utc
 
@@ -34,12 +35,13 @@ def _append_time(ms: int):
     return None if ms < 0 else datetime.datetime.fromtimestamp(ms / 1000, _UTC)
 
 
-async def _verify_transactional(broker, transactional_id, entries) -> dict:
+async def _verify_transactional(broker, transactional_id, entries, add: bool) -> dict:
     """KIP-890 part 1: a transactional batch may only land in a partition its ongoing
     transaction has added; otherwise a late or stray write would open a transaction no
-    coordinator closes and freeze the partition's last stable offset. The coordinator's
-    verdict per transactional partition (asked before the append, maybe of another broker);
-    what to answer per refused partition."""
+    coordinator closes and freeze the partition's last stable offset. Part 2 (`add`): the
+    coordinator adds the partition instead, for the producer id and epoch the transaction
+    holds. The coordinator's verdict per transactional partition (asked before the append,
+    maybe of another broker); what to answer per refused partition."""
     wanted, producer = [], None
     for (topic, index), records in entries.items():
         if records is None or len(records) < HEADER_SIZE:
@@ -52,9 +54,13 @@ async def _verify_transactional(broker, transactional_id, entries) -> dict:
         return {}
     if transactional_id is None:
         return {tp: (ErrorCode.invalid_request, "transactional batch without a transactional id") for tp in wanted}
-    verdicts = await txn_verification.verify(broker, transactional_id, *producer, wanted)
-    return {tp: (fencing_as_version_says(error),
-                 f"partition {tp[0]}-{tp[1]} is not part of the ongoing transaction of {transactional_id}")
+    verdicts = await txn_verification.verify(broker, transactional_id, *producer, wanted, add=add)
+
+    def message(tp, error):
+        if add:
+            return f"the transaction coordinator did not add {tp[0]}-{tp[1]} to {transactional_id}: {error.name}"
+        return f"partition {tp[0]}-{tp[1]} is not part of the ongoing transaction of {transactional_id}"
+    return {tp: (fencing_as_version_says(error), message(tp, error))
             for tp, error in verdicts.items() if error is not ErrorCode.none}
 
 
@@ -122,7 +128,8 @@ async def handle(ctx, request):
         timestamp = now_ms()
         entries, results = _records_as_v2(ctx, named, timestamp)
         ids = {name: topic_id for name, topic_id, _ in named if name is not None and topic_id is not None}
-        unverified = await _verify_transactional(broker, getattr(request, "transactional_id", None), entries)
+        add = ctx.api_version >= FIRST_TV2_VERSION and features.tv2_enabled(broker.config)
+        unverified = await _verify_transactional(broker, getattr(request, "transactional_id", None), entries, add)
         results.update(await broker.replicas.append_records(
             entries, acks=acks, timeout_ms=int(request.timeout.total_seconds() * 1000), now_ms=timestamp,
             origin="client", precheck=_precheck(broker, INTERNAL_TOPICS, unverified, ids)))

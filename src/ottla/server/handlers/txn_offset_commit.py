@@ -3,7 +3,9 @@ only once the COMMIT marker lands in `__consumer_offsets` (dropped on ABORT).
 
 Before staging them, the transaction coordinator confirms that the group's offsets partition
 is part of this producer's ongoing transaction (KIP-890 part 1): a late or stray request would
-otherwise open a transaction in `__consumer_offsets` that nothing ever ends.
+otherwise open a transaction in `__consumer_offsets` that nothing ever ends. v5 is
+transactions version 2 (KIP-890 part 2): the client sends no AddOffsetsToTxn, and the
+coordinator adds the partition here instead (served while `transaction.version` is 2).
 """
 
 from datetime import timedelta
@@ -17,8 +19,9 @@ from ...protocol.build import make, nested
 from ..clock import now_ms
 
 API_KEY = 28
-# v3 added member and generation (KIP-447); v5 is the transactions v2 flavour, not offered.
-VERSIONS = (0, 4)
+# v3 added member and generation (KIP-447); v5 is the transactions v2 flavour.
+VERSIONS = (0, 5)
+FIRST_TV2_VERSION = 5
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 
@@ -55,7 +58,8 @@ async def handle(ctx, request):
 async def _commit(ctx, request, groups, offsets):
     offsets_partition = (GROUP_METADATA_TOPIC, groups.partition_for(request.group_id))
     verified = await txn_verification.verify(
-        ctx.broker, request.transactional_id, request.producer_id, request.producer_epoch, [offsets_partition])
+        ctx.broker, request.transactional_id, request.producer_id, request.producer_epoch, [offsets_partition],
+        add=ctx.api_version >= FIRST_TV2_VERSION)
     error = verified[offsets_partition]
     if error is not ErrorCode.none:
         error = fencing_as_version_says(error)

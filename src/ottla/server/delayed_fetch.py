@@ -1,0 +1,119 @@
+"""Fetches waiting for data (Kafka's `DelayedFetch` in its `DelayedOperationPurgatory`).
+
+A fetch that has fewer than `min_bytes` to answer waits here until one of its partitions may
+have more (an append, a high-watermark move, a role change: `notify`) or its `max_wait`
+passes. Consumers long-polling together have their waits fall due together, and asyncio runs
+every due timer in one loop iteration, then every task those make ready in the next: 2,000
+consumers answered at once held the loop for 226-269 ms of CPU, and one append woke every
+fetch on its partition at once too (docs/performance.md, "Event-loop holds"). So:
+
+- as in Kafka's timing wheel, a deadline is rounded up to the next `TICK_S` and the fetches
+  of one tick share one timer (a fetch is answered at most a tick after its `max_wait`,
+  never before); no timer, timeout context or cancellation per request;
+- due and woken fetches join one queue, completed at most `WAKE_SLICE` per loop iteration in
+  the order they became due (by deadline, then arrival; woken ones as woken), the loop free
+  in between: each completion resumes a handler that reads its partitions and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from typing import Iterable
+
+TopicPartition = tuple[str, int]
+
+TICK_S = 0.01
+# Handlers resumed per loop iteration: an empty answer costs 0.1-0.3 ms of the loop's CPU on a
+# loaded machine, and the same iteration also takes up to 256 new requests (`event_loop.py`).
+WAKE_SLICE = 32
+
+
+class DelayedFetches:
+    def __init__(self, wake_slice: int = WAKE_SLICE, tick_s: float = TICK_S):
+        self.wake_slice = wake_slice
+        self.tick_s = tick_s
+        # Per partition, the fetches watching it: dicts as ordered sets (a departing fetch
+        # leaves in O(1): 5,000 consumers closing on one partition).
+        self._watchers: dict[TopicPartition, dict[asyncio.Future, None]] = {}
+        # Per tick (deadline // tick_s, rounded up): its fetches and its one timer.
+        self._ticks: dict[int, tuple[dict[asyncio.Future, None], asyncio.TimerHandle]] = {}
+        # (fetch, woken by data) to complete, oldest first; a fetch may be in it twice (due and
+        # woken before its turn): the second finds it done.
+        self._due: deque[tuple[asyncio.Future, bool]] = deque()
+        self._draining = False
+        # The `notified` sets of the fetches that asked for one (`wait`).
+        self._notified: dict[asyncio.Future, set[TopicPartition]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def watching(self, key: TopicPartition) -> int:
+        """How many fetches wait for this partition."""
+        return len(self._watchers.get(key, ()))
+
+    async def wait(self, keys: Iterable[TopicPartition], timeout_s: float,
+                   notified: set[TopicPartition] | None = None) -> bool:
+        """Until any of `keys` may have more to read (True) or `timeout_s` has passed (False).
+        `notified`, if given, collects the keys notified meanwhile: only they can read
+        differently (a follower's fetch re-reads those, `handlers/fetch.py`)."""
+        loop = self._loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        for key in keys:
+            self._watchers.setdefault(key, {})[future] = None
+        if notified is not None:
+            self._notified[future] = notified
+        tick = math.ceil((loop.time() + timeout_s) / self.tick_s)
+        entry = self._ticks.get(tick)
+        if entry is None:
+            entry = self._ticks[tick] = ({}, loop.call_at(tick * self.tick_s, self._expire, tick))
+        entry[0][future] = None
+        try:
+            return await future
+        finally:  # also when cancelled (its connection closed)
+            self._notified.pop(future, None)
+            for key in keys:
+                waiters = self._watchers.get(key)
+                if waiters is not None:
+                    waiters.pop(future, None)
+                    if not waiters:
+                        del self._watchers[key]
+            entry = self._ticks.get(tick)
+            if entry is not None:
+                entry[0].pop(future, None)
+                if not entry[0]:
+                    entry[1].cancel()
+                    del self._ticks[tick]
+
+    def notify(self, key: TopicPartition) -> None:
+        """The partition may have more to read: wake the fetches watching it."""
+        waiters = self._watchers.pop(key, None)
+        if waiters:
+            for future in waiters:
+                notified = self._notified.get(future)
+                if notified is not None:
+                    notified.add(key)
+            self._due.extend((future, True) for future in waiters)
+            self._drain_soon()
+
+    def _expire(self, tick: int) -> None:
+        entry = self._ticks.pop(tick, None)
+        if entry is not None:
+            self._due.extend((future, False) for future in entry[0])
+            self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        if not self._draining:
+            self._draining = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Complete the next `wake_slice` fetches; the rest in the next loop iteration."""
+        due, completed = self._due, 0
+        while due and completed < self.wake_slice:
+            future, woken = due.popleft()
+            if not future.done():
+                future.set_result(woken)
+                completed += 1
+        self._draining = bool(due)
+        if due:
+            self._loop.call_soon(self._drain)
