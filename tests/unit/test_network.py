@@ -39,18 +39,17 @@ def test_response_to_a_departed_peer_stops_at_the_first_failed_write(tmp_path, c
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
-def test_a_closed_connection_is_freed_without_the_garbage_collector(tmp_path):
-    """Its cancelled request loop keeps a CancelledError whose traceback holds the connection:
-    while the connection still referred to that task, each closed one was cyclic garbage (5,000
-    of them lingered until a full collection)."""
+def _freed_without_the_garbage_collector(tmp_path, which: int) -> bool:
+    """Accepts a connection and closes its peer with the garbage collector off: whether the
+    transport (0) or the `Connection` (1) is gone all the same."""
 
     async def scenario():
         ours, theirs = socket.socketpair()
         broker = Broker(tmp_path, BrokerConfig({}))
-        _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
+        accepted = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
         await asyncio.sleep(0)  # connection_made
-        gone = weakref.ref(connection)
-        del connection
+        gone = weakref.ref(accepted[which])
+        del accepted
         theirs.close()
         for _ in range(5):
             await asyncio.sleep(0)  # EOF, connection_lost, the cancelled loop ends
@@ -59,36 +58,23 @@ def test_a_closed_connection_is_freed_without_the_garbage_collector(tmp_path):
 
     gc.disable()
     try:
-        gone = asyncio.run(scenario())
-        assert gone() is None
+        return asyncio.run(scenario())() is None
     finally:
         gc.enable()
+
+
+def test_a_closed_connection_is_freed_without_the_garbage_collector(tmp_path):
+    """Its cancelled request loop keeps a CancelledError whose traceback holds the connection:
+    while the connection still referred to that task, each closed one was cyclic garbage (5,000
+    of them lingered until a full collection)."""
+    assert _freed_without_the_garbage_collector(tmp_path, 1)
 
 
 def test_a_closed_transport_is_freed_without_the_garbage_collector(tmp_path):
     """Python 3.11's socket transport refers to itself through a bound method: every closed
     connection left its transport and socket as cyclic garbage, and after a storm of closes
     the full collection that freed them held the event loop for hundreds of milliseconds."""
-
-    async def scenario():
-        ours, theirs = socket.socketpair()
-        broker = Broker(tmp_path, BrokerConfig({}))
-        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
-        await asyncio.sleep(0)
-        gone = weakref.ref(transport)
-        del transport
-        theirs.close()
-        for _ in range(5):
-            await asyncio.sleep(0)  # EOF, connection_lost
-        broker.logs.close()
-        return gone
-
-    gc.disable()
-    try:
-        gone = asyncio.run(scenario())
-        assert gone() is None
-    finally:
-        gc.enable()
+    assert _freed_without_the_garbage_collector(tmp_path, 0)
 
 
 def test_a_connection_closed_during_a_long_poll_is_freed_without_the_garbage_collector(tmp_path):
