@@ -10,6 +10,7 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from .. import cluster_admin
+from .create_topics import MAX_NEW_PARTITIONS_PER_REQUEST, TOO_MANY_PARTITIONS
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 37
@@ -39,10 +40,14 @@ async def handle(ctx, request):
     response_type = ctx.response_type
     result_type = nested(response_type, "CreatePartitionsTopicResult")
     results = []
+    too_many = sum(max(topic.count - (info.partition_count if (info := broker.metadata.topic(topic.name)) else 0), 0)
+                   for topic in request.topics) > MAX_NEW_PARTITIONS_PER_REQUEST
     for topic in request.topics:
         error, message = ErrorCode.none, None
         info = broker.metadata.topic(topic.name)
         try:
+            if too_many:
+                raise KafkaError(ErrorCode.policy_violation, TOO_MANY_PARTITIONS)
             if topic.name in INTERNAL_TOPICS and info is not None:
                 raise KafkaError(ErrorCode.invalid_topic_exception,
                                  f"Cannot change the partition count of internal topic {topic.name}")

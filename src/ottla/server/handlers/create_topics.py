@@ -19,6 +19,12 @@ from .describe_configs import SOURCE_CODES, topic_config_entries
 API_KEY = 19
 VERSIONS = (0, 7)  # v0-v1 removed in Kafka 4.0 (KIP-896); v1 adds validate_only
 
+# Kafka's limit on the partitions one CreateTopics or CreatePartitions request may create
+# (KAFKA-17870, KAFKA-19673/19674, also in ZooKeeper mode): beyond it every topic of the
+# request is answered POLICY_VIOLATION, instead of the broker creating 2^31 logs for one frame.
+MAX_NEW_PARTITIONS_PER_REQUEST = 10_000
+TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."
+
 
 def _plan(broker, topic) -> tuple[int, dict]:
     """Check one CreatableTopic; returns (partition count, configs) or raises KafkaError."""
@@ -63,9 +69,14 @@ async def handle(ctx, request):
     results = []
     seen = set()
     validate_only = getattr(request, "validate_only", False)  # v0 has no validate_only
+    too_many = sum(len(topic.assignments) if topic.assignments else
+                   broker.config["num.partitions"] if topic.num_partitions == -1 else max(topic.num_partitions, 0)
+                   for topic in request.topics) > MAX_NEW_PARTITIONS_PER_REQUEST
     for topic in request.topics:
         error, message, topic_id, count, configs_out = ErrorCode.none, None, None, -1, None
         try:
+            if too_many:
+                raise KafkaError(ErrorCode.policy_violation, TOO_MANY_PARTITIONS)
             if topic.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"Topic '{topic.name}' appears more than once in the request")
             seen.add(topic.name)
