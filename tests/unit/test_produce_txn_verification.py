@@ -8,16 +8,12 @@ import itertools
 from datetime import timedelta
 
 import pytest
-from ottla.config import BrokerConfig
-from ottla.coordinator.transaction.service import TransactionService
 from ottla.errors import ErrorCode
 from ottla.protocol.build import make, nested
 from ottla.protocol.schemas import request_schema
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch
-from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
-from ottla.server.coordinator_runtime import BrokerMarkerChannel
 from ottla.server.handlers import produce
 from tests.unit.test_txn_service import Node, run
 from tests.waiting import coordinators_loaded
@@ -30,10 +26,7 @@ class CountingNode(Node):
     transactions version 1, add under version 2) and can hold the markers of an EndTxn."""
 
     def __init__(self, data_dir, config):
-        self.broker = Broker(data_dir, BrokerConfig(config))
-        self.broker.transactions = TransactionService(
-            self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
-            self.broker.config, lambda ids=itertools.count(7): next(ids), now_ms)
+        super().__init__(data_dir, itertools.count(7), config)
         self.asks = 0
         self.before_ask = None
         coordinator = self.broker.transactions.coordinator
