@@ -53,7 +53,8 @@ def _transactional_id(three, admin) -> str:
 
 
 def run(records: int, transactions: int) -> dict[str, list[float]]:
-    with cluster(brokers=3, config=CONFIG, root=Path(tempfile.mkdtemp(prefix="txnverify-"))) as three:
+    with tempfile.TemporaryDirectory(prefix="txnverify-") as root, \
+            cluster(brokers=3, config=CONFIG, root=Path(root)) as three:
         admin = AdminClient({"bootstrap.servers": three.bootstrap})
         admin.create_topics([NewTopic("bench", 3, 1)])["bench"].result(60)
         partition = next(p for p, b in _leaders(admin, "bench", 3).items() if b == 1)
