@@ -15,6 +15,7 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ...records.legacy import up_convert
+from ...records.validator import inflate_limit
 from ..clock import now_ms
 from ..context import CloseConnection
 from ..leader_hints import LeaderHints
@@ -102,8 +103,11 @@ def _records_as_v2(ctx, topics, now: int):
         for data in topic.partition_data:
             records = data.records
             if ctx.api_version < 3 and records:
+                log = ctx.broker.logs.logs.get((name, data.index))
+                limit = inflate_limit(log.config["max.message.bytes"] if log is not None
+                                      else ctx.broker.config["message.max.bytes"])
                 try:
-                    records = up_convert(records, now)
+                    records = up_convert(records, now, limit)
                 except KafkaError as exc:
                     refused[(name, data.index)] = ProduceResult(exc.code, exc.message)
                     continue
