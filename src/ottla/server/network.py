@@ -294,10 +294,15 @@ class Connection(asyncio.BufferedProtocol):
                 if self.closed or self.transport.is_closing():
                     return  # the peer is gone: connection_lost has only been scheduled yet
                 if in_file:
+                    length = min(_WRITE_SLICE_BYTES, len(chunk) - start)
                     try:
-                        piece = chunk.read(start, min(_WRITE_SLICE_BYTES, len(chunk) - start))
+                        piece = chunk.read_cached(start, length)
+                        if piece is None:  # a lagging consumer's cold pages: the disk waits in a thread
+                            piece = chunk.checked(await asyncio.to_thread(chunk.detached_read(start, length)), length)
                     except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
                         self.close(f"response cut short: {exc}")
+                        return
+                    if self.closed or self.transport.is_closing():
                         return
                 else:
                     piece = view[start : start + _WRITE_SLICE_BYTES]
