@@ -13,7 +13,7 @@ from ottla.config import BrokerConfig
 from ottla.log import LogManager
 from ottla.log.cleaner import service, swap
 from ottla.log.cleaner.clean import CleaningAborted
-from ottla.log.cleaner.filter import DELETE_HORIZON_BIT
+from ottla.log.cleaner.filter import DELETE_HORIZON_BIT, delete_horizon
 from ottla.log.cleaner.service import CLEANER_CHECKPOINT_FILE, LogCleaner
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch, iter_batches
@@ -451,3 +451,36 @@ def test_log_cleaner_io_max_bytes_per_second_paces_a_pass(tmp_path, monkeypatch)
     assert checked / rate > 2 * looks[0] * 0.02  # the work alone would not take that long
     for moved, when in throttler.checks:
         assert when - started >= moved / rate - 1e-9
+
+
+def test_a_commit_marker_stays_delete_retention_ms_after_its_data_was_cleaned_away(tmp_path):
+    """Kafka's rule for markers: kept while its transaction's data is in the log; the first
+    clean that finds none of it stamps a horizon (now + delete.retention.ms); dropped by the
+    first clean at or past it (the producer's later transaction keeps it from being its last)."""
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.01"})
+    log = manager.get_log("t", 0)
+    _txn(log, 1000, 0, 0, b"c", b"committed", clock)
+    marker = _marker(log, 1000, 0, True, clock).base_offset
+    _txn(log, 1000, 0, 1, b"x", b"later", clock)
+    _marker(log, 1000, 0, True, clock)
+    put(log, b"c", b"overwritten", clock)
+
+    def marker_horizon():
+        found = [h for s in log.segments for h in s.headers_from(0) if h.base_offset == marker]
+        return delete_horizon(found[0]) if found else "gone"
+
+    def clean_at(now, step):
+        clock.now = now
+        fill(log, clock, updates=200, keys=200, prefix=b"f%d" % step)  # something dirty to clean
+        assert cleaner.clean_once(INLINE) is not None
+
+    clean_at(NOW, 0)
+    assert latest(log)[b"c"][1] == b"overwritten"  # the transaction's data went in this pass...
+    assert marker_horizon() is None  # ...so its marker stays, with no horizon yet
+    clean_at(NOW + 400, 1)
+    assert marker_horizon() == NOW + 1400
+    clean_at(NOW + 1399, 2)
+    assert marker_horizon() == NOW + 1400
+    clean_at(NOW + 1400, 3)
+    assert marker_horizon() == "gone"
