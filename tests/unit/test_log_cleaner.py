@@ -332,6 +332,29 @@ def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
     assert latest(log) == expected
 
 
+def test_a_recreated_topic_does_not_inherit_the_old_checkpoint_across_a_restart(tmp_path):
+    """The same with a restart in between: the old topic's entry must have left
+    cleaner-offset-checkpoint (Kafka updates it when it deletes a log), else the new log's
+    records below it count as cleaned and keep every duplicate for good."""
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock)
+    fill(manager.get_log("t", 0), clock, updates=1500)
+    assert cleaner.clean_once(INLINE) is not None
+    manager.delete_topic("t")
+    manager.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": "2048"})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock, updates=1000, prefix=b"a")
+    expected.update(fill(log, clock, updates=1000, prefix=b"b"))
+    manager.close()
+    manager = LogManager(tmp_path, BrokerConfig(), clock=clock)
+    cleaner = LogCleaner(manager, manager.broker_config, clock=clock)
+    log = manager.get_log("t", 0)
+    assert cleaner.clean_once(INLINE) is not None
+    sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
+    assert len(sealed) == len(set(sealed))
+    assert latest(log) == expected
+
+
 @pytest.mark.parametrize("min_ratio", [0.3, 0.7])
 def test_a_log_is_cleaned_only_once_its_dirty_ratio_passes_min_cleanable_dirty_ratio(tmp_path, min_ratio):
     """Kafka's LogCleanerManager: dirty bytes (from the cleaner checkpoint to the active

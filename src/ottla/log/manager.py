@@ -151,6 +151,8 @@ class LogManager:
         # takes a deleted partition out of them, which a partition of the same name waits for.
         self._checkpointed: dict[str, dict[tuple[str, int], int]] = {}
         self._forgetting: dict[tuple[str, int], Future] = {}
+        # Called on the owner's thread with the keys of deleted partitions (the log cleaner).
+        self.deletion_listeners: list[Callable[[list[tuple[str, int]]], None]] = []
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -356,6 +358,8 @@ class LogManager:
         with the renames for the interpreter)."""
         directories = [self.logs.pop(key).delete(remove=False) for key in keys]
         self._forget(keys)
+        for listener in self.deletion_listeners:
+            listener(keys)
         if self.disk_worker is not None and directories:
             def remove() -> None:
                 for directory in directories:
