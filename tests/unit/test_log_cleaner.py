@@ -316,7 +316,11 @@ def test_delete_and_compact_applies_both_policies(tmp_path):
     assert {k: v for k, v in state.items()} == expected
 
 
-def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
+@pytest.mark.parametrize("restart", [False, True], ids=["same-process", "after-a-restart"])
+def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path, restart):
+    """After a restart too: the old topic's entry must have left cleaner-offset-checkpoint
+    (Kafka updates it when it deletes a log), else the new log's records below it count as
+    cleaned and keep every duplicate for good."""
     clock = Clock()
     manager, cleaner = setup(tmp_path, clock)
     fill(manager.get_log("t", 0), clock, updates=1500)
@@ -326,32 +330,14 @@ def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
     log = manager.get_log("t", 0)
     expected = fill(log, clock, updates=1000, prefix=b"a")  # below where the old log's checkpoint was...
     expected.update(fill(log, clock, updates=1000, prefix=b"b"))  # ...and past it, with other keys
+    if restart:
+        manager.close()
+        manager = LogManager(tmp_path, BrokerConfig(), clock=clock)
+        cleaner = LogCleaner(manager, manager.broker_config, clock=clock)
+        log = manager.get_log("t", 0)
     assert cleaner.clean_once(INLINE) is not None
     sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
     assert len(sealed) == len(set(sealed))  # everything was cleaned, not only what lay past the old checkpoint
-    assert latest(log) == expected
-
-
-def test_a_recreated_topic_does_not_inherit_the_old_checkpoint_across_a_restart(tmp_path):
-    """The same with a restart in between: the old topic's entry must have left
-    cleaner-offset-checkpoint (Kafka updates it when it deletes a log), else the new log's
-    records below it count as cleaned and keep every duplicate for good."""
-    clock = Clock()
-    manager, cleaner = setup(tmp_path, clock)
-    fill(manager.get_log("t", 0), clock, updates=1500)
-    assert cleaner.clean_once(INLINE) is not None
-    manager.delete_topic("t")
-    manager.create_topic("t", 1, {"cleanup.policy": "compact", "segment.bytes": "2048"})
-    log = manager.get_log("t", 0)
-    expected = fill(log, clock, updates=1000, prefix=b"a")
-    expected.update(fill(log, clock, updates=1000, prefix=b"b"))
-    manager.close()
-    manager = LogManager(tmp_path, BrokerConfig(), clock=clock)
-    cleaner = LogCleaner(manager, manager.broker_config, clock=clock)
-    log = manager.get_log("t", 0)
-    assert cleaner.clean_once(INLINE) is not None
-    sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
-    assert len(sealed) == len(set(sealed))
     assert latest(log) == expected
 
 
