@@ -29,9 +29,14 @@ from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture(scope="module")
-def zk_cluster(tmp_path_factory):
+def shared_zk_cluster(tmp_path_factory):
     with cluster(brokers=2, root=tmp_path_factory.mktemp("cluster")) as handle:
         yield handle
+
+
+@pytest.fixture
+def zk_cluster(shared_zk_cluster):
+    return shared_zk_cluster.restore()  # a test that failed midway leaves nothing down for the next
 
 
 @pytest.fixture

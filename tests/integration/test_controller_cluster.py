@@ -58,9 +58,14 @@ def leaders(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, root=tmp_path_factory.mktemp("controller")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 @pytest.fixture
