@@ -163,14 +163,17 @@ class Clients(threading.Thread):
 
 
 def coordinator(c, key_type: int, key: str) -> int:
-    with AdminProtocolClient(c.bootstrap, timeout=10) as client:
-        connection = client._any_connection()
+    host, port = next(b for b in c.brokers.values() if b.running()).bootstrap.rsplit(":", 1)
+    connection = BrokerConnection(host, int(port), timeout=10, client_id="probe")
+    try:
         while True:
             request = FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,))
             answer = connection.send(FIND_COORDINATOR, 4, request).coordinators[0]
             if answer.error_code == 0:
                 return answer.node_id
-            time.sleep(0.1)
+            time.sleep(0.1)  # the internal topic is being created
+    finally:
+        connection.close()
 
 
 def controller_id(c) -> int:
