@@ -10,6 +10,8 @@ pace, each in a thread of its own:
   timed (logging only);
 - `rdkafka-backoff100`: the same with `retry.backoff.max.ms=100` (a client setting, shown
   apart: what librdkafka's own backoff costs);
+- `rdkafka-50`: default configs, but up to 50 records in flight per partition instead of 5
+  (the pace of `test_replication.py`'s bounce test);
 - `kafka-python`: its cluster metadata listener times the answers.
 
 Each bounce: a preferred election (each broker leads one partition), kill -9 of one broker
@@ -25,7 +27,12 @@ Each bounce: a preferred election (each broker leads one partition), kill -9 of 
 
 then the broker is started again and the next bounce waits for every ISR to be full.
 
-    PYTHONPATH=src python benchmarks/failover.py [--bounces 6] [--session-timeout-ms 6000]
+`--sigterms N` then SIGTERMs a leader N times (controlled shutdown; brokers 1, 2, 3 in turn,
+each leading its partition after a preferred election): per client, the longest gap between
+acknowledgements of that partition from the SIGTERM until a second after the broker exited.
+A round with a gap over `--gap-threshold` prints every broker's log lines around the gap.
+
+    PYTHONPATH=src python benchmarks/failover.py [--bounces 6] [--sigterms 0] [--session-timeout-ms 6000]
 """
 
 from __future__ import annotations
@@ -62,8 +69,9 @@ class Client:
     """A producer thread: records (partition, sent, acknowledged) and when each Metadata
     answer it took named which leader for each partition."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, window: int = 5):
         self.name = name
+        self.window = window  # records in flight per partition at most
         self.acks: list[tuple[int, float, float]] = []
         self.leaders: list[tuple[float, int, int]] = []  # (time, partition, leader)
         self.errors: list[str] = []
@@ -85,6 +93,12 @@ class Client:
         else:
             self.errors.append(str(err))
 
+    def longest_gap(self, partition: int, start: float, until: float) -> tuple[float, float]:
+        """The longest time between two acknowledgements of `partition` within [start, until],
+        and when it began."""
+        times = [start] + sorted(a for p, _, a in self.acks if p == partition and start < a <= until) + [until]
+        return max((b - a, a) for a, b in zip(times, times[1:]))
+
     def first_ack_after(self, partition: int, moment: float) -> float | None:
         return min((a for p, s, a in self.acks if p == partition and s > moment), default=None)
 
@@ -96,8 +110,8 @@ class Client:
 class RdKafka(Client):
     METADATA = re.compile(r"Topic (\S+) \[(\d+)\] Leader (-?\d+)")
 
-    def __init__(self, name: str, bootstrap: str, extra: dict):
-        super().__init__(name)
+    def __init__(self, name: str, bootstrap: str, extra: dict, window: int = 5):
+        super().__init__(name, window)
         logger = logging.getLogger(f"rdkafka.{name}")
         logger.propagate = False
         logger.setLevel(logging.DEBUG)
@@ -113,7 +127,7 @@ class RdKafka(Client):
     def _run(self) -> None:
         while not self._stop.is_set():
             for p in range(PARTITIONS):
-                if self.in_flight[p] < 5:
+                if self.in_flight[p] < self.window:
                     self.in_flight[p] += 1
                     self.producer.produce(TOPIC, b"x", partition=p,
                                           on_delivery=lambda err, _m, p=p, s=time.time(): self.acked(p, s, err))
@@ -145,7 +159,7 @@ class KafkaPython(Client):
     def _run(self) -> None:
         while not self._stop.is_set():
             for p in range(PARTITIONS):
-                if self.in_flight[p] < 5:
+                if self.in_flight[p] < self.window:
                     self.in_flight[p] += 1
                     future = self.producer.send(TOPIC, b"x", partition=p)
                     sent = time.time()
@@ -200,6 +214,29 @@ def timeline(handle, killed_at: float, dead: int, partition: int, clients: list[
     return {k: (None if v is None else v - killed_at) for k, v in row.items()}
 
 
+def sigterm_round(handle, target: int, clients: list[Client], threshold: float) -> list[tuple[float, float]]:
+    """SIGTERM of `target` (controlled shutdown), then it starts again. Per client, the longest
+    gap between acknowledgements of the partition it led, from the SIGTERM until a second
+    after it exited; a gap over `threshold` prints every broker's log lines around it."""
+    partition = target - 1
+    signalled = time.time()
+    handle.brokers[target].stop()
+    time.sleep(1.0)
+    until = time.time()
+    gaps = [c.longest_gap(partition, signalled, until) for c in clients]
+    if max(g for g, _ in gaps) > threshold:
+        begin = min(at for g, at in gaps if g > threshold)
+        end = begin + max(g for g, _ in gaps)
+        seen = [(c.name, round(g, 3), round(at - signalled, 3)) for c, (g, at) in zip(clients, gaps)]
+        print(f"--- gap over {threshold:.1f} s (client, gap, its start after the SIGTERM): {seen}")
+        for broker_id, lines in broker_lines(handle, signalled - 0.1).items():
+            for at, text in lines:
+                if begin - 0.3 <= at <= end + 0.1 and not text.startswith(("Sending", "Received", "Read")):
+                    print(f"  [{broker_id}] +{at - signalled:.3f} {text[:220]}")
+    handle.brokers[target].start()
+    return gaps
+
+
 def elect_preferred(bootstrap: str) -> None:
     while True:
         admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
@@ -220,21 +257,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bounces", type=int, default=6)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--sigterms", type=int, default=0,
+                        help="then as many rounds of SIGTERM (controlled shutdown) of a leader")
+    parser.add_argument("--gap-threshold", type=float, default=0.8,
+                        help="a SIGTERM round with a longer gap prints the brokers' logs around it")
     parser.add_argument("--root", help="keep the cluster's files (the brokers' logs) here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the cluster's processes are stopped on the way out
     with cluster(brokers=3, config=CONFIG, session_timeout_ms=args.session_timeout_ms, log_level="debug",
                  root=args.root) as handle:
         admin = AdminClient({"bootstrap.servers": handle.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replica_assignment=[[1, 2, 3], [2, 3, 1], [3, 1, 2]],
+        admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS,
+                                      replica_assignment=[[1, 2, 3], [2, 3, 1], [3, 1, 2]],
                                       config={"min.insync.replicas": "2"})])[TOPIC].result(60)
         elect_preferred(handle.bootstrap)
         clients: list[Client] = [RdKafka("rdkafka", handle.bootstrap, {}),
                                  RdKafka("rdkafka-backoff100", handle.bootstrap, {"retry.backoff.max.ms": 100}),
+                                 RdKafka("rdkafka-50", handle.bootstrap, {}, window=50),
                                  KafkaPython("kafka-python", handle.bootstrap)]
         for client in clients:
             client.start()
-        rows = []
+        rows, shutdowns = [], []
         try:
             for bounce in range(args.bounces):
                 elect_preferred(handle.bootstrap)
@@ -248,7 +291,8 @@ def main() -> None:
                 deadline = time.monotonic() + 60
                 while any(c.first_ack_after(partition, killed_at) is None for c in clients):
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"no acknowledgement 60 s after the kill: {[c.errors[-3:] for c in clients]}")
+                        errors = [c.errors[-3:] for c in clients]
+                        raise RuntimeError(f"no acknowledgement 60 s after the kill: {errors}")
                     time.sleep(0.05)
                 time.sleep(0.5)  # the last log lines
                 row = timeline(handle, killed_at, target, partition, clients)
@@ -256,9 +300,28 @@ def main() -> None:
                 progress(f"bounce {bounce + 1}: broker {target}{' (controller)' if target == controller else ''}: "
                          + ", ".join(f"{k} {'-' if v is None else f'{v:.2f}'}" for k, v in row.items()))
                 handle.brokers[target].start()
+            for n in range(args.sigterms):
+                elect_preferred(handle.bootstrap)
+                target = n % 3 + 1
+                time.sleep(2)
+                gaps = sigterm_round(handle, target, clients, args.gap_threshold)
+                shutdowns.append(gaps)
+                progress(f"SIGTERM {n + 1} of broker {target}: longest gaps "
+                         + ", ".join(f"{c.name} {g * 1000:.0f} ms" for c, (g, _) in zip(clients, gaps)))
         finally:
             for client in clients:
                 client.stop()
+    if shutdowns:
+        print()
+        print(f"| SIGTERM of a leader, longest gap between acknowledgements ({len(shutdowns)} rounds) "
+              "| median | max | rounds over 1 s |")
+        print("| --- | ---: | ---: | ---: |")
+        for i, client in enumerate(clients):
+            gaps = sorted(r[i][0] for r in shutdowns)
+            print(f"| {client.name} | {statistics.median(gaps) * 1000:.0f} ms | {gaps[-1] * 1000:.0f} ms "
+                  f"| {sum(g > 1 for g in gaps)} |")
+    if not rows:
+        return
     columns = list(rows[0][3])
     print()
     print("| bounce | broker killed | " + " | ".join(columns) + " |")
