@@ -2,7 +2,9 @@
 
 Topics created on any broker land on all three with leaders spread; clients produce and
 consume across partitions led by different brokers; kill -9 of the controller moves
-`/controller_epoch` and another broker takes over, after which topic creation works. A
+`/controller_epoch` and another broker takes over, after which topic creation works. SIGTERM
+moves leadership before the broker stops, and the broker does not rejoin the ISRs it handed
+over while it stops. A
 broker restarted after kill -9 accepts connections only once registered, and drops a
 partition that was moved off it while it was down.
 """
@@ -26,6 +28,7 @@ from ottla.admin_client import AdminProtocolClient, BrokerError
 from ottla.controller import wire
 from ottla.controller.requests import ControllerRequest, LeaderAndIsrPayload, PartitionState
 from ottla.errors import ErrorCode
+from ottla.server.cluster_node import HOLD_AFTER_CONTROLLED_SHUTDOWN
 from ottla.testing import cluster
 from tests.waiting import wait_for
 from tests.wire import roundtrip
@@ -230,6 +233,33 @@ def test_sigterm_moves_leadership_before_the_broker_stops(three, zk):
         assert state["leader"] not in (leaving, -1) and leaving not in state["isr"], state
         if p in led:
             assert stat.mzxid < deregistered, (p, state)
+    three.brokers[leaving].start()
+    wait_for(lambda: zk.exists(f"/brokers/ids/{leaving}"), what="the broker to rejoin")
+
+
+def test_a_stopping_broker_does_not_rejoin_the_isrs_it_handed_over(three, zk):
+    """A SIGTERMed broker that lingers after handing its leadership over (the failpoint holds it
+    a second, as resigning the controller role on a loaded machine did) must not fetch what it
+    handed over: the new leader would take it back into the ISR at once (it has the whole
+    log), and acks=all would wait for a broker on its way out until the controller saw it gone
+    (1.1-2.6 s without acknowledgements in benchmarks/failover.py)."""
+    leaving, *others = sorted(three.brokers)
+    three.brokers[leaving].env = {"OTTLA_FAILPOINTS": HOLD_AFTER_CONTROLLED_SHUTDOWN}
+    three.brokers[leaving].restart()
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("handback", num_partitions=1,
+                                  replica_assignment=[[leaving, *others]])])["handback"].result(60)
+    wait_for(lambda: len(isrs(three.bootstrap, "handback").get(0, [])) == 3, what="handback with a full ISR")
+    assert partition_state(zk, "handback", 0)["leader"] == leaving
+    assert three.brokers[leaving].stop() == 0
+    deregistered = zk.get("/brokers/ids")[1].pzxid
+    data, stat = zk.get("/brokers/topics/handback/partitions/0/state")
+    state = json.loads(data)
+    assert state["leader"] in others and sorted(state["isr"]) == others, state
+    # Written before the broker left: nobody put it back in the ISR while it stopped, so the
+    # controller had nothing to take out once it was gone.
+    assert stat.mzxid < deregistered, state
+    three.brokers[leaving].env = {}
     three.brokers[leaving].start()
     wait_for(lambda: zk.exists(f"/brokers/ids/{leaving}"), what="the broker to rejoin")
 

@@ -132,6 +132,9 @@ class ControllerService:
         while True:
             event = await self._events.get()
             self._pending.discard(event)
+            started = time.monotonic()
+            if event != "tick":
+                log.debug("controller: %s event", event)
             try:
                 if event == "session_lost":
                     await self._call(self.controller.on_session_lost)
@@ -151,6 +154,9 @@ class ControllerService:
             except Exception:
                 log.exception("controller: handling %s failed", event)
                 continue
+            if event != "tick" or requests:
+                log.debug("controller: %s handled in %.0f ms, %d requests", event,
+                          (time.monotonic() - started) * 1000, len(requests))
             self.dispatch(requests)
 
     async def _ticker(self) -> None:
