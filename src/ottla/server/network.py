@@ -142,6 +142,8 @@ class Connection(asyncio.BufferedProtocol):
             self.pending.extend(frames)
             if self.worker is None:
                 self.worker = asyncio.get_running_loop().create_task(self._serve())
+        elif not (self.decoder.blocked or self.reading_paused):
+            return  # most reads of a large request: nothing that pausing depends on changed
         if self.decoder.blocked:
             self.memory.wait(self)
         self._update_reading()
