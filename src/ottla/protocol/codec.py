@@ -31,7 +31,7 @@ from .schemas import request_schema, response_schema
 from .shape import check_request
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
-           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "encode_item",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody", "encode_item",
            "api_name", "peek_header",
            "response_schema"]
 
@@ -303,6 +303,13 @@ class Encoded(tuple):
     __slots__ = ()
 
 
+class EncodedBody(bytes):
+    """A whole response body already encoded: a handler's answer that is the same bytes every
+    time (Fetch's answers with nothing in them, `handlers/fetch.py`); only the header is written."""
+
+    __slots__ = ()
+
+
 def encode_item(item: Any) -> bytes:
     """One array item (a kio entity) as `Encoded` expects it."""
     out = io.BytesIO()
@@ -346,7 +353,9 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
     header_schema, write_header, write_body = _response_writers(api_key, api_version)
     out = _FrameChunks()
     write_header(out, header_schema(correlation_id=correlation_id))
-    if any(isinstance(getattr(response, name), Encoded) for name in _names(type(response))):
+    if type(response) is EncodedBody:
+        out.write(response)
+    elif any(isinstance(getattr(response, name), Encoded) for name in _names(type(response))):
         _write_with_encoded(out, response)
     else:
         write_body(out, response)

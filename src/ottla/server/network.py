@@ -21,6 +21,7 @@ from kio.static.primitive import i16
 from ..log.file_records import FileRecords, RecordsGone
 from ..protocol.codec import (
     API_VERSIONS_KEY,
+    EncodedBody,
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
@@ -267,7 +268,7 @@ class Connection(asyncio.BufferedProtocol):
         if response is None:  # Produce with acks=0 has no response
             return
         try:
-            if _many_items(response):
+            if type(response) is not EncodedBody and _many_items(response):
                 chunks = await asyncio.to_thread(encode_response, request.api_key, request.api_version,
                                                  request.correlation_id, response)
             else:
