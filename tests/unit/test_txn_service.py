@@ -57,8 +57,8 @@ E = ErrorCode
 class Node:
     """A broker with its transaction service, driven by calling handlers directly."""
 
-    def __init__(self, data_dir, ids):
-        self.broker = Broker(data_dir, BrokerConfig({}))
+    def __init__(self, data_dir, ids, config=None):
+        self.broker = Broker(data_dir, BrokerConfig(config or {}))
         self.broker.transactions = TransactionService(self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
                                                       self.broker.config, lambda: next(ids), now_ms)
 
