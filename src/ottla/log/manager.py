@@ -26,6 +26,7 @@ import re
 import shutil
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -146,6 +147,12 @@ class LogManager:
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
         self._duty_errors: dict[tuple[str, tuple[str, int]], str] = {}  # logged once until they change
         self._last_hw_checkpoint_ms = self._last_checkpoint_ms
+        # What each checkpoint file was last given (at load: what it held), and the write that
+        # takes a deleted partition out of them, which a partition of the same name waits for.
+        self._checkpointed: dict[str, dict[tuple[str, int], int]] = {}
+        self._forgetting: dict[tuple[str, int], Future] = {}
+        # Called on the owner's thread with the keys of deleted partitions (the log cleaner).
+        self.deletion_listeners: list[Callable[[list[tuple[str, int]]], None]] = []
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -157,6 +164,8 @@ class LogManager:
         recovery_points = read_offset_checkpoint(self.data_dir / RECOVERY_POINT_FILE)
         start_offsets = read_offset_checkpoint(self.data_dir / LOG_START_OFFSET_FILE)
         high_watermarks = read_offset_checkpoint(self.data_dir / HIGH_WATERMARK_FILE)
+        self._checkpointed = {RECOVERY_POINT_FILE: recovery_points, LOG_START_OFFSET_FILE: start_offsets,
+                              HIGH_WATERMARK_FILE: high_watermarks}
         for entry in os.scandir(self.data_dir / TOPICS_DIR):
             if entry.name.endswith(".json"):
                 info = self._read_topic_file(Path(entry.path))
@@ -228,6 +237,9 @@ class LogManager:
     # -- catalog -------------------------------------------------------------------------
 
     def _new_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
+        forgetting = self._forgetting.pop((topic, partition), None)
+        if forgetting is not None:  # a partition of this name was deleted moments ago
+            forgetting.result()
         return Log(
             self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends,
             disk_worker=self.disk_worker,
@@ -321,7 +333,7 @@ class LogManager:
         self._topic_file(info).unlink()
         _fsync_dir(self.data_dir / TOPICS_DIR)
         del self.topics[name]
-        self._delete_logs([self.logs.pop((name, partition)) for partition in info.hosted])
+        self._delete_logs([(name, partition) for partition in info.hosted])
 
     def delete_partitions(self, name: str, partitions: set[int]) -> None:
         """Stop holding partitions (replicas moved away): the topic file records them absent
@@ -337,13 +349,16 @@ class LogManager:
         updated = info._replace(absent=info.absent | set(gone))
         self._write_topic(updated)
         self.topics[name] = updated
-        self._delete_logs([self.logs.pop((name, partition)) for partition in gone])
+        self._delete_logs([(name, partition) for partition in gone])
 
-    def _delete_logs(self, logs: list[Log]) -> None:
+    def _delete_logs(self, keys: list[tuple[str, int]]) -> None:
         """Each log's directory renamed away at once, then all removed in one disk-worker job
         that starts once the loop is done with them (1,000 jobs started one by one competed
         with the renames for the interpreter)."""
-        directories = [partition_log.delete(remove=False) for partition_log in logs]
+        directories = [self.logs.pop(key).delete(remove=False) for key in keys]
+        self._forget(keys)
+        for listener in self.deletion_listeners:
+            listener(keys)
         if self.disk_worker is not None and directories:
             def remove() -> None:
                 for directory in directories:
@@ -462,12 +477,29 @@ class LogManager:
         restarted follower serves consumers only up to it until its leader says more."""
         self._write_checkpoint(HIGH_WATERMARK_FILE, {k: v.high_watermark for k, v in self.logs.items()}, inline)
 
-    def _write_checkpoint(self, name: str, offsets: dict[tuple[str, int], int], inline: bool) -> None:
+    def _write_checkpoint(self, name: str, offsets: dict[tuple[str, int], int], inline: bool) -> Future | None:
         path = self.data_dir / name
+        self._checkpointed[name] = offsets
         if inline or self.disk_worker is None:
             write_offset_checkpoint(path, offsets)
-        else:
-            self.disk_worker.submit(f"checkpoint {name}", lambda: write_offset_checkpoint(path, offsets))
+            return None
+        return self.disk_worker.submit(f"checkpoint {name}", lambda: write_offset_checkpoint(path, offsets))
+
+    def _forget(self, keys: list[tuple[str, int]]) -> None:
+        """Take deleted partitions out of the checkpoint files (Kafka's asyncDelete does too):
+        until the next periodic write they named them, and a partition created again under
+        the same name that then crashed loaded the old one's log start offset (hiding its first
+        records), recovery point (above what it had on disk) and high watermark. The files get
+        what they were last given, less these partitions; a new log of one of these names waits
+        for the write (`_new_log`)."""
+        gone = set(keys)
+        written = None
+        for name, offsets in list(self._checkpointed.items()):
+            if not gone.isdisjoint(offsets):
+                written = self._write_checkpoint(name, {k: v for k, v in offsets.items() if k not in gone},
+                                                 inline=False) or written
+        if written is not None:
+            self._forgetting.update(dict.fromkeys(gone, written))
 
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point

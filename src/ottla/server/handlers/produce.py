@@ -8,6 +8,7 @@ level it is verified as at v11). v13 names topics by id (KIP-516), resolved thro
 UNKNOWN_TOPIC_ID for an id it does not know or that is not the local log's, as Kafka's
 ReplicaManager.getPartitionOrException(TopicIdPartition)."""
 
+import asyncio
 import datetime
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
 from ...records.legacy import up_convert
+from ...records.validator import inflate_limit
 from ..clock import now_ms
 from ..context import CloseConnection
 from ..leader_hints import LeaderHints
@@ -29,6 +31,8 @@ VERSIONS = (0, 13)
 FIRST_TV2_VERSION = 12
 
 _UTC = datetime.timezone.utc
+# Topic and partition entries answered between two yields to the event loop.
+_ENTRIES_PER_STEP = 256
 
 
 def _append_time(ms: int):
@@ -153,8 +157,11 @@ def _records_as_v2(ctx, topics, now: int):
         for data in topic.partition_data:
             records = data.records
             if ctx.api_version < 3 and records:
+                log = ctx.broker.logs.logs.get((name, data.index))
+                limit = inflate_limit(log.config["max.message.bytes"] if log is not None
+                                      else ctx.broker.config["message.max.bytes"])
                 try:
-                    records = up_convert(records, now)
+                    records = up_convert(records, now, limit)
                 except KafkaError as exc:
                     refused[(name, data.index)] = ProduceResult(exc.code, exc.message)
                     continue
@@ -187,9 +194,15 @@ async def handle(ctx, request):
             origin="client", precheck=_precheck(broker, INTERNAL_TOPICS, transactional, ids)))
     hints = LeaderHints(broker.metadata, response_type)
     topics = []
+    made = 0
     for name, topic_id, indexes in order:
         partitions = []
+        made += 1
         for index in indexes:
+            made += 1
+            if made >= _ENTRIES_PER_STEP:  # thousands of topics or partitions: let others in between
+                made = 0
+                await asyncio.sleep(0)
             result = results[(name, index)] if name is not None else unknown
             record_errors = tuple(make(record_error_type, batch_index=i, batch_index_error_message=text)
                                   for i, text in result.record_errors) if record_error_type else ()
