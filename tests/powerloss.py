@@ -11,9 +11,11 @@ keeps only what reached the disk.
 would leave (`into/0001`, ...), with `note()` called then (what had been acknowledged by then),
 so a test can restart from each of them: a power loss at every point of a run.
 
-The model fits the broker's files: segment `.log`s and `.txnindex`es only grow by appends
-(a recovery truncation is itself followed by a sync), and every file rewritten in place is
-written to a temporary file, fsynced and renamed. Offset and time indexes are memory-mapped
+The model fits the broker's files: segment `.log`s and `.txnindex`es grow by appends and
+shrink only by `os.ftruncate` (recovery, a follower's truncation), after which nothing past
+the cut counts as synced until the next fsync: bytes appended over a truncated range were
+never on disk. Every file rewritten in place is written to a temporary file, fsynced and
+renamed. Offset and time indexes are memory-mapped
 and never trusted past the recovery point, so they are left alone; directory entries are
 taken as durable.
 """
@@ -37,6 +39,7 @@ class PowerLoss:
             st = path.stat()
             self._synced[(st.st_dev, st.st_ino)] = st.st_size
         self._real = (os.fsync, os.fdatasync)
+        self._real_ftruncate = os.ftruncate
         self.syncs = 0
         self._images: tuple[Path, Callable[[], object]] | None = None
         self.images: list[tuple[Path, object]] = []
@@ -77,12 +80,24 @@ class PowerLoss:
                 continue
         self.images.append((image, noted))
 
+    def _truncating(self, real):
+        def ftruncate(fd, length):
+            real(fd, length)
+            st = os.fstat(fd)
+            with self._lock:
+                key = (st.st_dev, st.st_ino)
+                if key in self._synced:
+                    self._synced[key] = min(self._synced[key], length)
+        return ftruncate
+
     def __enter__(self) -> "PowerLoss":
         os.fsync, os.fdatasync = (self._recording(real) for real in self._real)
+        os.ftruncate = self._truncating(self._real_ftruncate)
         return self
 
     def __exit__(self, *exc) -> None:
         os.fsync, os.fdatasync = self._real
+        os.ftruncate = self._real_ftruncate
 
     def crash(self) -> dict[str, int]:
         """Cut every file back to what was synced; returns the bytes lost per file."""

@@ -22,6 +22,7 @@ from kio.static.primitive import i16
 from ..log.file_records import FileRecords, RecordsGone
 from ..protocol.codec import (
     API_VERSIONS_KEY,
+    EncodedBody,
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
@@ -149,6 +150,8 @@ class Connection(asyncio.BufferedProtocol):
             self.pending.extend(frames)
             if self.worker is None:
                 self.worker = asyncio.get_running_loop().create_task(self._serve())
+        elif not (self.decoder.blocked or self.reading_paused):
+            return  # most reads of a large request: nothing that pausing depends on changed
         if self.decoder.blocked:
             self.memory.wait(self)
         self._update_reading()
@@ -276,7 +279,7 @@ class Connection(asyncio.BufferedProtocol):
         if response is None:  # Produce with acks=0 has no response
             return
         try:
-            if _many_items(response):
+            if type(response) is not EncodedBody and _many_items(response):
                 chunks = await asyncio.to_thread(encode_response, request.api_key, request.api_version,
                                                  request.correlation_id, response)
             else:
