@@ -54,3 +54,23 @@ def test_a_deleted_segment_is_never_sent(tmp_path):
     log.truncate_fully_and_start_at(500)
     with pytest.raises(RecordsGone):
         records.read(0, 1024)
+
+
+def test_a_file_system_without_nowait_reads_leaves_the_read_to_the_worker(tmp_path, monkeypatch):
+    """preadv's RWF_NOWAIT is refused by some file systems (EOPNOTSUPP): that is "not known to
+    be cached" (read in a worker thread), never a response cut short."""
+    import errno
+    import os
+
+    log = Log(tmp_path / "t-0", config())
+    for _ in range(100):
+        log.append(batch(10, value=b"x" * 1000), now_ms=0)
+    log.update_high_watermark(log.log_end_offset)
+    records = log.read(0, 1 << 20, max_offset=log.log_end_offset, lazy=True).records
+    assert isinstance(records, FileRecords)
+
+    def refused(*_):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+    monkeypatch.setattr(os, "preadv", refused)
+    assert records.read_cached(0, 4096) is None
+    assert records.checked(records.detached_read(0, 4096)(), 4096) == records.read(0, 4096)
