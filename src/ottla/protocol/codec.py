@@ -28,7 +28,7 @@ from kio.serial.writers import write_compact_array_length, write_legacy_array_le
 from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
 from .legacy import index as legacy_index
 from .schemas import request_schema, response_schema
-from .shape import check_request
+from .shape import UnknownTaggedFields, check_request, strip_unknown_tagged_fields
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
            "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody", "encode_item",
@@ -252,7 +252,10 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Decod
     except (UnknownAPIKey, UnknownEntity):
         raise UnsupportedApiVersion(api_key, api_version, correlation_id) from None
     try:
-        check_request(frame, api_key, api_version)  # kio trusts counts: see protocol/shape.py
+        try:
+            check_request(frame, api_key, api_version)  # kio trusts counts: see protocol/shape.py
+        except UnknownTaggedFields:
+            frame = strip_unknown_tagged_fields(frame, api_key, api_version)
         header, header_size = read_header(frame, 0)
         body, _ = read_body(frame, header_size)
     except Exception as exc:  # kio raises several types on garbage; all mean the same here

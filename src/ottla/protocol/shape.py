@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 import types
 import typing
 from functools import cache
@@ -222,18 +223,31 @@ def _entity_shape(entity: type) -> _Shape:
         if flexible:
             if pos < end and buf[pos] == 0:  # no tagged fields, the common case
                 return pos + 1
+            count_at = pos
             count, pos = _uvarint(buf, pos, end)
             if count * 2 > end - pos:
                 raise MalformedRequest(f"{name}: {count} tagged fields cannot fit in the {end - pos} bytes left")
+            edits = _stripping.edits
+            kept: list[tuple[int, int]] = []
             for _ in range(count):
+                field_at = pos
                 tag, pos = _uvarint(buf, pos, end)
                 size, pos = _uvarint(buf, pos, end)
-                walk_tagged = tagged.get(tag)
-                if walk_tagged is None:
-                    raise MalformedRequest(f"{name}: unknown tagged field {tag}")
                 if size > end - pos:
                     raise MalformedRequest(f"{name}: tagged field {tag} of {size} bytes exceeds the {end - pos} left")
+                walk_tagged = tagged.get(tag)
+                if walk_tagged is None:
+                    if edits is None:
+                        raise UnknownTaggedFields(f"{name}: unknown tagged field {tag}")
+                    pos += size
+                    continue
+                inner_edits = len(edits) if edits is not None else 0
                 pos = walk_tagged(buf, pos, end)
+                if edits is not None and len(edits) != inner_edits:
+                    raise MalformedRequest(f"{name}: unknown tagged fields inside tagged field {tag}")
+                kept.append((field_at, pos))
+            if edits is not None and len(kept) < count:
+                edits.append((count_at, pos, _uvarint_bytes(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)))
         return pos
     return _Shape(walk, min_size + (1 if flexible else 0))
 
@@ -246,13 +260,54 @@ def _request_walkers(api_key: int, api_version: int) -> tuple[Walker, Walker]:
 
 def check_request(frame: Buffer, api_key: int, api_version: int) -> int:
     """Raise MalformedRequest unless kio can read `frame` without trusting a count it cannot
-    check; returns where the body ends (trailing bytes are allowed, as Kafka allows them)."""
+    check; returns where the body ends (trailing bytes are allowed, as Kafka allows them).
+    Raises UnknownTaggedFields if the frame carries tags its version does not define."""
     walk_header, walk_body = _request_walkers(api_key, api_version)
     end = len(frame)
     try:
         return walk_body(frame, walk_header(frame, 0, end), end)
     except struct.error as exc:  # an int read past the end: truncated
         raise MalformedRequest(f"truncated: {exc}") from None
+
+
+class UnknownTaggedFields(Exception):
+    """A flexible request carries tagged fields its version does not define: Kafka skips them
+    (KIP-482: a newer client may add tags to a version an older broker serves), kio 0.6 refuses
+    them (KeyError), so `strip_unknown_tagged_fields` removes them before kio reads the frame."""
+
+
+class _Stripping(threading.local):
+    edits: list[tuple[int, int, bytes]] | None = None  # (start, end, replacement) while stripping
+
+
+_stripping = _Stripping()
+
+
+def strip_unknown_tagged_fields(frame: Buffer, api_key: int, api_version: int) -> bytes:
+    """`frame` without the tagged fields its version does not define (each tag block rewritten
+    with its count and the known fields only); raises MalformedRequest as `check_request`."""
+    _stripping.edits = edits = []
+    try:
+        check_request(frame, api_key, api_version)
+    finally:
+        _stripping.edits = None
+    out = bytearray()
+    done = 0
+    for start, stop, replacement in sorted(edits):
+        out += frame[done:start]
+        out += replacement
+        done = stop
+    out += frame[done:]
+    return bytes(out)
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def produce_entries(frame: Buffer, api_version: int, limit: int) -> int:
