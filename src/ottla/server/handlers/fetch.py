@@ -282,7 +282,7 @@ async def handle(ctx, request):
         notified: set | None = set() if follower else None
         if not follower:
             read = None
-        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified)
+        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
         if woken and notified and total == 0:
             read, total, failed = _read_partitions(ctx, request, grouped, response_type, read, notified)
         else:
