@@ -31,7 +31,8 @@ from .schemas import request_schema, response_schema
 from .shape import check_request
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
-           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody", "encode_item",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody",
+           "encode_item",
            "api_name", "peek_header",
            "response_schema"]
 
