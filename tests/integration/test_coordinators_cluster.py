@@ -74,9 +74,14 @@ def key_on(three, key_type: int, prefix: str, broker_id: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, config=CONFIG, root=tmp_path_factory.mktemp("coordinators")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 def data_topic(three, name: str) -> dict[int, int]:

@@ -10,13 +10,8 @@ import itertools
 
 from kio.schema.end_txn.v5.request import EndTxnRequest
 
-from ottla.config import BrokerConfig
-from ottla.coordinator.transaction.service import TransactionService
 from ottla.errors import ErrorCode
 from ottla.server import txn_verification
-from ottla.server.broker import Broker
-from ottla.server.clock import now_ms
-from ottla.server.coordinator_runtime import BrokerMarkerChannel
 from ottla.server.handlers import end_txn
 from tests.unit.test_txn_service import Node, run
 from tests.waiting import coordinators_loaded
@@ -27,10 +22,7 @@ TP = ("t", 0)
 
 class TV2Node(Node):
     def __init__(self, data_dir, config):
-        self.broker = Broker(data_dir, BrokerConfig(config))
-        self.broker.transactions = TransactionService(
-            self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
-            self.broker.config, lambda ids=itertools.count(7): next(ids), now_ms)
+        super().__init__(data_dir, itertools.count(7), config)
         self.asks = 0
         coordinator = self.broker.transactions.coordinator
         add = coordinator.add_partitions
