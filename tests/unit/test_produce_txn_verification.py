@@ -4,6 +4,7 @@ transactional writes ask the coordinator, and what a refusal is answered with (K
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import timedelta
 
@@ -34,7 +35,13 @@ class CountingNode(Node):
             setattr(coordinator, name, self._counted(getattr(coordinator, name)))
         self.held = []
         markers = self.broker.transactions.markers
+        self.write_markers = markers.write_markers
         markers.write_markers = lambda *args: self.held.append(args)
+
+    def release_markers(self):
+        held, self.held = self.held, []
+        for args in held:
+            self.write_markers(*args)
 
     def _counted(self, method):
         def counted(*args, **kwargs):
@@ -126,6 +133,50 @@ def test_a_write_whose_transaction_ended_while_the_request_waited_is_refused(tmp
         assert answers[("t", 1)] == (E.none, None)
         assert log.log_end_offset == end + 1            # the marker only
         assert log.producer_state.entry(pid).txn_first_offset is None
+    run(scenario())
+
+
+def test_a_verified_write_whose_transaction_ended_before_the_append_is_refused(tmp_path):
+    """The coordinator answers for t-1 as the transaction stood when it was asked; the
+    transaction's marker reaches t-1 before the write does. Kafka's VerificationGuard voids the
+    verdict: the write is refused, not appended as a transaction nobody will end."""
+    async def scenario():
+        node = await _started(tmp_path)
+        init = await node.init()
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert await node.add(pid, epoch, [("t", 1)]) == {("t", 1): E.none}
+        log = node.broker.logs.get_log("t", 1)
+
+        def marker_lands():
+            node.before_ask = None
+            node.broker.replicas.append("t", 1, build_control_batch(pid, epoch, 0, False, now_ms()),
+                                        now_ms=now_ms(), origin="coordinator")
+        node.before_ask = marker_lands
+        assert (await node.send(11, pid, epoch, 0, ("t", 1)))[("t", 1)][0] is E.invalid_txn_state
+        assert log.log_end_offset == 1                  # the marker only
+        assert log.producer_state.entry(pid).txn_first_offset is None
+    run(scenario())
+
+
+def test_a_version_2_write_waits_out_the_markers_of_the_previous_transaction(tmp_path):
+    """The previous transaction's markers (at the bumped epoch) land while the write waits for
+    them: they leave the coordinator's verdict standing, and the write opens the next
+    transaction."""
+    async def scenario():
+        node = await _started(tmp_path, {"add.partitions.to.txn.retry.backoff.ms": 1,
+                                         "add.partitions.to.txn.retry.backoff.max.ms": 600_000})
+        init = await node.init(version=5)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert await node.send(12, pid, epoch, 0, ("t", 0)) == {("t", 0): (E.none, None)}
+        assert await node.end(pid, epoch, commit=True, version=5) is E.none and node.held
+        node.asks = 0
+        waiting = asyncio.ensure_future(node.send(12, pid, epoch + 1, 0, ("t", 0)))
+        while node.asks < 2:                            # refused CONCURRENT_TRANSACTIONS, asked again
+            await asyncio.sleep(0.005)
+        node.release_markers()
+        assert await waiting == {("t", 0): (E.none, None)}
+        entry = node.broker.logs.get_log("t", 0).producer_state.entry(pid)
+        assert (entry.epoch, entry.txn_first_offset) == (epoch + 1, 2)   # data, marker, data
     run(scenario())
 
 

@@ -33,13 +33,19 @@ _UNAVAILABLE = (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
                 ErrorCode.coordinator_load_in_progress)
 
 
+def producer_entry(broker, tp: TopicPartition, producer_id: int):
+    """The producer's state in the log of `tp` if this broker leads it (None otherwise); every
+    batch of the producer appended there changes it (its last offset at least)."""
+    partition = broker.replicas.partitions.get(tp)
+    if partition is None or not partition.is_leader:
+        return None
+    return partition.log.producer_state.entry(producer_id)
+
+
 def ongoing_here(broker, tp: TopicPartition, producer_id: int, producer_epoch: int) -> bool:
     """Does this broker lead `tp` with the producer's transaction at `producer_epoch` open in its
     log? Then the coordinator has already added the partition (Kafka's `hasOngoingTransaction`)."""
-    partition = broker.replicas.partitions.get(tp)
-    if partition is None or not partition.is_leader:
-        return False
-    entry = partition.log.producer_state.entry(producer_id)
+    entry = producer_entry(broker, tp, producer_id)
     return entry is not None and entry.txn_first_offset is not None and entry.epoch == producer_epoch
 
 

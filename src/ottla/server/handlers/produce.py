@@ -53,11 +53,17 @@ class _Transactional:
     coordinator adds the partition instead. A partition whose log already holds the
     transaction at the batch's epoch is not asked about (`ongoing`), as in Kafka; that it still
     does is checked again right before the append (`refusal`), since the marker may land while
-    other partitions of the request are verified."""
+    other partitions of the request are verified. A verdict of the coordinator holds only if no
+    transactional batch of the producer (its marker above all) reached the partition's log
+    between the question and the append, Kafka's VerificationGuard: `guards` are the
+    producer's log states when the question was asked."""
 
     def __init__(self):
         self.refused: dict = {}     # partition -> (error, message), decided before the append
         self.ongoing: dict = {}     # partition -> (producer id, epoch), verified by its log alone
+        self.guards: dict = {}      # partition -> its ProducerEntry (or None) before the coordinator was asked
+        self.producer: tuple[int, int] | None = None
+        self.add = False
 
     async def verify(self, broker, transactional_id, entries, add: bool) -> None:
         wanted, producer = [], None
@@ -78,13 +84,29 @@ class _Transactional:
             self.refused = {tp: (ErrorCode.invalid_request, "transactional batch without a transactional id")
                             for tp in wanted}
             return
+        self.producer, self.add = producer, add
+        self.guards = {tp: txn_verification.producer_entry(broker, tp, producer[0]) for tp in wanted}
         verdicts = await txn_verification.verify(broker, transactional_id, *producer, wanted, add=add)
         self.refused = {tp: _answer(error, add) for tp, error in verdicts.items() if error is not ErrorCode.none}
 
     def refusal(self, broker, tp):
         if tp in self.ongoing and not txn_verification.ongoing_here(broker, tp, *self.ongoing[tp]):
             return ErrorCode.invalid_txn_state, "Record was not part of an ongoing transaction"
-        return self.refused.get(tp)
+        refused = self.refused.get(tp)
+        if refused is None and tp in self.guards and not self._still_verified(broker, tp):
+            return ErrorCode.invalid_txn_state, "Record was not part of an ongoing transaction"
+        return refused
+
+    def _still_verified(self, broker, tp) -> bool:
+        producer_id, epoch = self.producer
+        if txn_verification.ongoing_here(broker, tp, producer_id, epoch):
+            return True
+        now = txn_verification.producer_entry(broker, tp, producer_id)
+        if now is None or now == self.guards[tp]:   # equal: reloaded (a leader change), not moved
+            return True
+        # Version 2: the previous transaction's marker, written at the bumped epoch this write
+        # carries, is what an add waits out; it leaves the verdict standing, as in Kafka.
+        return self.add and now.epoch == epoch and now.txn_first_offset is None
 
 
 def _answer(error: ErrorCode, add: bool) -> tuple[ErrorCode, str]:
