@@ -128,7 +128,8 @@ def main() -> int:
     print("| --- | --- | ---: | ---: |")
     for (size, floor), runs in results.items():
         per_mb = [cpu * 1000 / mb for cpu, _ in runs]
-        print(f"| {size} | {'floor' if floor else 'FrameDecoder'} | {statistics.median(per_mb):.3f} ({min(per_mb):.3f}-{max(per_mb):.3f}) | "
+        spread = f"{statistics.median(per_mb):.3f} ({min(per_mb):.3f}-{max(per_mb):.3f})"
+        print(f"| {size} | {'floor' if floor else 'FrameDecoder'} | {spread} | "
               f"{statistics.median(reads for _, reads in runs) / mb:.1f} |")
     print(f"\n- command: python benchmarks/receive_path.py {' '.join(sys.argv[1:])}".rstrip())
     return 0

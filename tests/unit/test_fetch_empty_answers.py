@@ -60,3 +60,23 @@ def test_an_empty_answer_is_encoded_once_and_follows_the_offsets(tmp_path):
     with_records = _fetch(broker, 0, 0)  # partition 1 has a record at 0: built as before
     assert not isinstance(with_records, EncodedBody)
     assert bytes(with_records.responses[0].partitions[1].records)
+
+
+def test_the_encoded_answers_held_stay_within_their_byte_bound(tmp_path, monkeypatch):
+    """Each moved high watermark makes a new answer: what is kept is bounded in bytes, not in
+    answers (one answer for 1,000 partitions is some 37 KB with a key several times that)."""
+    from ottla.server.handlers import fetch
+
+    monkeypatch.setattr(fetch, "_EMPTY_ANSWERS", {})
+    monkeypatch.setattr(fetch, "_empty_answers_held", [0])
+    monkeypatch.setattr(fetch, "_EMPTY_ANSWERS_BYTES", 1000)
+    broker = Broker(tmp_path / "data", BrokerConfig({}), host="127.0.0.1", port=0)
+    broker.create_topic("t", 2, {})
+    for offset in range(12):
+        answer = _fetch(broker, offset, offset)
+        assert isinstance(answer, EncodedBody)
+        held = sum(len(body) + fetch._KEY_BYTES_PER_PARTITION * (len(key) - 3)
+                   for key, body in fetch._EMPTY_ANSWERS.items())
+        assert held == fetch._empty_answers_held[0] <= 1000
+        for partition in (0, 1):
+            broker.replicas.append("t", partition, build_batch([Record(None, b"v")]), now_ms=int(time.time() * 1000))

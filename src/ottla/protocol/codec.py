@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import threading
 from dataclasses import dataclass, fields
 from functools import cache
@@ -31,7 +32,8 @@ from .schemas import request_schema, response_schema
 from .shape import UnknownTaggedFields, check_request, strip_unknown_tagged_fields
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
-           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody", "encode_item",
+           "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody",
+           "encode_item",
            "api_name", "peek_header",
            "response_schema"]
 
@@ -191,13 +193,13 @@ _NO_FRAMES: list = []  # never appended to: what a read that completes no frame 
 
 
 def _frame_buffer(size: int) -> memoryview:
-    """A writable buffer of `size` bytes for one large frame, not zeroed: the socket fills every
-    byte before the frame is handed out, and zeroing a 1 MB produce request cost 1.5% of the
-    broker's CPU per MB (memset). numpy is imported here, as by the record validator, only
-    once a large frame arrives."""
-    import numpy as np
-
-    return memoryview(np.empty(size, dtype=np.uint8))
+    """A writable buffer of `size` bytes for one large frame, not zeroed when numpy is loaded:
+    the socket fills every byte before the frame is handed out, and zeroing a 1 MB produce
+    request cost 1.5% of the broker's CPU per MB (memset). numpy is not imported for this:
+    the record validator loads it with the first large batch, and importing it here would
+    hold the loop for a junk frame too."""
+    np = sys.modules.get("numpy")
+    return memoryview(bytearray(size) if np is None else np.empty(size, dtype=np.uint8))
 
 
 @dataclass(slots=True)

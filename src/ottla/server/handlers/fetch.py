@@ -50,9 +50,13 @@ _NO_LIMIT = 0x7FFFFFFF
 
 READ_COMMITTED = 1
 # Encoded answers with no records in them, by what they say (`_encoded_if_empty`); cleared
-# when full, so it holds what idle fetchers currently ask, whatever comes and goes.
+# when full, so it holds what idle fetchers currently ask, whatever comes and goes. Full is
+# a count of bytes (each answer's body, and its key at about 200 bytes a partition: a tuple
+# and its ints): a consumer's answer for 1,000 partitions is some 37 KB and its key 200 KB.
 _EMPTY_ANSWERS: dict[tuple, EncodedBody] = {}
-_EMPTY_ANSWERS_MAX = 4096
+_EMPTY_ANSWERS_BYTES = 8 << 20
+_KEY_BYTES_PER_PARTITION = 200
+_empty_answers_held = [0]
 
 
 def _diverging(wanted, partition, epoch_type):
@@ -251,12 +255,17 @@ def _encoded_if_empty(ctx, error, session_id, read, kept) -> EncodedBody | None:
     key = tuple(key)
     body = _EMPTY_ANSWERS.get(key)
     if body is None:
-        if len(_EMPTY_ANSWERS) >= _EMPTY_ANSWERS_MAX:
-            _EMPTY_ANSWERS.clear()
         hints = LeaderHints(ctx.broker.metadata, ctx.response_type)  # names no leader: no partition failed
-        body = _EMPTY_ANSWERS[key] = EncodedBody(encode_item(make(
+        body = EncodedBody(encode_item(make(
             ctx.response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
             responses=_response_topics(ctx.response_type, read, kept, hints), node_endpoints=hints.node_endpoints())))
+        size = len(body) + _KEY_BYTES_PER_PARTITION * (len(key) - 3)
+        if _empty_answers_held[0] + size > _EMPTY_ANSWERS_BYTES:
+            _EMPTY_ANSWERS.clear()
+            _empty_answers_held[0] = 0
+        if size <= _EMPTY_ANSWERS_BYTES:
+            _EMPTY_ANSWERS[key] = body
+            _empty_answers_held[0] += size
     return body
 
 
@@ -282,7 +291,7 @@ async def handle(ctx, request):
         notified: set | None = set() if follower else None
         if not follower:
             read = None
-        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified)
+        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
         if woken and notified and total == 0:
             read, total, failed = _read_partitions(ctx, request, grouped, response_type, read, notified)
         else:
