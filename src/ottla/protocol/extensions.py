@@ -5,8 +5,8 @@ far above the tags Kafka numbers from 0) is true asks for the dirty ratio of eac
 partition; the answer's partitions then carry it under the same tag as a float64, absent for
 partitions that are not compacted. Kafka exposes the ratio only as a JMX metric
 (`max-dirty-percent`); `ottla topics describe` shows it. Only a request that carries the tag
-gets it: kio (so Ottla's own CLI, and Ottla reading requests) refuses a tag it does not know
-instead of skipping it as Kafka's readers do, so it is never sent unasked.
+gets it: kio's reader, and so any client built on kio, refuses a tag it does not know instead
+of skipping it as Kafka's readers do.
 
 The classes are kio's, subclassed with the tagged field, so kio's readers and writers
 serialize them and `protocol/shape.py` walks the request's tag like any other.
