@@ -48,9 +48,14 @@ def create_replicated(three, topic: str, partitions: int = 1) -> None:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, config=CONFIG, root=tmp_path_factory.mktemp("replication")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 class SteadyProducer:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ottla.protocol.codec import FrameDecoder, _request_codec, decode_request
 from ottla.protocol.errors import MalformedRequest
-from ottla.protocol.shape import check_request
+from ottla.protocol.shape import check_request, produce_entries
 from ottla.server.handlers import load_handlers
 from ottla.testing.fuzz import RequestFactory, encode, mutate
 
@@ -103,3 +103,13 @@ def test_decode_of_encode_round_trips(api, seed):
     decoded = decode_request(encode(request, 77)[4:], SUPPORTED)
     assert (decoded.api_key, decoded.api_version, decoded.correlation_id) == (api_key, version, 77)
     assert decoded.body == request
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from([v for key, v in API_VERSIONS if key == 0]), seed=st.integers(0, 2**32),
+       limit=st.integers(1, 80))
+def test_produce_entries_counts_topics_and_partitions_up_to_the_limit(version, seed, limit):
+    """The few-step walk that decides where a Produce is decoded counts what kio reads."""
+    request = RequestFactory(random.Random(seed)).request(0, version)
+    entries = len(request.topic_data) + sum(len(topic.partition_data) for topic in request.topic_data)
+    assert produce_entries(encode(request, 1)[4:], version, limit) == min(entries, limit)

@@ -44,6 +44,9 @@ WATCHED = {
 EVENTS = {**WATCHED, "tick": "tick", "resync": "resync"}
 RETRY_BACKOFF_S = 0.2
 STORE_RETRY_S = 1.0
+# How long a stopping controller goes on delivering what it already decided; a broker that
+# does not answer by then gets the state from the next controller's failover.
+DRAIN_TIMEOUT_S = 5.0
 
 
 def monotonic_ms() -> int:
@@ -85,7 +88,14 @@ class ControllerService:
         self._post("controller")
 
     async def stop(self) -> None:
-        """Stop acting (before the store closes, which also ends `/controller`)."""
+        """Stop acting (before the store closes, which also ends `/controller`); an active
+        controller first delivers the requests it already decided. They matter most when it
+        stops after its own controlled shutdown: the LeaderAndIsr that makes the new leaders
+        lead (and load the coordinators' partitions) and the UpdateMetadata that sends clients
+        to them. Dropped, the partitions' state in ZooKeeper named leaders that did not know
+        it, whose coordinators answered NOT_COORDINATOR until the next controller's failover."""
+        if self.controller.active:
+            await self._drain()
         self._stopped = True
         for task in self._tasks + [t for t, _ in self._outboxes.values()]:
             task.cancel()
@@ -96,6 +106,17 @@ class ControllerService:
             except StoreError as exc:
                 log.warning("controller: resigning failed (%s); the session end removes /controller", exc)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _drain(self) -> None:
+        joins = {broker_id: self._loop.create_task(queue.join()) for broker_id, (_, queue) in self._outboxes.items()}
+        if not joins:
+            return
+        _, pending = await asyncio.wait(joins.values(), timeout=DRAIN_TIMEOUT_S)
+        for join in pending:
+            join.cancel()
+        if pending:
+            log.warning("controller: stopping with requests undelivered to brokers %s",
+                        sorted(b for b, join in joins.items() if join in pending))
 
     def _post_threadsafe(self, event: str) -> None:
         if not self._stopped:
@@ -186,6 +207,7 @@ class ControllerService:
                     break
             if request.kind == "StopReplica" and answer is not None:
                 await self._stop_replica_answered(destination, answer)
+            queue.task_done()
 
     async def _stop_replica_answered(self, broker_id: int, errors: Mapping[TopicPartition, int]) -> None:
         try:
