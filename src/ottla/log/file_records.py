@@ -18,6 +18,7 @@ pages are read in a worker thread (`detached_read`), so the disk's latency is no
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import TYPE_CHECKING, Callable
 
@@ -62,6 +63,8 @@ class FileRecords:
         except BlockingIOError:
             return None
         except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without RWF_NOWAIT
+                return None
             raise RecordsGone(f"cannot read {self.segment.log_path}: {exc}") from None
         return data if read == length else None  # partly cached (or cut short: `read` tells)
 

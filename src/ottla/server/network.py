@@ -8,6 +8,7 @@ proceed concurrently. Protocol violations close only the offending connection.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -48,6 +49,9 @@ _connection_ids = itertools.count(1)
 # ListOffsets naming 2,000 topics took 50 ms to decode on the loop.
 _DECODE_ON_LOOP_BYTES = 16 * 1024
 _PRODUCE_KEY = b"\x00\x00"
+# Threads for fetched pages not in the page cache: their own, so lagging consumers waiting on
+# the disk never queue ahead of the default executor's decoding and coordinator syncs.
+_COLD_READS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ottla-cold-read")
 # A Produce naming more topic and partition entries than this is decoded in a worker thread.
 _PRODUCE_ENTRIES_ON_LOOP = 64
 # Responses with a top-level array longer than this are encoded in a worker thread: encoding
@@ -308,7 +312,8 @@ class Connection(asyncio.BufferedProtocol):
                     try:
                         piece = chunk.read_cached(start, length)
                         if piece is None:  # a lagging consumer's cold pages: the disk waits in a thread
-                            piece = chunk.checked(await asyncio.to_thread(chunk.detached_read(start, length)), length)
+                            piece = chunk.checked(await asyncio.get_running_loop().run_in_executor(
+                                _COLD_READS, chunk.detached_read(start, length)), length)
                     except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
                         self.close(f"response cut short: {exc}")
                         return
