@@ -77,6 +77,9 @@ class ControllerService:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        # Each batch is queued for sending as it closes, from the worker thread, in order; what
+        # an event returns is queued after (its result reaches the loop after those callbacks).
+        self.controller.sink = self._dispatch_threadsafe
         self._events = asyncio.Queue()
         for target in WATCHED:
             self.store.watch(target, lambda t=target: self._post_threadsafe(t))
@@ -118,6 +121,10 @@ class ControllerService:
     def _post_threadsafe(self, event: str) -> None:
         if not self._stopped:
             self._loop.call_soon_threadsafe(self._post, event)
+
+    def _dispatch_threadsafe(self, requests: list[ControllerRequest]) -> None:
+        if not self._stopped:
+            self._loop.call_soon_threadsafe(self.dispatch, requests)
 
     def _post(self, event: str) -> None:
         if self._stopped or event in self._pending:

@@ -201,7 +201,10 @@ class _Fetcher:
                 epoch_request.OffsetForLeaderPartition(partition=p, current_leader_epoch=s.current_leader_epoch,
                                                        leader_epoch=s.latest_epoch())
                 for p, s in parts)) for topic, parts in _by_topic(wanted)))
+        sent_at = now_ms()
         response = await self._send(endpoint, request)
+        log.debug("OffsetsForLeaderEpoch from leader %d of %s answered in %d ms", self.source_id,
+                  sorted(wanted)[:5], now_ms() - sent_at)
         for topic in response.topics:
             for answer in topic.partitions:
                 key = (topic.topic, int(answer.partition))
@@ -266,6 +269,7 @@ class _Fetcher:
             forgotten_topics_data=tuple(fetch_request.ForgottenTopic(topic=topic, partitions=tuple(p for p, _ in parts))
                                         for topic, parts in _by_topic(dict.fromkeys(forget))),
             rack_id="")
+        sent_at = now_ms()
         try:
             response = await self._send(endpoint, request)
         except BaseException:
@@ -273,6 +277,9 @@ class _Fetcher:
             raise
         answered = [(topic.topic, int(data.partition_index))
                     for topic in response.responses for data in topic.partitions]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("Fetch from leader %d of %s: %d partitions answered in %d ms: %s", self.source_id,
+                      sorted(wanted)[:5], len(answered), now_ms() - sent_at, answered[:5])
         if not session.handle_response(ErrorCode(response.error_code), response.session_id, answered):
             log.info("Fetch from leader %d in session %d: %s; the next fetch is a full one", self.source_id,
                      request.session_id, ErrorCode(response.error_code).name)
