@@ -52,6 +52,8 @@ class DelayedFetches:
         self._draining = False
         # The `notified` sets of the fetches that asked for one (`wait`).
         self._notified: dict[asyncio.Future, set[TopicPartition]] = {}
+        # The sets of `recording`, by id: fetches reading their partitions in several steps.
+        self._recorders: dict[int, set[TopicPartition]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def watching(self, key: TopicPartition) -> int:
@@ -95,8 +97,22 @@ class DelayedFetches:
                     entry[1].cancel()
                     del self._ticks[tick]
 
+    def recording(self) -> set[TopicPartition]:
+        """A set that collects every key notified from now until `stop_recording`. A fetch
+        naming thousands of partitions reads them in steps, giving the loop turns between
+        them, and watches them only once it waits: an append between two steps to a partition
+        it has already read would wake nothing. It learns of it here and reads again."""
+        keys: set[TopicPartition] = set()
+        self._recorders[id(keys)] = keys
+        return keys
+
+    def stop_recording(self, keys: set[TopicPartition]) -> None:
+        self._recorders.pop(id(keys), None)
+
     def notify(self, key: TopicPartition) -> None:
         """The partition may have more to read: wake the fetches watching it."""
+        for recorder in self._recorders.values():
+            recorder.add(key)
         waiters = self._watchers.pop(key, None)
         if waiters:
             for future in waiters:

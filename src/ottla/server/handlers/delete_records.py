@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
+from ..steps import Steps
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 21
@@ -35,9 +36,12 @@ async def handle(ctx, request):
     topic_type = nested(response_type, "DeleteRecordsTopicResult")
     partition_type = nested(response_type, "DeleteRecordsPartitionResult")
     topics = []
+    steps = Steps()  # 200,000 partitions in one request held the loop 0.7 s of CPU
     for topic in request.topics:
+        await steps.one()
         partitions = []
         for wanted in topic.partitions:
+            await steps.one()
             error, low_watermark = ErrorCode.none, -1
             try:
                 partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)

@@ -41,6 +41,7 @@ from ...replication.epochs import diverging_epoch
 from ..clock import now_ms
 from ..leader_epochs import leader_partition_at
 from ..leader_hints import LeaderHints
+from ..steps import Steps
 
 API_KEY = 1
 # v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
@@ -57,6 +58,9 @@ _EMPTY_ANSWERS: dict[tuple, EncodedBody] = {}
 _EMPTY_ANSWERS_BYTES = 8 << 20
 _KEY_BYTES_PER_PARTITION = 200
 _empty_answers_held = [0]
+# An empty answer naming more partitions is not kept: encoded on the loop it would hold it
+# (a caught-up fetch of 200,000 partitions); the network encodes it in a worker thread.
+_EMPTY_ANSWER_MAX_PARTITIONS = 2_000
 
 
 def _diverging(wanted, partition, epoch_type):
@@ -75,7 +79,7 @@ def _replica_id(request) -> int:
     return state.replica_id if state is not None else getattr(request, "replica_id", -1)
 
 
-def _requested(ctx, request) -> tuple[dict, list]:
+async def _requested(ctx, request, steps: Steps) -> tuple[dict, list]:
     """Kafka's FetchRequest.fetchData, a LinkedHashMap (a partition named twice keeps its first
     place and its last parameters), and forgottenTopics, keyed by (topic, partition): the topic's
     name, or from v13 its id."""
@@ -84,20 +88,23 @@ def _requested(ctx, request) -> tuple[dict, list]:
     for topic in request.topics:
         topic_key = topic.topic_id if by_id else topic.topic
         for partition in topic.partitions:
+            await steps.one()
             wanted[(topic_key, partition.partition)] = partition
     forgotten = tuple((topic.topic_id if by_id else topic.topic, partition)
                       for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions)
     return wanted, forgotten
 
 
-def _grouped(ctx, partitions) -> list[tuple[str | None, object, list]]:
+async def _grouped(ctx, partitions, steps: Steps) -> tuple[list[tuple[str | None, object, list]], dict]:
     """The partitions to read grouped back into topics the way FetchResponse.toMessage does:
     consecutive partitions of one topic share an entry. Each topic is (name, topic id,
     [parameters]); by id (v13+) the name comes from the metadata cache (None: an id it does
-    not know). Kept while the fetch waits: no more objects than it needs."""
+    not know). Kept while the fetch waits: no more objects than it needs. Also the (name,
+    partition) keys a wait watches."""
     by_id = ctx.api_version >= 13
     grouped: list[tuple[str | None, object, list]] = []
     for key, wanted in partitions:
+        await steps.one()
         topic = key[0]
         if grouped and grouped[-1][1 if by_id else 0] == topic:
             grouped[-1][2].append(wanted)
@@ -106,7 +113,13 @@ def _grouped(ctx, partitions) -> list[tuple[str | None, object, list]]:
             grouped.append((info.name if info is not None else None, topic, [wanted]))
         else:
             grouped.append((topic, None, [wanted]))
-    return grouped
+    keys = {}  # an ordered set
+    for name, _, wanted_partitions in grouped:
+        if name is not None:
+            for p in wanted_partitions:
+                await steps.one()
+                keys[(name, p.partition)] = None
+    return grouped, keys
 
 
 class _Outcome:
@@ -128,14 +141,16 @@ class _Outcome:
         self.diverging = diverging
 
 
-def _read_partitions(ctx, request, wanted_topics, response_type, previous=None, only: set | None = None):
+async def _read_partitions(ctx, request, wanted_topics, response_type, steps: Steps, previous=None,
+                           only: set | None = None):
     """Reads each partition: [(name, topic id, [(key, _Outcome)])], the bytes read, and whether
     any partition failed (which answers at once). With `previous` and `only` (a follower's fetch
     woken with nothing read yet), only the partitions notified meanwhile are read again and the
     others keep their answers: every append, HW move, role change and removal notifies, and a
     follower's fetch names hundreds of partitions and is woken by an append to any one of them
     and by each HW move the other follower makes; re-reading them all was O(partitions) per
-    wake-up, several times per acks=all replication round."""
+    wake-up, several times per acks=all replication round. Read `steps.ENTRIES_PER_STEP` partitions
+    at a time (`_read_recording` keeps the wake-ups of the turns given meanwhile)."""
     broker = ctx.broker
     aborted_type = nested(response_type, "AbortedTransaction")
     epoch_type = nested(response_type, "EpochEndOffset")
@@ -149,6 +164,7 @@ def _read_partitions(ctx, request, wanted_topics, response_type, previous=None, 
     for t, (topic_name, topic_id, wanted_partitions) in enumerate(wanted_topics):
         partitions = []
         for i, wanted in enumerate(wanted_partitions):
+            await steps.one()
             if only is not None and (topic_name, wanted.partition) not in only:
                 partitions.append(previous[t][2][i])
                 continue
@@ -218,36 +234,55 @@ def _read_partitions(ctx, request, wanted_topics, response_type, previous=None, 
     return topics, total, failed
 
 
-def _response_topics(response_type, read, kept: set, hints: LeaderHints) -> tuple:
-    """The response's topics: the partitions `kept` of those read, in the order read (a
+async def _read_recording(ctx, request, grouped, keys: dict, response_type, steps: Steps, previous=None,
+                          only: set | None = None):
+    """`_read_partitions`, and which of `keys` were notified while it read: when it gave the
+    loop turns (more than `steps.ENTRIES_PER_STEP` partitions), an append to a partition it had
+    already read woke nothing, and the fetch must read again instead of waiting."""
+    recorded = ctx.broker.replicas.delayed_fetches.recording()
+    try:
+        read, total, failed = await _read_partitions(ctx, request, grouped, response_type, steps, previous, only)
+    finally:
+        ctx.broker.replicas.delayed_fetches.stop_recording(recorded)
+    return read, total, failed, {key for key in recorded if key in keys}
+
+
+async def _response_topics(response_type, read, kept: set | None, hints: LeaderHints, steps: Steps) -> tuple:
+    """The response's topics: the partitions `kept` (None: all) of those read, in the order read (a
     partition answered with an error carries empty records, never null: librdkafka refuses
     the whole response otherwise)."""
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     topics = []
     for topic_name, topic_id, outcomes in read:
-        partitions = tuple(
-            make(partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
-                 last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
-                 aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
-                 **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
-                 **hints.current_leader(topic_name, o.partition, o.error))
-            for key, o in outcomes if key in kept)
+        partitions = []
+        for key, o in outcomes:
+            await steps.one()
+            if kept is None or key in kept:
+                partitions.append(make(
+                    partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
+                    last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
+                    aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
+                    **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
+                    **hints.current_leader(topic_name, o.partition, o.error)))
+        partitions = tuple(partitions)
         if partitions:
             topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=partitions))
     return tuple(topics)
 
 
-def _encoded_if_empty(ctx, error, session_id, read, kept) -> EncodedBody | None:
+async def _encoded_if_empty(ctx, error, session_id, read, kept: set | None) -> EncodedBody | None:
     """The answer's body, encoded once and reused, when it carries no records and no partition
     error: a long poll that timed out, a follower's fetch with nothing new. Those say the same
     thing round after round (the same offsets), and building and encoding them each time was
-    most of the CPU such an answer costs. None when anything was read or failed."""
-    kept = set(kept)
+    most of the CPU such an answer costs. None when anything was read or failed, or when it
+    names more than `_EMPTY_ANSWER_MAX_PARTITIONS` partitions (`kept`, None: all read)."""
+    if (sum(len(outcomes) for _, _, outcomes in read) if kept is None else len(kept)) > _EMPTY_ANSWER_MAX_PARTITIONS:
+        return None
     key = [ctx.api_version, error, session_id]
     for topic_name, topic_id, outcomes in read:
         for partition_key, o in outcomes:
-            if partition_key in kept:
+            if kept is None or partition_key in kept:
                 if o.error or o.records or o.diverging is not None:
                     return None
                 key.append((topic_name, topic_id, o.partition, o.high_watermark, o.last_stable_offset,
@@ -258,7 +293,8 @@ def _encoded_if_empty(ctx, error, session_id, read, kept) -> EncodedBody | None:
         hints = LeaderHints(ctx.broker.metadata, ctx.response_type)  # names no leader: no partition failed
         body = EncodedBody(encode_item(make(
             ctx.response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
-            responses=_response_topics(ctx.response_type, read, kept, hints), node_endpoints=hints.node_endpoints())))
+            responses=await _response_topics(ctx.response_type, read, kept, hints, Steps()),
+            node_endpoints=hints.node_endpoints())))
         size = len(body) + _KEY_BYTES_PER_PARTITION * (len(key) - 3)
         if _empty_answers_held[0] + size > _EMPTY_ANSWERS_BYTES:
             _EMPTY_ANSWERS.clear()
@@ -272,15 +308,17 @@ def _encoded_if_empty(ctx, error, session_id, read, kept) -> EncodedBody | None:
 async def handle(ctx, request):
     response_type = ctx.response_type
     broker = ctx.broker
+    steps = Steps()  # 200,000 partitions in one Fetch held the loop 1.8 s of CPU
+    requested = await _requested(ctx, request, steps)
     context, partitions = new_context(
         broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
-        getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, *_requested(ctx, request), now_ms())
+        getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, *requested, now_ms())
+    requested = None
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    grouped = _grouped(ctx, partitions)  # nothing to read after a session error
+    grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
     partitions = None
-    read, total, failed = _read_partitions(ctx, request, grouped, response_type)
-    keys = [(name, p.partition) for name, _, partitions in grouped if name is not None for p in partitions]
+    read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps)
     follower = _replica_id(request) >= 0
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
@@ -291,19 +329,29 @@ async def handle(ctx, request):
         notified: set | None = set() if follower else None
         if not follower:
             read = None
-        woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
-        if woken and notified and total == 0:
-            read, total, failed = _read_partitions(ctx, request, grouped, response_type, read, notified)
+        if missed:  # notified while it was being read, before it watched: woken already
+            woken = True
+            if notified is not None:
+                notified |= missed
         else:
-            read, total, failed = _read_partitions(ctx, request, grouped, response_type)
+            woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
+        if woken and notified and total == 0:
+            read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps,
+                                                                read, notified)
+        else:
+            read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps)
         if not woken:  # max_wait has passed: answered with whatever is there
             break
-    error, session_id, kept = context.finish([pair for _, _, outcomes in read for pair in outcomes], now_ms())
+    outcomes = [pair for _, _, topic_outcomes in read for pair in topic_outcomes]
+    error, session_id, kept = context.finish(outcomes, now_ms())
+    # None: all of them (a set of 200,000 keys took a step of 50-100 ms).
+    kept = None if len(kept) == len(outcomes) else set(kept)
+    outcomes = None
     if total == 0 and not failed:
-        encoded = _encoded_if_empty(ctx, error, session_id, read, kept)
+        encoded = await _encoded_if_empty(ctx, error, session_id, read, kept)
         if encoded is not None:
             return encoded
     hints = LeaderHints(broker.metadata, response_type)
     return make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
-                responses=_response_topics(response_type, read, set(kept), hints),
+                responses=await _response_topics(response_type, read, kept, hints, steps),
                 node_endpoints=hints.node_endpoints())

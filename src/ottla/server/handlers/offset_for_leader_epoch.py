@@ -14,6 +14,7 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...replication.epochs import epoch_end_offset
 from ..leader_epochs import leader_partition_at
+from ..steps import Steps
 
 API_KEY = 23
 VERSIONS = (0, 4)
@@ -37,9 +38,12 @@ async def handle(ctx, request):
     partition_type = (nested(response_type, "EpochEndOffset")
                       or nested(response_type, "OffsetForLeaderPartitionResult"))
     topics = []
+    steps = Steps()  # 200,000 partitions in one request held the loop 0.9 s of CPU
     for topic in request.topics:
+        await steps.one()
         partitions = []
         for wanted in topic.partitions:
+            await steps.one()
             error, epoch, end_offset = _answer(ctx.broker, topic.topic, wanted)
             partitions.append(make(partition_type, error_code=error, partition=wanted.partition,
                                    leader_epoch=epoch, end_offset=end_offset))
