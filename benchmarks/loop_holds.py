@@ -27,8 +27,14 @@ consumers connected), from the broker's timestamped notes of each new worst.
 --wide N: on a broker of its own, one topic of N partitions, a record in each, then
 DeleteTopics of it: its round trip and longest single step (the partitions' directories go).
 
+--many N: on a broker of its own, one topic of one partition, then Fetch v11, ListOffsets v5,
+OffsetForLeaderEpoch v3 and DeleteRecords v1 each naming N partitions of it (all but one
+unknown), one at a time: each one's round trip and longest single step, while another client
+sends ApiVersions one after the other (its longest round trip: how long the others wait).
+
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --many 200000
 """
 
 from __future__ import annotations
@@ -271,6 +277,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="with --close: storms one after the other")
     parser.add_argument("--long-poll", type=int, default=0, help="consumers long-polling together, on a broker of their own")
     parser.add_argument("--seconds", type=float, default=20.0, help="with --long-poll: how long they poll")
+    parser.add_argument("--many", type=int, default=0, help="partitions named by one request, on a broker of its own")
     args = parser.parse_args()
     rows = []
     if args.topics:
@@ -281,10 +288,78 @@ def main() -> int:
         rows += _wide_delete(args.wide)
     if args.long_poll:
         rows += _long_poll(args.long_poll, args.seconds)
+    if args.many:
+        rows += _many_partitions(args.many)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _naming(count: int) -> list[tuple[str, object]]:
+    """One request of each API naming partitions 0..count-1 of topic `x`."""
+    fetch, offsets, epochs, delete = (request_schema(1, 11), request_schema(2, 5), request_schema(23, 3),
+                                      request_schema(21, 1))
+    return [
+        ("Fetch v11", make(fetch, replica_id=-1, max_wait=timedelta(milliseconds=500), min_bytes=1,
+                           max_bytes=50 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                           forgotten_topics_data=(), rack_id="", topics=(make(nested(fetch, "FetchTopic"), topic="x", partitions=tuple(
+                               make(nested(fetch, "FetchPartition"), partition=p, current_leader_epoch=-1, fetch_offset=0,
+                                    log_start_offset=-1, partition_max_bytes=1 << 20) for p in range(count))),))),
+        ("ListOffsets v5", make(offsets, replica_id=-1, isolation_level=0, topics=(make(
+            nested(offsets, "ListOffsetsTopic"), name="x", partitions=tuple(make(
+                nested(offsets, "ListOffsetsPartition"), partition_index=p, current_leader_epoch=-1, timestamp=-1)
+                for p in range(count))),))),
+        ("OffsetForLeaderEpoch v3", make(epochs, replica_id=-1, topics=(make(
+            nested(epochs, "OffsetForLeaderTopic"), topic="x", partitions=tuple(make(
+                nested(epochs, "OffsetForLeaderPartition"), partition=p, current_leader_epoch=-1, leader_epoch=0)
+                for p in range(count))),))),
+        ("DeleteRecords v1", make(delete, timeout=timedelta(seconds=30), topics=(make(
+            nested(delete, "DeleteRecordsTopic"), name="x", partitions=tuple(make(
+                nested(delete, "DeleteRecordsPartition"), partition_index=p, offset=0) for p in range(count))),))),
+    ]
+
+
+def _pinging(address, pings: list, done: threading.Event) -> threading.Thread:
+    """Another client, one ApiVersions after the other until `done`: each round trip in `pings`."""
+    def ping():
+        with socket.create_connection(address, timeout=600) as sock:
+            request = encode(make(request_schema(18, 3), client_software_name="p", client_software_version="1"), 1)
+            while not done.is_set():
+                started = time.monotonic()
+                sock.sendall(request)
+                _read_frame(sock)
+                pings.append(time.monotonic() - started)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    return pinger
+
+
+def _many_partitions(count: int) -> list[tuple[str, str]]:
+    rows = []
+    with broker(log_level="info") as handle:
+        address = (handle.host, handle.port)
+        _roundtrip(address, _create(["x"]))
+        for name, request in _naming(count):
+            pings, done = [], threading.Event()
+            pinger = _pinging(address, pings, done)
+            time.sleep(0.3)
+            pings.clear()
+            took = _roundtrip(address, request)
+            done.set()
+            pinger.join()
+            rows.append((f"{name} naming {count} partitions: round trip / another client's longest ApiVersions (ms)",
+                         f"{took * 1000:.0f} / {max(pings) * 1000:.0f}"))
+        handle.stop()
+        log = handle.read_stderr()
+    lag = re.findall(r"worst lag (\d+) ms, worst CPU between two wake-ups (\d+) ms", log)
+    steps, collections = _steps(log)
+    for name, _ in _naming(0):
+        rows.append((f"{name}: longest single step, broker CPU (ms)", f"{steps.get(name, 0):.0f}"))
+    rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
+    rows.append(("longest garbage collections", collections))
+    return rows
 
 
 def _wide_delete(partitions: int) -> list[tuple[str, str]]:
@@ -298,18 +373,7 @@ def _wide_delete(partitions: int) -> list[tuple[str, str]]:
             producer.produce("wide", b"v" * 100, partition=p)
         assert producer.flush(120) == 0
         pings, done = [], threading.Event()
-
-        def ping():  # another client, one ApiVersions after the other: how long it waits
-            with socket.create_connection(address, timeout=600) as sock:
-                request = encode(make(request_schema(18, 3), client_software_name="p", client_software_version="1"), 1)
-                while not done.is_set():
-                    started = time.monotonic()
-                    sock.sendall(request)
-                    _read_frame(sock)
-                    pings.append(time.monotonic() - started)
-
-        pinger = threading.Thread(target=ping)
-        pinger.start()
+        pinger = _pinging(address, pings, done)  # how long another client waits
         time.sleep(0.5)
         pings.clear()
         deleted = _roundtrip(address, _delete(["wide"]))

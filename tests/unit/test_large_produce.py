@@ -23,6 +23,7 @@ from ottla.server.broker import Broker
 from ottla.server.context import RequestContext
 from ottla.server.handlers import produce
 from ottla.server.network import Connection
+from tests.loop_turns import with_turns
 from tests.wire import decode_response, encode_request, read_frame
 
 PARTITIONS = 20_000
@@ -47,19 +48,8 @@ def test_a_produce_naming_many_partitions_is_read_and_answered_in_steps(tmp_path
         broker = Broker(tmp_path, BrokerConfig({}))
         try:
             broker.create_topic("x", 1, {})
-            turns = 0
-
-            async def other_clients():
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-            others = asyncio.create_task(other_clients())
-            await asyncio.sleep(0)
-            response = await produce.handle(RequestContext(broker, 0, 7, request.header, "c", "127.0.0.1"),
-                                            request.body)
-            others.cancel()
-            return turns, response
+            return await with_turns(produce.handle(RequestContext(broker, 0, 7, request.header, "c", "127.0.0.1"),
+                                                   request.body))
         finally:
             broker.logs.close()
             broker.release_data_dir()

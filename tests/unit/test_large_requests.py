@@ -27,6 +27,7 @@ from ottla.records.records import Record, build_batch, decode_batch
 from ottla.server.broker import Broker
 from ottla.server.handlers import delete_records, fetch, offset_for_leader_epoch
 from ottla.server.steps import ENTRIES_PER_STEP
+from tests.loop_turns import with_turns
 
 PARTITIONS = 20_000
 HOUR = timedelta(hours=1)
@@ -71,19 +72,8 @@ def test_a_request_naming_many_partitions_is_answered_in_steps(tmp_path, api):
         broker = Broker(tmp_path, BrokerConfig({}))
         try:
             broker.create_topic("x", 1, {})
-            turns = 0
-
-            async def other_clients():
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-            others = asyncio.create_task(other_clients())
-            await asyncio.sleep(0)
-            response = await asyncio.wait_for(handler.handle(
-                SimpleNamespace(broker=broker, api_version=version, response_type=response_type), request()), ANSWERED)
-            others.cancel()
-            return turns, response
+            return await with_turns(asyncio.wait_for(handler.handle(
+                SimpleNamespace(broker=broker, api_version=version, response_type=response_type), request()), ANSWERED))
         finally:
             broker.logs.close()
             broker.release_data_dir()

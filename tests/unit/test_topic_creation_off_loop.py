@@ -24,6 +24,7 @@ from ottla.protocol.codec import decode_response
 from ottla.server.broker import Broker
 from ottla.server.network import Connection
 from ottla.testing.fuzz import encode
+from tests.loop_turns import OtherClients
 
 PARTITIONS = 200
 
@@ -55,36 +56,28 @@ def test_large_creations_make_their_directories_while_the_loop_serves_others(tmp
         ours, theirs = socket.socketpair()
         await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
         reader, writer = await asyncio.open_connection(sock=theirs)
-        ticks = 0
-
-        async def another_client():
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        others = asyncio.ensure_future(another_client())
+        others = OtherClients()
         try:
             # Two creations of one name in one request's wake: the second waits for the first.
             writer.write(encode(CreateTopicsRequest(topics=(_topic("t"),), timeout=timedelta(seconds=30),
                                                     validate_only=False), 1))
             writer.write(encode(CreateTopicsRequest(topics=(_topic("t"),), timeout=timedelta(seconds=30),
                                                     validate_only=False), 2))
-            before = ticks
+            before = others.turns
             first = await _answer(reader, CreateTopicsResponse)
             second = await _answer(reader, CreateTopicsResponse)
             writer.write(encode(CreatePartitionsRequest(
                 topics=(CreatePartitionsTopic(name="t", count=2 * PARTITIONS, assignments=None),),
                 timeout=timedelta(seconds=30), validate_only=False), 3))
             grown = await _answer(reader, CreatePartitionsResponse)
-            ticks_while_waiting.append(ticks - before)
+            ticks_while_waiting.append(others.turns - before)
             assert [t.error_code for t in first.topics] == [ErrorCode.none]
             assert [t.error_code for t in second.topics] == [ErrorCode.topic_already_exists]
             assert [t.error_code for t in grown.results] == [ErrorCode.none]
             assert broker.metadata.topic("t").partition_count == 2 * PARTITIONS
             assert len([d for d in tmp_path.iterdir() if d.name.startswith("t-")]) == 2 * PARTITIONS
         finally:
-            others.cancel()
+            others.stop()
             writer.close()
             monkeypatch.undo()
             broker.logs.close()
