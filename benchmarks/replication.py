@@ -16,22 +16,32 @@
    p50/p99. librdkafka sends one partition per ProduceRequest and a connection is served one
    request at a time, so acks=all here is bound by how fast a follower fetch round moves the
    high watermark.
+6. Behind long polls (`--cases long-polls`): `--long-polls` consumers long-poll the RF=3
+   partition at its leader (raw Fetch v11 from offset 0, min_bytes 1 MB, max_wait 500 ms: every
+   append wakes all of them, and each reads and waits again), while an acks=all producer sends
+   one record at a time: produce latency p50/p99, which waits for a follower's fetch.
 
     PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500] [--shutdown-rounds 5]
     PYTHONPATH=src python benchmarks/replication.py --cases wide [--wide-partitions 1000] [--wide-records 100000]
+    PYTHONPATH=src python benchmarks/replication.py --cases long-polls [--long-polls 2000] [--latency-samples 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import select
+import socket
 import statistics
 import threading
 import time
+from datetime import timedelta
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.testing import cluster
+from ottla.testing.fuzz import encode
 
 CONFIG = {"replica.lag.time.max.ms": 10000}
 
@@ -149,6 +159,62 @@ def wide_case(bootstrap: str, partitions: int, records: int) -> None:
         print(f"| acks={acks} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} ms |")
 
 
+def _long_polls(address: tuple[str, int], topic: str, count: int, stop: threading.Event) -> None:
+    """`count` raw consumers long-polling `topic`-0 from offset 0 with min_bytes 1 MB until `stop`."""
+    from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+
+    wanted = FetchTopic(topic=topic, partitions=(FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),))
+    fetch = encode(FetchRequest(max_wait=timedelta(milliseconds=500), min_bytes=1 << 20, max_bytes=1 << 20,
+                                topics=(wanted,), forgotten_topics_data=()), 1)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    consumers, poller = {}, select.poll()
+    for _ in range(count):
+        sock = socket.create_connection(address)
+        sock.sendall(fetch)
+        sock.setblocking(False)
+        consumers[sock.fileno()] = [sock, b""]
+        poller.register(sock.fileno(), select.POLLIN)
+    try:
+        while not stop.is_set():
+            for fd, _ in poller.poll(200):
+                consumer = consumers[fd]
+                consumer[1] += consumer[0].recv(1 << 20)
+                while len(consumer[1]) >= 4 and len(consumer[1]) >= 4 + int.from_bytes(consumer[1][:4], "big"):
+                    consumer[1] = consumer[1][4 + int.from_bytes(consumer[1][:4], "big"):]
+                    consumer[0].sendall(fetch)
+    finally:
+        for sock, _ in consumers.values():
+            sock.close()
+
+
+def long_polls_case(handle, polls: int, samples: int) -> None:
+    create(handle.bootstrap, "polled", 3)
+    leader = handle.brokers[leader_of(handle.bootstrap, "polled")]
+    host, _, port = leader.bootstrap.rpartition(":")
+    stop = threading.Event()
+    pollers = threading.Thread(target=_long_polls, args=((host, int(port)), "polled", polls, stop), daemon=True)
+    pollers.start()
+    time.sleep(3)  # all of them waiting
+    producer = Producer({"bootstrap.servers": handle.bootstrap, "acks": "all", "linger.ms": 0})
+    seen: list[float] = []
+    try:
+        for _ in range(samples):
+            sent = time.monotonic()
+            producer.produce("polled", b"x" * 20)
+            assert producer.flush(30) == 0
+            seen.append((time.monotonic() - sent) * 1000)
+    finally:
+        stop.set()
+        pollers.join()
+    seen.sort()
+    print()
+    print(f"| acks=all RF=3, one record at a time, {polls:,} consumers long-polling its partition | p50 | p99 |")
+    print("| --- | ---: | ---: |")
+    print(f"| produce latency ({samples} records) | {statistics.median(seen):.1f} ms | "
+          f"{seen[int(len(seen) * 0.99) - 1]:.1f} ms |")
+
+
 def failover_producer(bootstrap: str) -> Producer:
     """An idempotent acks=all producer that sends one record at a time and re-asks for leaders
     often, so the gaps between its acknowledgements show the broker's unavailability."""
@@ -229,13 +295,17 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200000)
     parser.add_argument("--latency-samples", type=int, default=500)
     parser.add_argument("--shutdown-rounds", type=int, default=5)
-    parser.add_argument("--cases", choices=("single", "wide", "all"), default="single",
-                        help="single: measures 1-4 (one-partition topics); wide: measure 5")
+    parser.add_argument("--cases", choices=("single", "wide", "all", "long-polls"), default="single",
+                        help="single: measures 1-4 (one-partition topics); wide: measure 5; long-polls: measure 6")
+    parser.add_argument("--long-polls", type=int, default=2000)
     parser.add_argument("--wide-partitions", type=int, default=1000)
     parser.add_argument("--wide-records", type=int, default=100000)
     args = parser.parse_args()
     with cluster(brokers=3, config=CONFIG, log_level="warning") as handle:
         progress(f"cluster up: {handle.bootstrap}")
+        if args.cases == "long-polls":
+            long_polls_case(handle, args.long_polls, args.latency_samples)
+            return
         if args.cases in ("wide", "all"):
             wide_case(handle.bootstrap, args.wide_partitions, args.wide_records)
         if args.cases == "wide":

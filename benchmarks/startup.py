@@ -148,6 +148,17 @@ def spread(values: list[float], digits: int = 2) -> str:
     return f"{statistics.median(values):.{digits}f} / {max(values):.{digits}f}"
 
 
+def _tree_envs(args: argparse.Namespace, root: Path) -> list[tuple[str, dict[str, str]]]:
+    """(label, environment) of each `--src` tree: its PYTHONPATH and a bytecode cache of its own."""
+    trees = [(src.partition("=")[0], src.partition("=")[2]) if "=" in src else (src, src) for src in args.src]
+    envs = []
+    for i, (label, path) in enumerate(trees):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPATH=str(Path(path).resolve()), PYTHONPYCACHEPREFIX=str(root / f"pycache{i}"))
+        envs.append((label, env))
+    return envs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", action="append", required=True, metavar="[LABEL=]PATH",
@@ -163,15 +174,13 @@ def main() -> None:
         partitioned(args)
         return
     extra = [item for value in args.config for item in ("--config", value)]
-    trees = [(src.partition("=")[0], src.partition("=")[2]) if "=" in src else (src, src) for src in args.src]
     load = [os.getloadavg()[0]]
-    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
     with tempfile.TemporaryDirectory(prefix="ottla-startup-") as tmp:
         root = Path(tmp)
+        trees = _tree_envs(args, root)
+        results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
         setups = []
-        for i, (label, path) in enumerate(trees):
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-            env.update(PYTHONPATH=str(Path(path).resolve()), PYTHONPYCACHEPREFIX=str(root / f"pycache{i}"))
+        for i, (label, env) in enumerate(trees):
             data_dir = root / f"data{i}"
             if args.data_dir:
                 shutil.copytree(args.data_dir, data_dir)
@@ -199,17 +208,12 @@ def main() -> None:
 def partitioned(args: argparse.Namespace) -> None:
     """--partitions: clean and kill -9 restarts of one data dir, every tree on copies of it."""
     extra = [item for value in args.config for item in ("--config", value)]
-    trees = [(src.partition("=")[0], src.partition("=")[2]) if "=" in src else (src, src) for src in args.src]
     load = [os.getloadavg()[0]]
     cases = ("clean", "kill -9")
-    results: dict[tuple[str, str], list[dict[str, float]]] = {(c, label): [] for c in cases for label, _ in trees}
     with tempfile.TemporaryDirectory(prefix="ottla-startup-") as tmp:
         root = Path(tmp)
-        setups = []
-        for i, (label, path) in enumerate(trees):
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-            env.update(PYTHONPATH=str(Path(path).resolve()), PYTHONPYCACHEPREFIX=str(root / f"pycache{i}"))
-            setups.append((label, env))
+        setups = _tree_envs(args, root)
+        results: dict[tuple[str, str], list[dict[str, float]]] = {(c, label): [] for c in cases for label, _ in setups}
         made = []
         for i, (label, env) in enumerate(setups):
             print(f"{label}: making {args.partitions} partitions x {args.records} records", file=sys.stderr)

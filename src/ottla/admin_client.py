@@ -5,7 +5,8 @@ or WriteTxnMarkers, which `ottla transactions` and `ottla producers` need. kio s
 message classes; this module only frames requests, picks versions both sides speak (via
 ApiVersions) and routes each request to the broker that must answer it: every broker for
 ListTransactions, the transaction coordinator for DescribeTransactions, the partition
-leader for DescribeProducers and WriteTxnMarkers.
+leader for DescribeProducers, WriteTxnMarkers and DescribeLogDirs (whose Ottla-only tag
+carries compacted partitions' dirty ratios, which no Kafka API has).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from functools import cache
 from types import ModuleType
 from typing import Any, Iterable
 
-from kio.index import load_payload_module, load_request_schema, load_response_schema
+from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
@@ -27,6 +28,8 @@ from kio.static.constants import EntityType
 from kio.static.primitive import TZAware
 
 from .protocol.build import has_field, make, nested
+from .protocol.extensions import DESCRIBE_LOG_DIRS
+from .protocol.schemas import request_schema, response_schema
 
 __all__ = [
     "AdminProtocolClient",
@@ -55,6 +58,7 @@ CLIENT_VERSIONS = {
     METADATA: (1, 12),
     FIND_COORDINATOR: (1, 6),
     WRITE_TXN_MARKERS: (1, 2),
+    DESCRIBE_LOG_DIRS: (2, 5),  # the flexible versions, which carry Ottla's dirty ratio
     ALTER_PARTITION_REASSIGNMENTS: (0, 0),
     LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_PRODUCERS: (0, 0),
@@ -132,7 +136,7 @@ def _readable_response(api_key: int, version: int) -> type:
     kio refuses negative timestamps, but DescribeTransactions carries a start time of -1 when
     no transaction is open; there the field is read as nullable, so -1 arrives as None.
     """
-    schema = load_response_schema(api_key, version)
+    schema = response_schema(api_key, version)
     if api_key != DESCRIBE_TRANSACTIONS:
         return schema
     flags = {"frozen": True, "slots": True, "kw_only": True}
@@ -144,7 +148,7 @@ def _readable_response(api_key: int, version: int) -> type:
 
 @cache
 def _codec(api_key: int, version: int):
-    request = load_request_schema(api_key, version)
+    request = request_schema(api_key, version)
     response = _readable_response(api_key, version)
     return (request.__header_schema__, entity_writer(request.__header_schema__), entity_writer(request),
             entity_reader(response.__header_schema__), entity_reader(response))
@@ -420,6 +424,26 @@ class AdminProtocolClient:
                                           partition.error_message)
                     result[partition.partition_index] = partition.active_producers
         return dict(sorted(result.items()))
+
+    def dirty_ratios(self, topic: str, leaders: dict[int, int]) -> dict[int, float]:
+        """partition -> dirty ratio, for the compacted partitions among `leaders` (partition ->
+        leader id), each asked of its leader with DescribeLogDirs and Ottla's tag 10000
+        (`protocol/extensions.py`). A broker that does not know the tag (Kafka) reports none."""
+        by_leader: dict[int, list[int]] = {}
+        for partition, leader in leaders.items():
+            by_leader.setdefault(leader, []).append(partition)
+        ratios: dict[int, float] = {}
+        for leader, partitions in by_leader.items():
+            connection = self._node_connection(leader)
+            version = connection.version_for(DESCRIBE_LOG_DIRS)
+            request_type = request_schema(DESCRIBE_LOG_DIRS, version)
+            wanted = make(nested(request_type, "DescribableLogDirTopic"), topic=topic, partitions=tuple(partitions))
+            response = connection.send(DESCRIBE_LOG_DIRS, version, make(request_type, topics=(wanted,),
+                                                                        dirty_ratio=True))
+            ratios.update((p.partition_index, p.dirty_ratio)
+                          for result in response.results for t in result.topics if t.name == topic
+                          for p in t.partitions if p.partition_index in partitions and p.dirty_ratio is not None)
+        return dict(sorted(ratios.items()))
 
     def abort_transaction(self, topic: str, partition: int, *, producer_id: int, producer_epoch: int,
                           coordinator_epoch: int) -> None:

@@ -306,6 +306,7 @@ NOT_APPLIED_TOPIC_CONFIGS = frozenset(d.name for d in _NOT_APPLIED if d.name not
 for _definition in _NOT_APPLIED:
     TOPIC_CONFIGS.setdefault(_definition.name, _definition)
 _reported: set[str] = set()
+_INTERNAL_TOPIC_FACTORS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor")
 
 
 def report_not_applied_broker_configs(config: "BrokerConfig") -> list[str]:
@@ -316,9 +317,15 @@ def report_not_applied_broker_configs(config: "BrokerConfig") -> list[str]:
     for name in names:
         _log.warning("broker config %s=%s is accepted but not applied by Ottla: %s",
                      name, config.overrides[name], NOT_APPLIED_BROKER_CONFIGS[name])
+    # A single node creates its internal topics itself, with the one replica it can hold.
+    one_replica = [] if config["zookeeper.connect"] is not None else [
+        name for name in _INTERNAL_TOPIC_FACTORS if name in config.overrides and config[name] > 1]
+    for name in one_replica:
+        _log.warning("broker config %s=%s is not applied: a single node (no zookeeper.connect) keeps one replica of "
+                     "its internal topics", name, config[name])
     for name in sorted(config.not_implemented):
         _log.warning("broker config %s is a Kafka config Ottla does not implement: it is ignored", name)
-    return names + sorted(config.not_implemented)
+    return sorted(names + one_replica) + sorted(config.not_implemented)
 
 
 def report_not_applied(names) -> None:

@@ -10,6 +10,8 @@ The names (each defined where it fires):
   to take a higher HW from it (`server/replica_fetcher.py`), seed 001's follower crash;
 - `leader_epoch.hold_write`: not a crash: a new leader's leader-epoch checkpoint, left to the
   disk worker, is never written by it (`log/log.py`), so a test's kill -9 lands in that window;
+- `shutdown.hold_after_controlled_shutdown`: not a crash: a SIGTERMed broker waits a second
+  after its ControlledShutdown succeeded before it stops (`server/cluster_node.py`);
 - `fsync.eio@TEXT`: every sync of a file whose path contains TEXT fails with EIO
   (`durability.py`).
 """

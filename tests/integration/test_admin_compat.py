@@ -234,6 +234,8 @@ def test_broker_describe_configs_lists_static_configs_and_synonyms(ottla_broker_
     assert configs["log.dirs"].source == ConfigSource.STATIC_BROKER_CONFIG.value
     assert configs["log.retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
     assert not configs["log.retention.ms"].is_sensitive
+    # A feature in Kafka 4 (ApiVersions' finalized features), not a config: Kafka does not list it.
+    assert "transaction.version" not in configs
     admin.create_topics([NewTopic("synonyms", 1, 1, config={"retention.ms": "60000"})])["synonyms"].result(15)
     topic = ConfigResource("TOPIC", "synonyms")
     entry = admin.describe_configs([topic])[topic].result(15)["retention.ms"]
@@ -241,3 +243,60 @@ def test_broker_describe_configs_lists_static_configs_and_synonyms(ottla_broker_
     assert synonyms[:2] == [("retention.ms", "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
                             ("log.retention.ms", "3600000", ConfigSource.STATIC_BROKER_CONFIG.value)]
     assert synonyms[-1][2] == ConfigSource.DEFAULT_CONFIG.value
+
+
+def test_dirty_ratio_tag_is_sent_only_when_asked_and_clients_still_parse_it(ottla_broker):
+    """Ottla's DescribeLogDirs tag 10000 (protocol/extensions.py). kio's reader refuses tags it
+    does not know, so an answer to a plain request must not carry it; kafka-python (the one of
+    confluent-kafka, kafka-python and aiokafka with a describe_log_dirs, flexible v4) reads
+    both answers, keeping the tag it does not know aside."""
+    import socket
+
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+    from kafka.protocol.admin.cluster import DescribeLogDirsResponse as KPDescribeLogDirsResponse
+    from kio.index import load_request_schema, load_response_schema
+    from kio.serial import entity_reader
+
+    from ottla.protocol.build import make, nested
+    from ottla.protocol.extensions import DIRTY_RATIO_TAG
+    from ottla.protocol.schemas import request_schema
+    from tests.wire import decode_response, encode_request, read_frame
+
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    admin.create_topics([KPNewTopic("changelog", 1, 1, topic_configs={
+        "cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "1"})])
+    producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
+    for i in range(20):
+        producer.send("changelog", key=b"k%d" % (i % 3), value=b"x" * 500, partition=0).get(30)
+    producer.close()
+    sizes = _log_dir_sizes(admin.describe_log_dirs())
+    admin.close()
+    assert sizes[("changelog", 0)] > 20 * 500
+
+    def ask(request):
+        with socket.create_connection((ottla_broker.host, ottla_broker.port), timeout=30) as sock:
+            sock.sendall(encode_request(request))
+            return read_frame(sock)
+
+    plain_type = load_request_schema(35, 4)
+    plain = ask(plain_type(topics=(nested(plain_type, "DescribableLogDirTopic")(topic="changelog", partitions=(0,)),)))
+    kio_response = load_response_schema(35, 4)
+    _, offset = entity_reader(kio_response.__header_schema__)(plain, 0)
+    (result,) = entity_reader(kio_response)(plain, offset)[0].results
+    assert result.topics[0].partitions[0].partition_size == sizes[("changelog", 0)]
+
+    asking_type = request_schema(35, 4)
+    wanted = make(nested(asking_type, "DescribableLogDirTopic"), topic="changelog", partitions=(0,))
+    tagged = ask(make(asking_type, topics=(wanted,), dirty_ratio=True))
+    with pytest.raises(KeyError, match=str(DIRTY_RATIO_TAG)):
+        entity_reader(kio_response)(tagged, offset)
+    (result,) = decode_response(tagged, 35, 4)[1].results
+    assert result.topics[0].partitions[0].dirty_ratio == 1.0  # min.cleanable.dirty.ratio=1: never cleaned
+
+    for frame, tags in ((plain, None), (tagged, {f"_{DIRTY_RATIO_TAG}"})):  # kafka-python's key
+        (result,) = KPDescribeLogDirsResponse.decode(frame, version=4, header=True).results
+        (partition,) = result.topics[0].partitions
+        assert partition.partition_size == sizes[("changelog", 0)]
+        assert (None if partition.unknown_tags is None else set(partition.unknown_tags)) == tags

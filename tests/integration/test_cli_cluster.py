@@ -41,7 +41,7 @@ def fields(text: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     # No automatic preferred-leader rebalance: the election test must see the one it asks for.
     # A dead follower leaves the ISR at once when the controller sees the death, but after
     # `replica.lag.time.max.ms` (the leader's shrink) when the dead broker was the controller.
@@ -52,6 +52,12 @@ def three(tmp_path_factory):
         ok(cli("topics", "create", "wide", "-p", "3", "-r", "3"))
         ok(cli("topics", "create", "moving", "-p", "1", "-r", "1"))
         yield handle, cli
+
+
+@pytest.fixture
+def three(shared_three):
+    shared_three[0].restore()  # a test that failed midway leaves nothing down for the next
+    return shared_three
 
 
 def metadata_row(bootstrap: str, topic: str) -> dict[str, str] | None:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.waiting import wait_for
+
 
 def run_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
     result = subprocess.run([sys.executable, "-m", "ottla.cli", *args], capture_output=True, timeout=60,
@@ -76,3 +78,62 @@ def test_reassign_usage_and_unknown_topic(cli):
     ghost = cli("topics", "reassign", "ghost", "-p", "0", "--replicas", "0")
     assert (ghost.returncode, ghost.err) == (1, "ottla: topic 'ghost' does not exist\n")
     assert table(ok(cli("topics", "reassignments")).out, "TOPIC") == []
+
+
+def _rolled_segments(partition_dir) -> list[tuple[int, int]]:
+    """(base offset, size) of each segment but the active one, in offset order."""
+    segments = sorted((int(p.name[:-4]), p.stat().st_size) for p in partition_dir.glob("*.log"))
+    return segments[:-1]
+
+
+def _cleaner_checkpoint(data_dir, topic: str) -> int:
+    lines = (data_dir / "cleaner-offset-checkpoint").read_text().splitlines()[2:]
+    return next((int(line.split()[2]) for line in lines if line.split()[:2] == [topic, "0"]), -1)
+
+
+def _produce(bootstrap: str, topic: str, count: int) -> None:
+    """`count` updates of 10 keys, in batches of 5 (about 5 KB): several batches per segment."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(count):
+        producer.produce(topic, key=b"key-%d" % (i % 10), value=b"v" * 1000, partition=0)
+        if i % 5 == 4:
+            assert producer.flush(30) == 0
+    assert producer.flush(30) == 0
+
+
+def test_describe_shows_the_dirty_ratio_of_compacted_partitions(ottla_broker_factory):
+    broker = ottla_broker_factory({"log.cleaner.backoff.ms": "100"})
+    cli = lambda *args: run_cli(broker.bootstrap, *args)  # noqa: E731
+    # min.cleanable.dirty.ratio=1: the cleaner leaves the topic alone until the test lowers it.
+    ok(cli("topics", "create", "table", "-p", "2", "-c", "cleanup.policy=compact", "-c", "segment.bytes=16384",
+           "-c", "min.cleanable.dirty.ratio=1"))
+    ok(cli("topics", "create", "plain", "-p", "1"))
+    assert "DIRTY-RATIO" not in ok(cli("topics", "describe", "plain")).out
+    _produce(broker.bootstrap, "table", 60)
+    partition_dir = broker.data_dir / "table-0"
+    assert len(_rolled_segments(partition_dir)) >= 2
+
+    def ratios():
+        return [(r["PARTITION"], r["DIRTY-RATIO"]) for r in table(ok(cli("topics", "describe", "table")).out,
+                                                                   "PARTITION")]
+
+    # Nothing cleaned yet: every rolled segment is dirty; the empty partition has nothing to clean.
+    assert ratios() == [("0", "1.0000"), ("1", "0.0000")]
+
+    ok(cli("topics", "alter-config", "table", "--set", "min.cleanable.dirty.ratio=0.01"))
+    wait_for(lambda: (broker.data_dir / "cleaner-offset-checkpoint").exists()
+             and _cleaner_checkpoint(broker.data_dir, "table") > 0, what="a clean of table-0")
+    assert ratios() == [("0", "0.0000"), ("1", "0.0000")]
+
+    # New dirty segments after the clean: the ratio is their bytes over all the rolled bytes.
+    ok(cli("topics", "alter-config", "table", "--set", "min.cleanable.dirty.ratio=1"))
+    _produce(broker.bootstrap, "table", 40)
+    checkpoint = _cleaner_checkpoint(broker.data_dir, "table")
+    rolled = _rolled_segments(partition_dir)
+    bases = [base for base, _ in rolled] + [max(int(p.name[:-4]) for p in partition_dir.glob("*.log"))]
+    dirty = sum(size for (_, size), following in zip(rolled, bases[1:]) if following > checkpoint)
+    total = sum(size for _, size in rolled)
+    assert 0 < dirty < total
+    assert ratios() == [("0", f"{dirty / total:.4f}"), ("1", "0.0000")]

@@ -14,9 +14,10 @@ import sys
 import threading
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.metadata.v12.request import MetadataRequest
@@ -29,9 +30,14 @@ from tests.waiting import wait_for as _wait_for
 
 
 @pytest.fixture(scope="module")
-def zk_cluster(tmp_path_factory):
+def shared_zk_cluster(tmp_path_factory):
     with cluster(brokers=2, root=tmp_path_factory.mktemp("cluster")) as handle:
         yield handle
+
+
+@pytest.fixture
+def zk_cluster(shared_zk_cluster):
+    return shared_zk_cluster.restore()  # a test that failed midway leaves nothing down for the next
 
 
 @pytest.fixture
@@ -108,16 +114,34 @@ def test_broker_id_and_node_id_must_agree(zk_cluster):
 def test_session_expiry_unregisters_then_the_broker_registers_again(zk_cluster, zk):
     """SIGSTOP past zookeeper.session.timeout.ms (6 s here), then SIGCONT."""
     handle = zk_cluster.brokers[2]
+    admin = AdminClient({"bootstrap.servers": zk_cluster.bootstrap})
+    admin.create_topics([NewTopic("roles", num_partitions=1, replica_assignment=[[2, 1]])])["roles"].result(60)
+    wait_for(lambda: roles_state(zk) == (2, [1, 2]), what="roles led by broker 2")
     first = registration(zk, 2)[1]
     handle.pause()
     try:
         wait_for(lambda: zk.exists("/brokers/ids/2") is None, what="broker 2's registration to expire")
+        # Its roles go with it: broker 1 (the controller, or elected now) takes the leadership.
+        wait_for(lambda: roles_state(zk) == (1, [1]), what="roles' leadership moved to broker 1")
     finally:
         handle.resume()
     wait_for(lambda: zk.exists("/brokers/ids/2") is not None, what="broker 2 to register again")
     again = registration(zk, 2)
     assert again[1].czxid > first.czxid and again[0]["port"] == handle.port
     assert AdminClient({"bootstrap.servers": handle.bootstrap}).list_topics(timeout=30).brokers
+    # It rejoins cleanly: a follower of the new leader, back in the ISR, and it says so.
+    wait_for(lambda: roles_state(zk) == (1, [1, 2]), what="broker 2 back in roles' ISR")
+    wait_for(lambda: (lambda m: m.topics["roles"].partitions[0].leader if "roles" in m.topics else None)(
+        AdminClient({"bootstrap.servers": handle.bootstrap}).list_topics("roles", timeout=30)) == 1,
+        what="broker 2 naming broker 1 leader of roles")
+
+
+def roles_state(zk) -> tuple[int, list[int]] | None:
+    try:
+        state = json.loads(zk.get("/brokers/topics/roles/partitions/0/state")[0])
+    except NoNodeError:
+        return None
+    return state["leader"], sorted(state["isr"])
 
 
 def test_a_broker_restarted_after_kill_9_answers_clients_once_it_knows_the_cluster(zk_cluster):

@@ -21,9 +21,14 @@ INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CONFIGS, TOPIC, BROKER, GROUP = 44, 32, 2, 4
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, root=tmp_path_factory.mktemp("configs")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 @pytest.fixture

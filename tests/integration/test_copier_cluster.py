@@ -78,9 +78,14 @@ BOUNCES = [("input", "kill"), ("transaction", "term"), ("copier", "kill"), ("gro
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, config=CONFIG, root=tmp_path_factory.mktemp("copier")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 def leaders(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:

@@ -202,3 +202,28 @@ def test_kill_9_after_a_clean_restart_keeps_every_acknowledged_record_once(ottla
         assert len(records) == 225  # every acknowledged record once, nothing else
     for value, (partition, offset) in acked.items():
         assert stored[partition][offset] == (offset, value), f"acknowledged {value!r} not at {partition}/{offset}"
+
+
+def test_a_topic_created_again_keeps_its_first_records_through_a_kill_9(ottla_broker_factory):
+    """The old topic's log start offset stayed in log-start-offset-checkpoint until the next
+    periodic write; a kill -9 before it hid the new topic's first records behind it."""
+    broker = ottla_broker_factory({"log.flush.offset.checkpoint.interval.ms": 3_600_000})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = "again"
+
+    def create_and_fill(prefix: bytes) -> None:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        for i in range(100):
+            producer.produce(topic, value=b"%s-%03d" % (prefix, i), partition=0)
+        assert producer.flush(30) == 0
+
+    create_and_fill(b"old")
+    tp = TopicPartition(topic, 0, 60)
+    assert admin.delete_records([tp])[tp].result(30).low_watermark == 60
+    broker.restart()  # a clean shutdown checkpoints the log start offset, 60
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    create_and_fill(b"new")
+    broker.restart(crash=True)
+    assert _read_partition(broker.bootstrap, 0, topic=topic) == [(i, b"new-%03d" % i) for i in range(100)]

@@ -150,3 +150,27 @@ def test_cli_delete_records(ottla_broker):
     run = subprocess.run([sys.executable, "-m", "ottla.cli", "topics", "delete-records", "dr-cli",
                           "-p", "0", "--before", "1000"], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "out of range" in run.stderr.lower(), run.stderr
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_every_delete_records_version_moves_the_log_start(ottla_broker, raw_connection, version):
+    """Kafka serves DeleteRecords v0-v2 (v2 flexible); the clients above each pick one."""
+    from datetime import timedelta
+
+    from kio.schema.errors import ErrorCode
+
+    from ottla.protocol.build import make, nested
+    from ottla.protocol.schemas import request_schema
+    from tests.wire import roundtrip
+
+    topic, before = f"dr-v{version}", 40 + version
+    _create(ottla_broker.bootstrap, topic)
+    _produce(ottla_broker.bootstrap, topic, 100)
+    schema = request_schema(21, version)
+    request = make(schema, timeout=timedelta(seconds=30), topics=(make(
+        nested(schema, "DeleteRecordsTopic"), name=topic, partitions=(make(
+            nested(schema, "DeleteRecordsPartition"), partition_index=0, offset=before),)),))
+    _, response = roundtrip(raw_connection(ottla_broker.bootstrap), request)
+    (result,) = response.topics[0].partitions
+    assert (result.partition_index, result.low_watermark, result.error_code) == (0, before, ErrorCode.none)
+    _check_moved(ottla_broker, topic, before)

@@ -7,6 +7,8 @@ connection left open and silent.
 import io
 import resource
 import socket
+import struct
+import zlib
 from datetime import timedelta
 
 import pytest
@@ -15,6 +17,8 @@ from kio.schema.create_topics.v5.request import CreateTopicsRequest
 from kio.schema.describe_configs.v1.request import DescribeConfigsRequest, DescribeConfigsResource
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
+
+from ottla.protocol.schemas import request_schema
 
 from tests.wire import decode_response, encode_request, is_closed, read_frame, roundtrip
 
@@ -111,3 +115,31 @@ def test_a_response_that_cannot_be_encoded_closes_the_connection(ottla_broker, r
     assert _alive(ottla_broker, raw_connection)
     lines = [line for line in ottla_broker.read_stderr().splitlines() if "cannot encode" in line]
     assert len(lines) == 1 and "DescribeConfigs v1 response" in lines[0], ottla_broker.read_stderr()
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmHWM"))
+
+
+def test_a_legacy_compressed_message_set_inflates_no_further_than_a_v2_batch(ottla_broker, raw_connection):
+    # Produce v2 carries message format v1: a gzip wrapper message of about 1 MB whose value
+    # inflates to 1 GiB. It was up-converted by inflating it whole (2.1 GB of RSS; a 100 MB
+    # request could ask for 100 GB); now it is held to the v2 batch's bound and refused.
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    inner = b"".join(deflate.compress(bytes(1 << 20)) for _ in range(1024)) + deflate.flush()
+    body = struct.pack(">bbq", 1, 1, 0) + struct.pack(">i", -1) + struct.pack(">i", len(inner)) + inner
+    wrapper = struct.pack(">I", zlib.crc32(body)) + body
+    message_set = struct.pack(">qi", 0, len(wrapper)) + wrapper
+    produce = request_schema(0, 2)
+    topic_type = produce.__dataclass_fields__["topic_data"].type.__args__[0]
+    partition_type = topic_type.__dataclass_fields__["partition_data"].type.__args__[0]
+    request = produce(acks=1, timeout=timedelta(seconds=30), topic_data=(topic_type(
+        name="bombed", partition_data=(partition_type(index=0, records=message_set),)),))
+    sock = raw_connection(ottla_broker.bootstrap)
+    sock.settimeout(120)
+    _, response = roundtrip(sock, request)
+    (partition,) = response.responses[0].partition_responses
+    assert partition.error_code == ErrorCode.message_too_large
+    assert _peak_rss(ottla_broker.pid) < 256 << 20
+    assert _alive(ottla_broker, raw_connection)

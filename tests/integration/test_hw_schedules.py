@@ -160,23 +160,29 @@ def test_schedule_1_follower_crash_with_stale_hw_then_leader_crash_loses_nothing
         assert_replicas_identical(two, a, b)
 
 
+def both_crash_with_m1_lost_on_b(two):
+    """The start of schedules 2 and 3: A has m0 m1 with HW 2, B has both too; both machines
+    go down and B loses power, so its copy of m1 is gone (followers never fsync,
+    flush.messages). Returns (A, B) as ids and handles, both stopped."""
+    a, b = start_pair(two)
+    broker_a, broker_b = two.brokers[a], two.brokers[b]
+    assert produce(two.bootstrap, b"m0") == 0
+    assert produce(two.bootstrap, b"m1") == 1
+    wait_for(lambda: checkpointed_hw(broker_a) == 2 and len(batches(broker_b)) == 2, what="HW 2 with m1 on B")
+    broker_a.kill()
+    broker_b.kill()
+    [segment] = sorted((broker_b.data_dir / f"{TOPIC}-0").glob("*.log"))
+    with open(segment, "r+b") as f:
+        f.truncate(len(batches(broker_b)[0]))
+        os.fsync(f.fileno())
+    assert checkpointed_hw(broker_a) == 2 and len(batches(broker_a)) == 2
+    assert len(batches(broker_b)) == 1
+    return a, b, broker_a, broker_b
+
+
 def test_schedule_2_both_crash_and_the_short_follower_leads_without_divergence(tmp_path):
     with cluster(brokers=2, config=CONFIG, root=tmp_path) as two:
-        a, b = start_pair(two)
-        broker_a, broker_b = two.brokers[a], two.brokers[b]
-        assert produce(two.bootstrap, b"m0") == 0
-        assert produce(two.bootstrap, b"m1") == 1
-        wait_for(lambda: checkpointed_hw(broker_a) == 2 and len(batches(broker_b)) == 2, what="HW 2 with m1 on B")
-
-        broker_a.kill()  # both machines go down
-        broker_b.kill()
-        # B loses power: followers never fsync (flush.messages), so its copy of m1 is gone.
-        [segment] = sorted((broker_b.data_dir / f"{TOPIC}-0").glob("*.log"))
-        with open(segment, "r+b") as f:
-            f.truncate(len(batches(broker_b)[0]))
-            os.fsync(f.fileno())
-        assert checkpointed_hw(broker_a) == 2 and len(batches(broker_a)) == 2
-
+        a, b, broker_a, broker_b = both_crash_with_m1_lost_on_b(two)
         broker_b.start()  # B comes back first and is elected
         wait_for(lambda: (partition_info(broker_b.bootstrap, TOPIC) or (None,))[0] == b, what="B elected leader")
         assert produce(broker_b.bootstrap, b"m2") == 1  # the offset A holds m1 at
@@ -190,18 +196,7 @@ def test_schedule_2_both_crash_and_the_short_follower_leads_without_divergence(t
 
 def test_a_new_leader_killed_before_its_epoch_checkpoint_was_written_recovers_it_and_does_not_diverge(tmp_path):
     with cluster(brokers=2, config=CONFIG, root=tmp_path) as two:
-        a, b = start_pair(two)
-        broker_a, broker_b = two.brokers[a], two.brokers[b]
-        assert produce(two.bootstrap, b"m0") == 0
-        assert produce(two.bootstrap, b"m1") == 1
-        wait_for(lambda: checkpointed_hw(broker_a) == 2 and len(batches(broker_b)) == 2, what="HW 2 with m1 on B")
-        broker_a.kill()
-        broker_b.kill()
-        [segment] = sorted((broker_b.data_dir / f"{TOPIC}-0").glob("*.log"))  # B's m1 was never fsynced
-        with open(segment, "r+b") as f:
-            f.truncate(len(batches(broker_b)[0]))
-            os.fsync(f.fileno())
-
+        a, b, broker_a, broker_b = both_crash_with_m1_lost_on_b(two)
         broker_b.env = {"OTTLA_FAILPOINTS": HOLD_LEADER_EPOCH_WRITE}
         broker_b.start()
         wait_for(lambda: (partition_info(broker_b.bootstrap, TOPIC) or (None,))[0] == b, what="B elected leader")

@@ -39,9 +39,14 @@ TOPIC = "moved"
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory):
+def shared_two(tmp_path_factory):
     with cluster(brokers=2, root=tmp_path_factory.mktemp("leader-hints")) as handle:
         yield handle
+
+
+@pytest.fixture
+def two(shared_two):
+    return shared_two.restore()  # a test that failed midway leaves nothing down for the next
 
 
 def _connect(bootstrap: str) -> socket.socket:

@@ -5,7 +5,8 @@ through a kill -9 of the leader, every acknowledged record is on the new leader 
 and in order, and once the old leader is back and caught up the three logs are the same
 batch by batch. A follower cut off by a TCP proxy leaves the ISR after
 replica.lag.time.max.ms and rejoins once the cut ends; with both followers cut off acks=all
-gets NOT_ENOUGH_REPLICAS.
+gets NOT_ENOUGH_REPLICAS, and records appended as the cut began, which only the leader has,
+are answered NOT_ENOUGH_REPLICAS_AFTER_APPEND, never acknowledged.
 
 Then, on the same cluster: ten kill -9 bounces of partition leaders (the controller among
 them) under a steady producer on three partitions, with the same checks per partition; a
@@ -47,9 +48,14 @@ def create_replicated(three, topic: str, partitions: int = 1) -> None:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory):
+def shared_three(tmp_path_factory):
     with cluster(brokers=3, config=CONFIG, root=tmp_path_factory.mktemp("replication")) as handle:
         yield handle
+
+
+@pytest.fixture
+def three(shared_three):
+    return shared_three.restore()  # a test that failed midway leaves nothing down for the next
 
 
 class SteadyProducer:
@@ -171,6 +177,15 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
 
         # Both followers cut off: the ISR shrinks to the leader, below min.insync.replicas.
         proxy.drop_responses(1.0, api_key=FETCH)
+        # Sent as the cut begins: the leader appends them (its ISR has three members still) and
+        # they wait for followers that get nothing more; when the ISR shrinks under them none
+        # may be acknowledged: each is on the leader alone.
+        waiting = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+                            "retries": 0, "linger.ms": 0, "message.timeout.ms": 60000})
+        waited = []
+        for i in range(5):
+            waiting.produce(topic, b"cut-%d" % i, on_delivery=lambda err, msg: waited.append(err))
+        waiting.poll(0)
         one = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 0})
 
         def shrunk():  # acks=1 keeps the leader's log growing, so the followers fall behind
@@ -178,6 +193,10 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
             one.flush(10)
             return isr() == (3,)
         wait_for(shrunk, what="the ISR down to the leader")
+        assert waiting.flush(60) == 0
+        assert len(waited) == 5 and all(e is not None for e in waited), waited
+        assert {e.code() for e in waited} <= {CKafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                                             CKafkaError.NOT_ENOUGH_REPLICAS}, waited
         strict = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
                            "retries": 0, "message.timeout.ms": 30000})
         outcome = []

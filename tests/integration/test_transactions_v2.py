@@ -11,13 +11,14 @@ refused with INVALID_PRODUCER_EPOCH, as Kafka refuses it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 from kio.schema.api_versions.v4.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 
@@ -34,6 +35,19 @@ def _connect(broker):
 def _create(broker, topic):
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+
+
+@contextlib.contextmanager
+def _producer(broker, topic: str, first: bytes | None = None):
+    """A Java-4.x-style producer on its own connection to `broker`, initialized, for the new
+    one-partition `topic`; `first`: a value its transaction has already written."""
+    _create(broker, topic)
+    with _connect(broker) as sock:
+        producer = RawProducer(sock, topic)
+        producer.init()
+        if first is not None:
+            assert producer.produce(first)[0] == ErrorCode.none
+        yield producer
 
 
 def _read_committed(broker, topic, expected: int):
@@ -81,10 +95,7 @@ def test_api_versions_finalizes_transaction_version_2(ottla_broker):
 
 def test_java_4x_sequence_commits_with_an_epoch_bump_and_fences_the_late_write(ottla_broker):
     topic, group = "tv2-commit", "tv2-group"
-    _create(ottla_broker, topic)
-    with _connect(ottla_broker) as sock:
-        producer = RawProducer(sock, topic)
-        producer.init()
+    with _producer(ottla_broker, topic) as producer:
         first_epoch = producer.epoch
         # No AddPartitionsToTxn: the partition joins the transaction with its first write.
         assert producer.produce(b"one") == (ErrorCode.none, 0)
@@ -111,12 +122,8 @@ def test_java_4x_sequence_commits_with_an_epoch_bump_and_fences_the_late_write(o
 
 def test_abort_bumps_the_epoch_and_hides_the_records(ottla_broker):
     topic = "tv2-abort"
-    _create(ottla_broker, topic)
-    with _connect(ottla_broker) as sock:
-        producer = RawProducer(sock, topic)
-        producer.init()
+    with _producer(ottla_broker, topic, first=b"aborted") as producer:
         epoch = producer.epoch
-        assert producer.produce(b"aborted")[0] == ErrorCode.none
         ended = producer.end(commit=False)
         assert (ended.error_code, ended.producer_epoch) == (ErrorCode.none, epoch + 1)
         # An abort with nothing written (the client cannot tell whether its write got through).
@@ -130,18 +137,21 @@ def test_abort_bumps_the_epoch_and_hides_the_records(ottla_broker):
 
 def test_below_transaction_version_2_the_broker_looks_like_one_without_it(ottla_broker_factory):
     broker = ottla_broker_factory({"transaction.version": 0})
-    topic = "tv1-only"
-    _create(broker, topic)
-    with _connect(broker) as sock:
-        _, response = roundtrip(sock, ApiVersionsRequest(client_software_name="tests",
+    with _producer(broker, "tv1-only") as producer:
+        _, response = roundtrip(producer.sock, ApiVersionsRequest(client_software_name="tests",
                                                          client_software_version="1"))
         assert response.finalized_features == ()
         versions = {k.api_key: k.max_version for k in response.api_keys}
         assert (versions[24], versions[26], versions[28]) == (4, 4, 4)
-        producer = RawProducer(sock, topic)
-        producer.init()
         # KIP-890 part 1 only: a write to a partition never added is refused, not added.
         assert producer.produce(b"stray")[0] == ErrorCode.invalid_txn_state
+    # Given as a config, the level is listed as what the broker was started with, as Kafka lists a
+    # property it does not define (without it, not at all: test_admin_compat.py).
+    resource = ConfigResource("BROKER", "0")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    described = admin.describe_configs([resource])[resource].result(30)
+    entry = described["transaction.version"]
+    assert (entry.value, entry.source, entry.is_read_only) == ("0", ConfigSource.STATIC_BROKER_CONFIG.value, True)
 
 
 @pytest.mark.parametrize("transaction_version", [0, 2])
@@ -186,12 +196,8 @@ def test_a_commit_decided_before_a_crash_is_rolled_forward_with_the_bumped_epoch
     the bumped epoch, and a retried EndTxn v5 gets that epoch."""
     broker = ottla_broker_factory(env={"OTTLA_FAILPOINTS": "txn.after_prepare_commit"})
     topic = "tv2-crash"
-    _create(broker, topic)
-    with _connect(broker) as sock:
-        producer = RawProducer(sock, topic)
-        producer.init()
+    with _producer(broker, topic, first=b"decided") as producer:
         epoch = producer.epoch
-        assert producer.produce(b"decided")[0] == ErrorCode.none
         try:
             producer.end(commit=True)
         except ConnectionError:

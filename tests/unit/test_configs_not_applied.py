@@ -60,3 +60,20 @@ def test_names_kafka_does_not_know_are_still_refused():
     """Kafka would only warn; a typo that passes silently is worse than a broker that does not start."""
     with pytest.raises(ConfigError, match="unknown broker config 'num.netwrok.threads'"):
         BrokerConfig({"num.netwrok.threads": "3"})
+
+
+def test_internal_topic_replication_factors_a_single_node_cannot_apply_are_reported(caplog):
+    """A single node (no zookeeper.connect) keeps one replica of its internal topics whatever
+    the factor says; set above 1 there, the factor is reported, not silently dropped. In a
+    cluster it applies (test_coordinators_cluster.py) and nothing is said."""
+    factors = {"offsets.topic.replication.factor": 3, "transaction.state.log.replication.factor": 2}
+    with caplog.at_level(logging.WARNING, logger="ottla.config"):
+        reported = report_not_applied_broker_configs(BrokerConfig(factors))
+    assert reported == sorted(factors)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"broker config {name}={value} is not applied: a single node (no zookeeper.connect) keeps one replica of "
+        f"its internal topics" for name, value in sorted(factors.items())]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ottla.config"):
+        assert report_not_applied_broker_configs(BrokerConfig({**factors, "zookeeper.connect": "localhost:2181"})) == []
+    assert caplog.records == []

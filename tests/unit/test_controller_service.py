@@ -116,3 +116,47 @@ def test_an_event_the_store_cuts_off_part_way_is_finished_by_re_reading_the_clus
             store.close()
 
     asyncio.run(main())
+
+
+def test_a_controller_stopping_after_its_own_controlled_shutdown_delivers_the_moves_first():
+    """The controller's broker shuts down: its ControlledShutdown moves the leadership of
+    `t-0` to broker 2, and the broker then stops its controller. The LeaderAndIsr making
+    broker 2 leader, and the UpdateMetadata after it, were still queued; they were dropped,
+    and broker 2 (named leader in ZooKeeper and, soon, in every Metadata answer) did not lead
+    until the next controller's failover: its coordinators answered NOT_COORDINATOR."""
+
+    async def main():
+        zk = MemoryZooKeeper()
+        delivered: list = []
+        slow = asyncio.Event()  # broker 2 answers only once the controller is stopping
+        slow.set()
+
+        async def send(request):
+            if request.destination == 2:
+                await slow.wait()
+            delivered.append(request)
+            return None
+
+        stores = {b: zk.session() for b in (1, 2)}
+        registrations = {b: store.register_broker(BrokerRegistration(b, "127.0.0.1", 9000 + b))
+                         for b, store in stores.items()}
+        controller = ControllerService(1, stores[1], ControllerConfig(), send, tick_interval_s=0.05)
+        await controller.start()
+        await eventually(lambda: controller.active)
+        stores[1].create_topic(TopicAssignment("t", uuid.uuid4(), {0: (1, 2)}), {})
+        await eventually(lambda: any(r.kind == "LeaderAndIsr" and r.destination == 2 for r in delivered))
+        delivered.clear()
+        slow.clear()
+        error, remaining = await controller.controlled_shutdown(1, registrations[1].epoch)
+        assert (error, remaining) == (0, set()) and zk.states[("t", 0)].leader == 2
+        stopping = asyncio.get_running_loop().create_task(controller.stop())
+        for _ in range(10):
+            await asyncio.sleep(0)
+        slow.set()
+        await stopping
+        to_2 = [(r.kind, [p.leader for p in r.payload.partitions]) for r in delivered if r.destination == 2]
+        assert to_2[:2] == [("LeaderAndIsr", [2]), ("UpdateMetadata", [2])], to_2
+        for store in stores.values():
+            store.close()
+
+    asyncio.run(main())

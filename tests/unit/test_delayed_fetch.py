@@ -215,3 +215,29 @@ def test_due_fetches_complete_by_deadline_then_arrival_never_early_each_once():
         assert not fetches._ticks and not fetches._due
 
     asyncio.run(scenario())
+
+
+def test_a_followers_fetch_woken_with_many_consumers_completes_first():
+    """An acks=all produce waits for the follower's next fetch: one append to a partition that
+    many consumers long-poll must not queue the follower's fetch behind all of theirs, whenever
+    it started waiting; the consumers keep their order."""
+
+    async def scenario():
+        fetches = DelayedFetches(wake_slice=2)
+        finished: list[str] = []
+
+        async def wait(name, replica):
+            await fetches.wait([("t", 0)], 60, replica=replica)
+            finished.append(name)
+
+        tasks = [asyncio.ensure_future(wait(f"consumer-{i}", False)) for i in range(6)]
+        tasks.append(asyncio.ensure_future(wait("follower", True)))
+        tasks += [asyncio.ensure_future(wait(f"consumer-{i}", False)) for i in range(6, 9)]
+        await asyncio.sleep(0)
+        assert fetches.watching(("t", 0)) == 10
+        fetches.notify(("t", 0))
+        await asyncio.gather(*tasks)
+        assert finished == ["follower"] + [f"consumer-{i}" for i in range(9)]
+        assert not fetches._replicas
+
+    asyncio.run(scenario())

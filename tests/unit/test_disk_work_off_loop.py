@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import threading
 
 from ottla.config import BrokerConfig
+from ottla.log.file_records import FileRecords
 from ottla.records.records import Record, build_batch
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
+from ottla.server.network import Connection
 
 
 def _observe(monkeypatch, loop_thread: int, seen: list[str]) -> None:
@@ -102,3 +105,59 @@ def test_deleting_a_partition_whose_directory_is_already_gone_is_not_an_error(tm
     log.delete()
     worker.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path, monkeypatch):
+    """A fetch response's records stay in the segment until the socket takes them; pages the
+    page cache no longer holds (a consumer far behind) are read in a worker thread, those it
+    holds on the loop. The peer gets exactly the segment's bytes either way."""
+    loop_reads: list[int] = []
+    worker_reads: list[int] = []
+    ours, theirs = socket.socketpair()
+    received = bytearray()
+
+    def drain():
+        while chunk := theirs.recv(1 << 20):
+            received.extend(chunk)
+    reader = threading.Thread(target=drain)
+    reader.start()
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}))
+        try:
+            loop_thread = threading.get_ident()
+            broker.create_topic("t", 1, {})
+            for n in range(64):
+                broker.replicas.append("t", 0, build_batch([Record(b"k", bytes([n]) * 32_000, (), now_ms())]),
+                                       now_ms=now_ms())
+            log = broker.logs.get_log("t", 0)
+            log.flush()  # clean pages, which the kernel may drop
+            records = log.read(0, 4 << 20, max_offset=log.log_end_offset, lazy=True).records
+            assert isinstance(records, FileRecords) and len(records) > 1 << 20
+            with open(log.segments[0].log_path, "rb") as segment:
+                os.posix_fadvise(segment.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
+            real = os.pread
+
+            def observed(fd, length, offset):
+                (loop_reads if threading.get_ident() == loop_thread else worker_reads).append(length)
+                return real(fd, length, offset)
+            monkeypatch.setattr(os, "pread", observed)
+            await connection._send([records])
+            cold = len(worker_reads)
+            await connection._send([records])  # now in the page cache: read on the loop, no thread
+            monkeypatch.undo()
+            expected = records.read(0, len(records))
+            connection.close()
+            await asyncio.sleep(0)
+            return cold, expected
+        finally:
+            monkeypatch.undo()
+            broker.logs.close()
+            broker.release_data_dir()
+
+    cold, expected = asyncio.run(scenario())
+    reader.join(30)
+    assert loop_reads == []
+    assert cold > 0 and len(worker_reads) == cold
+    assert bytes(received) == expected * 2

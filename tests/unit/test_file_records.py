@@ -31,13 +31,20 @@ def test_lazy_reads_return_exactly_what_eager_reads_return(tmp_path, interval):
     assert lazy_seen  # large reads did stay in the file
 
 
-def test_a_truncated_segment_is_never_sent(tmp_path):
-    log = Log(tmp_path / "t-0", config())
+def _lazily_read(tmp_path, log=None) -> FileRecords:
+    """All of a log of 20 batches of 10 records, as a FileRecords (a new log unless `log`)."""
+    log = log or Log(tmp_path / "t-0", config())
     for _ in range(20):
         log.append(batch(10, value=b"x" * 1000), now_ms=0)
     log.update_high_watermark(log.log_end_offset)
     records = log.read(0, 1 << 20, max_offset=log.log_end_offset, lazy=True).records
     assert isinstance(records, FileRecords)
+    return records
+
+
+def test_a_truncated_segment_is_never_sent(tmp_path):
+    log = Log(tmp_path / "t-0", config())
+    records = _lazily_read(tmp_path, log)
     log.truncate_to(100)
     for _ in range(10):  # as many other bytes where the old ones were
         log.append(batch(10, value=b"y" * 1000), now_ms=0)
@@ -54,3 +61,18 @@ def test_a_deleted_segment_is_never_sent(tmp_path):
     log.truncate_fully_and_start_at(500)
     with pytest.raises(RecordsGone):
         records.read(0, 1024)
+
+
+def test_a_file_system_without_nowait_reads_leaves_the_read_to_the_worker(tmp_path, monkeypatch):
+    """preadv's RWF_NOWAIT is refused by some file systems (EOPNOTSUPP): that is "not known to
+    be cached" (read in a worker thread), never a response cut short."""
+    import errno
+    import os
+
+    records = _lazily_read(tmp_path)
+
+    def refused(*_):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+    monkeypatch.setattr(os, "preadv", refused)
+    assert records.read_cached(0, 4096) is None
+    assert records.checked(records.detached_read(0, 4096)(), 4096) == records.read(0, 4096)

@@ -4,15 +4,16 @@ crash safety (a "crash" raises at a failpoint and the directory is reopened as i
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from ottla.config import BrokerConfig
 from ottla.log import LogManager
-from ottla.log.cleaner import swap
+from ottla.log.cleaner import service, swap
 from ottla.log.cleaner.clean import CleaningAborted
-from ottla.log.cleaner.filter import DELETE_HORIZON_BIT
+from ottla.log.cleaner.filter import DELETE_HORIZON_BIT, delete_horizon
 from ottla.log.cleaner.service import CLEANER_CHECKPOINT_FILE, LogCleaner
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch, iter_batches
@@ -315,7 +316,11 @@ def test_delete_and_compact_applies_both_policies(tmp_path):
     assert {k: v for k, v in state.items()} == expected
 
 
-def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
+@pytest.mark.parametrize("restart", [False, True], ids=["same-process", "after-a-restart"])
+def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path, restart):
+    """After a restart too: the old topic's entry must have left cleaner-offset-checkpoint
+    (Kafka updates it when it deletes a log), else the new log's records below it count as
+    cleaned and keep every duplicate for good."""
     clock = Clock()
     manager, cleaner = setup(tmp_path, clock)
     fill(manager.get_log("t", 0), clock, updates=1500)
@@ -325,6 +330,11 @@ def test_a_recreated_topic_does_not_inherit_the_old_checkpoint(tmp_path):
     log = manager.get_log("t", 0)
     expected = fill(log, clock, updates=1000, prefix=b"a")  # below where the old log's checkpoint was...
     expected.update(fill(log, clock, updates=1000, prefix=b"b"))  # ...and past it, with other keys
+    if restart:
+        manager.close()
+        manager = LogManager(tmp_path, BrokerConfig(), clock=clock)
+        cleaner = LogCleaner(manager, manager.broker_config, clock=clock)
+        log = manager.get_log("t", 0)
     assert cleaner.clean_once(INLINE) is not None
     sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
     assert len(sealed) == len(set(sealed))  # everything was cleaned, not only what lay past the old checkpoint
@@ -358,3 +368,128 @@ def test_a_log_is_cleaned_only_once_its_dirty_ratio_passes_min_cleanable_dirty_r
     else:
         raise AssertionError("the dirty ratio never passed the minimum")
     assert below_seen > 0  # there was dirty data below the ratio, and it was left alone
+
+
+def test_max_compaction_lag_cleans_a_log_its_dirty_ratio_never_would(tmp_path):
+    """`max.compaction.lag.ms`: once the oldest dirty record is older than the lag, the log is
+    cleaned whatever its dirty ratio (here a ratio that is never exceeded)."""
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"min.cleanable.dirty.ratio": "1.0", "max.compaction.lag.ms": "60000"})
+    log = manager.get_log("t", 0)
+    expected = fill(log, clock)
+    clock.now += 60_000
+    assert cleaner.clean_once(INLINE) is None  # exactly the lag old: not yet
+    clock.now += 1
+    assert cleaner.clean_once(INLINE) is not None
+    assert latest(log) == expected
+    sealed = [k for o, k, _, _ in contents(log) if o < log.active_segment.base_offset]
+    assert len(sealed) == len(set(sealed))
+
+
+@pytest.mark.parametrize("enable, threads, started", [("true", "2", 2), ("false", "2", 0), ("true", "0", 0)])
+def test_log_cleaner_enable_and_threads_decide_the_threads_started(tmp_path, enable, threads, started):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, broker_config={"log.cleaner.enable": enable,
+                                                             "log.cleaner.threads": threads})
+    cleaner.start(INLINE)
+    try:
+        running = [t for t in threading.enumerate() if t.name.startswith("kafka-log-cleaner-thread-")]
+        assert len(running) == started
+    finally:
+        cleaner.stop()
+
+
+def test_an_idle_cleaner_thread_waits_log_cleaner_backoff_ms(tmp_path):
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, broker_config={"log.cleaner.backoff.ms": "1234"})
+    waits = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            self.set()
+            return True
+
+    cleaner._stop = Stop()
+    cleaner._run(INLINE)  # the only log has nothing to clean: one empty pass, then the backoff
+    assert waits == [1.234]
+
+
+def test_log_cleaner_io_max_bytes_per_second_paces_a_pass(tmp_path, monkeypatch):
+    """Every byte a pass reads and writes goes through the throttler made from the setting,
+    which (as Kafka's Throttler) checks the rate each time a 300 ms window has passed and
+    sleeps enough to bring it down. On a virtual clock (each look at it costs 20 ms of work),
+    by every check the pass has taken at least the bytes seen so far over the rate."""
+    rate = 20_000
+    now = [0.0]
+    made = []
+
+    looks = [0]
+
+    def tick():
+        looks[0] += 1
+        now[0] += 0.02
+        return now[0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    class Counting(service.Throttler):
+        def __init__(self, bytes_per_second):
+            super().__init__(bytes_per_second, tick, sleep)
+            self.moved = 0
+            self.checks = []  # (bytes so far, virtual time) after each check
+            made.append(self)
+
+        def throttle(self, size):
+            self.moved += size
+            super().throttle(size)
+            if self._count == 0:
+                self.checks.append((self.moved, now[0]))
+
+    monkeypatch.setattr(service, "Throttler", Counting)
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, broker_config={"log.cleaner.io.max.bytes.per.second": str(rate)})
+    fill(manager.get_log("t", 0), clock)
+    started = now[0]
+    assert cleaner.clean_once(INLINE) is not None
+    throttler = made[-1]
+    assert throttler.rate == rate
+    checked, _ = throttler.checks[-1]
+    assert checked > throttler.moved / 2
+    assert checked / rate > 2 * looks[0] * 0.02  # the work alone would not take that long
+    for moved, when in throttler.checks:
+        assert when - started >= moved / rate - 1e-9
+
+
+def test_a_commit_marker_stays_delete_retention_ms_after_its_data_was_cleaned_away(tmp_path):
+    """Kafka's rule for markers: kept while its transaction's data is in the log; the first
+    clean that finds none of it stamps a horizon (now + delete.retention.ms); dropped by the
+    first clean at or past it (the producer's later transaction keeps it from being its last)."""
+    clock = Clock()
+    manager, cleaner = setup(tmp_path, clock, {"delete.retention.ms": "1000", "min.cleanable.dirty.ratio": "0.01"})
+    log = manager.get_log("t", 0)
+    _txn(log, 1000, 0, 0, b"c", b"committed", clock)
+    marker = _marker(log, 1000, 0, True, clock).base_offset
+    _txn(log, 1000, 0, 1, b"x", b"later", clock)
+    _marker(log, 1000, 0, True, clock)
+    put(log, b"c", b"overwritten", clock)
+
+    def marker_horizon():
+        found = [h for s in log.segments for h in s.headers_from(0) if h.base_offset == marker]
+        return delete_horizon(found[0]) if found else "gone"
+
+    def clean_at(now, step):
+        clock.now = now
+        fill(log, clock, updates=200, keys=200, prefix=b"f%d" % step)  # something dirty to clean
+        assert cleaner.clean_once(INLINE) is not None
+
+    clean_at(NOW, 0)
+    assert latest(log)[b"c"][1] == b"overwritten"  # the transaction's data went in this pass...
+    assert marker_horizon() is None  # ...so its marker stays, with no horizon yet
+    clean_at(NOW + 400, 1)
+    assert marker_horizon() == NOW + 1400
+    clean_at(NOW + 1399, 2)
+    assert marker_horizon() == NOW + 1400
+    clean_at(NOW + 1400, 3)
+    assert marker_horizon() == "gone"

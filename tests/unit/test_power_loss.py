@@ -34,7 +34,8 @@ from powerloss import PowerLoss
 from tests.waiting import coordinators_loaded
 
 E = ErrorCode
-CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1}
+CONFIG = {"offsets.topic.num.partitions": 1, "transaction.state.log.num.partitions": 1,
+          "log.index.size.max.bytes": 4096}  # small images (power loss at every sync)
 
 
 async def start(data_dir) -> Broker:
@@ -205,11 +206,69 @@ def test_a_power_loss_before_the_rolls_fsyncs_ran_recovers_a_consistent_log(tmp_
         life(tmp_path, second)
 
 
-def _continues_the_idempotent_producer(broker):
-    end = broker.logs.get_log("t", 0).log_end_offset
-    duplicate = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+def _continues_the_idempotent_producer(broker, topic="t"):
+    end = broker.logs.get_log(topic, 0).log_end_offset
+    duplicate = broker.replicas.append(topic, 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
                                                   producer_epoch=0, base_sequence=end - 1), now_ms=now_ms())
     assert duplicate.duplicate and duplicate.base_offset == end - 1
-    nxt = broker.replicas.append("t", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
-                                            producer_epoch=0, base_sequence=end), now_ms=now_ms())
+    nxt = broker.replicas.append(topic, 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                              producer_epoch=0, base_sequence=end), now_ms=now_ms())
     assert nxt.base_offset == end
+
+
+def test_a_power_loss_at_every_sync_of_a_run_loses_nothing_acknowledged(tmp_path):
+    """The run above, cut at each of its fsyncs (each sync's image is what a power loss at that
+    moment leaves): transactions committed, offsets committed, idempotent appends across rolls
+    and their snapshots. From every image, a restart finds everything acknowledged by then,
+    and no transaction stays open once the coordinator has rolled its prepared ones forward."""
+    data_dir = tmp_path / "data"
+    acked: list[tuple[str, object]] = []
+
+    async def run(broker):
+        broker.create_topic("t", 1, {})
+        broker.create_topic("u", 1, {"segment.bytes": 600})
+        for i in range(2):
+            await committed_txn(broker, f"tx{i}", b"v%d" % i)
+            acked.append(("txn", f"tx{i}"))
+            assert await commit_offset(broker, "g", 10 + i) is E.none
+            acked.append(("offset", 10 + i))
+        for seq in range(24):
+            broker.replicas.append("u", 0, build_batch([Record(b"k", b"v" * 100, (), now_ms())], producer_id=5,
+                                              producer_epoch=0, base_sequence=seq), now_ms=now_ms())
+        await asyncio.to_thread(broker.logs.disk_worker.drain)  # the rolls' fsyncs ran
+        acked.append(("data", broker.logs.get_log("u", 0).segments[-1].base_offset))
+        assert await commit_offset(broker, "g", 12) is E.none
+        acked.append(("offset", 12))
+
+    with PowerLoss(data_dir) as power:
+        power.images_at_every_sync(tmp_path / "images", lambda: list(acked))
+        life(data_dir, run)
+    # Many points, the later ones after acknowledgements of every kind.
+    assert len(power.images) > 20 and {kind for kind, _ in power.images[-1][1]} == {"txn", "offset", "data"}
+
+    async def check(broker, noted):
+        transactions = [value for kind, value in noted if kind == "txn"]
+        for _ in range(300):  # prepared commits are rolled forward (their markers written again)
+            states = {tid: (await call(broker, describe_transactions, 0, DescribeTransactionsRequest(
+                transactional_ids=(tid,)))).transaction_states[0].transaction_state for tid in ("tx0", "tx1")}
+            if not any(state.startswith("Prepare") for state in states.values()):
+                break
+            await asyncio.sleep(0.01)
+        assert all(states[tid] == "CompleteCommit" for tid in transactions), states
+        if ("t", 0) in broker.logs.logs:
+            log = broker.logs.get_log("t", 0)
+            if "Ongoing" not in states.values():
+                assert log.last_stable_offset == log.log_end_offset, (states, "a transaction stayed open")
+            assert log.log_end_offset >= 2 * len(transactions)
+        else:
+            assert not noted
+        offsets = [value for kind, value in noted if kind == "offset"]
+        if offsets:
+            assert await fetched_offset(broker, "g") >= offsets[-1]
+        durable = [value for kind, value in noted if kind == "data"]
+        if durable:
+            assert broker.logs.get_log("u", 0).log_end_offset >= durable[0]
+            _continues_the_idempotent_producer(broker, "u")
+
+    for image, noted in power.images:
+        life(image, lambda broker: check(broker, noted))

@@ -6,6 +6,7 @@ frame kio reads that frame to the same end (so kio never meets a count that was 
 """
 
 import random
+from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from ottla.protocol.codec import FrameDecoder, _request_codec, decode_request
 from ottla.protocol.errors import MalformedRequest
-from ottla.protocol.shape import check_request
+from ottla.protocol.shape import UnknownTaggedFields, check_request, produce_entries, strip_unknown_tagged_fields
 from ottla.server.handlers import load_handlers
 from ottla.testing.fuzz import RequestFactory, encode, mutate
 
@@ -48,6 +49,12 @@ def test_an_accepted_damaged_frame_is_read_by_kio_to_the_same_end(api, seed):
         end = check_request(frame, api_key, version)
     except MalformedRequest:
         return
+    except UnknownTaggedFields:  # kio reads the frame without them to where the check ends
+        try:
+            frame = strip_unknown_tagged_fields(frame, api_key, version)
+        except MalformedRequest:
+            return
+        end = check_request(frame, api_key, version)
     try:
         kio_end = _kio_end(frame, api_key, version)
     except Exception:  # a value kio refuses (bad UTF-8, a boolean of 7): refused either way
@@ -103,3 +110,60 @@ def test_decode_of_encode_round_trips(api, seed):
     decoded = decode_request(encode(request, 77)[4:], SUPPORTED)
     assert (decoded.api_key, decoded.api_version, decoded.correlation_id) == (api_key, version, 77)
     assert decoded.body == request
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from([v for key, v in API_VERSIONS if key == 0]), seed=st.integers(0, 2**32),
+       limit=st.integers(1, 80))
+def test_produce_entries_counts_topics_and_partitions_up_to_the_limit(version, seed, limit):
+    """The few-step walk that decides where a Produce is decoded counts what kio reads."""
+    request = RequestFactory(random.Random(seed)).request(0, version)
+    entries = len(request.topic_data) + sum(len(topic.partition_data) for topic in request.topic_data)
+    assert produce_entries(encode(request, 1)[4:], version, limit) == min(entries, limit)
+
+
+FLEXIBLE = [(key, version) for key, version in API_VERSIONS
+            if type(RequestFactory(random.Random(0)).request(key, version)).__flexible__]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(api=st.sampled_from(FLEXIBLE), seed=st.integers(0, 2**32), tags=st.lists(
+    st.tuples(st.integers(0, 2**20), st.binary(max_size=40)), min_size=1, max_size=4))
+def test_unknown_tagged_fields_in_a_request_header_are_skipped_as_kafka_skips_them(api, seed, tags):
+    """KIP-482: a newer client may send tags an older broker does not know; Kafka skips them,
+    kio 0.6 raised KeyError and the connection was closed."""
+    api_key, version = api
+    frame = encode(RequestFactory(random.Random(seed)).request(api_key, version), 77)[4:]
+    client_id_length = int.from_bytes(frame[8:10], "big", signed=True)
+    block_at = 10 + max(client_id_length, 0)
+    assert frame[block_at] == 0  # the header defines no tagged field
+    block = bytes([len(tags)]) + b"".join(_uvarint(tag) + _uvarint(len(data)) + data for tag, data in sorted(tags))
+    tagged = frame[:block_at] + block + frame[block_at + 1:]
+    assert decode_request(tagged, SUPPORTED) == decode_request(frame, SUPPORTED)
+
+
+def test_unknown_tagged_fields_are_dropped_and_known_ones_kept_at_every_depth():
+    # Fetch v12 with its tagged cluster_id (tag 0), then an unknown tag 9 in the same block.
+    from kio.schema.fetch.v12.request import FetchRequest
+    request = FetchRequest(cluster_id="c", replica_id=-1, max_wait=timedelta(milliseconds=5), min_bytes=1,
+                           max_bytes=1000, isolation_level=0, session_id=0, session_epoch=-1, topics=(),
+                           forgotten_topics_data=(), rack_id="")
+    frame = encode(request, 5)[4:]
+    assert frame.endswith(bytes([1, 0, 2, 2]) + b"c")
+    tagged = frame[:-5] + bytes([2, 0, 2, 2]) + b"c" + bytes([9, 3]) + b"xyz"
+    assert decode_request(tagged, SUPPORTED).body == request
+    # Metadata v12: an unknown tag inside a topic entry (a nested entity) and in the body.
+    header = bytes.fromhex("0003000c00000007ffff00")
+    topic = bytes(16) + bytes([2]) + b"t"
+    plain = header + bytes([2]) + topic + bytes([0]) + bytes([1, 0, 0])
+    nested = header + bytes([2]) + topic + bytes([1, 40, 1, 7]) + bytes([1, 0]) + bytes([1]) + _uvarint(300) + bytes([0])
+    assert decode_request(nested, SUPPORTED).body == decode_request(plain, SUPPORTED).body
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

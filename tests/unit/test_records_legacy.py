@@ -22,7 +22,7 @@ def _legacy_set(magic: int, codec: int, count: int = 5) -> bytes:
 @pytest.mark.parametrize("magic", [0, 1])
 @pytest.mark.parametrize("codec", [0, 1, 2])  # none, gzip, snappy
 def test_up_convert_keeps_keys_values_timestamps_and_codec(magic, codec):
-    batch = up_convert(_legacy_set(magic, codec), now_ms=42)
+    batch = up_convert(_legacy_set(magic, codec), now_ms=42, inflate_limit=1 << 25)
     records = decode_batch(batch)
     assert [(r.key, r.value) for r in records] == [(None, b"v0")] + [(f"k{i}".encode(), f"v{i}".encode())
                                                                      for i in range(1, 5)]
@@ -34,10 +34,10 @@ def test_up_convert_rejects_corruption_as_kafka_does():
     data = bytearray(_legacy_set(1, 0))
     data[-1] ^= 0xFF
     with pytest.raises(KafkaError) as failed:
-        up_convert(bytes(data), now_ms=0)
+        up_convert(bytes(data), now_ms=0, inflate_limit=1 << 25)
     assert failed.value.code == ErrorCode.corrupt_message
     with pytest.raises(KafkaError) as failed:
-        up_convert(b"\x00" * 5, now_ms=0)
+        up_convert(b"\x00" * 5, now_ms=0, inflate_limit=1 << 25)
     assert failed.value.code == ErrorCode.corrupt_message
 
 

@@ -84,14 +84,24 @@ def test_the_failpoint_hook_runs_between_the_append_and_a_higher_hw(tmp_path):
 def test_fenced_and_unknown_leader_epochs(tmp_path):
     follower_log = log_with(tmp_path / "f", [0])
     state = FollowerFetchState(follower_log, leader_id=1, leader_epoch=2, backoff_ms=1_000)
-    state.on_epoch_end_offset(ErrorCode.unknown_leader_epoch, -1, -1, now_ms=100)
-    assert state.phase is FetchPhase.TRUNCATING and not state.ready(1_099) and state.ready(1_100)
-    state.on_epoch_end_offset(ErrorCode.none, 0, 1, now_ms=1_100)
+    # UNKNOWN_LEADER_EPOCH: the leader has yet to apply its LeaderAndIsr; asked again after
+    # 50 ms, then twice as late each time, up to replica.fetch.backoff.ms.
+    waits = []
+    for now in (100, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000):
+        state.on_epoch_end_offset(ErrorCode.unknown_leader_epoch, -1, -1, now_ms=now)
+        assert state.phase is FetchPhase.TRUNCATING
+        waits.append(next(d for d in range(1, 2_000) if state.ready(now + d)))
+    assert waits == [50, 100, 200, 400, 800, 1_000, 1_000]
+    state.on_epoch_end_offset(ErrorCode.none, 0, 1, now_ms=7_000)
     assert state.phase is FetchPhase.FETCHING
-    state.on_fetch_response(ErrorCode.fenced_leader_epoch, b"", -1, -1, now_ms=1_200)
+    state.on_fetch_response(ErrorCode.unknown_leader_epoch, b"", -1, -1, now_ms=7_100)
+    assert not state.ready(7_149) and state.ready(7_150)  # an answer in between started over
+    state.on_fetch_response(ErrorCode.not_leader_or_follower, b"", -1, -1, now_ms=7_200)
+    assert not state.ready(8_199) and state.ready(8_200)  # other errors: replica.fetch.backoff.ms
+    state.on_fetch_response(ErrorCode.fenced_leader_epoch, b"", -1, -1, now_ms=8_200)
     assert state.phase is FetchPhase.FENCED and not state.ready(10**9)
     state.become_follower(leader_id=3, leader_epoch=5)  # the controller's next word
-    assert state.phase is FetchPhase.TRUNCATING and state.ready(1_200) and state.current_leader_epoch == 5
+    assert state.phase is FetchPhase.TRUNCATING and state.ready(8_200) and state.current_leader_epoch == 5
 
 
 def test_offset_out_of_range_ahead_of_the_leader_truncates_to_its_end(tmp_path):

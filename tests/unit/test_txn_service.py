@@ -57,8 +57,8 @@ E = ErrorCode
 class Node:
     """A broker with its transaction service, driven by calling handlers directly."""
 
-    def __init__(self, data_dir, ids):
-        self.broker = Broker(data_dir, BrokerConfig({}))
+    def __init__(self, data_dir, ids, config=None):
+        self.broker = Broker(data_dir, BrokerConfig(config or {}))
         self.broker.transactions = TransactionService(self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
                                                       self.broker.config, lambda: next(ids), now_ms)
 
@@ -344,3 +344,34 @@ def test_acls_are_checked_in_kafkas_terms(tmp_path):
         assert node.control_batches("t", 0) == []
         node.broker.transactions.stop()
     run(scenario())
+
+
+def test_markers_are_retried_on_the_partitions_whose_leader_moved_until_written():
+    """WriteTxnMarkers to a partition whose leader is moving answers NOT_LEADER_OR_FOLLOWER:
+    that partition alone is sent again, and the completion waits until it has its marker."""
+    from ottla.coordinator.transaction.service import MarkerSender
+
+    class Channel:
+        def __init__(self):
+            self.asked: list[frozenset] = []
+
+        async def write_txn_markers(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions,
+                                    transaction_version):
+            self.asked.append(partitions)
+            moving = len(self.asked) < 3  # ("b", 0) has its new leader from the third request on
+            return {tp: ErrorCode.not_leader_or_follower if tp == ("b", 0) and moving else ErrorCode.none
+                    for tp in partitions}
+
+    class Runtime:
+        def topic_exists(self, topic):
+            return True
+
+    async def main():
+        channel = Channel()
+        done = asyncio.get_running_loop().create_future()
+        MarkerSender(channel, Runtime()).write_markers(7, 0, 3, True, frozenset({("a", 0), ("b", 0)}),
+                                                       done.set_result)
+        assert await done == ErrorCode.none
+        return channel.asked
+
+    assert asyncio.run(main()) == [frozenset({("a", 0), ("b", 0)}), frozenset({("b", 0)}), frozenset({("b", 0)})]

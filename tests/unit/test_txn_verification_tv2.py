@@ -10,45 +10,18 @@ import itertools
 
 from kio.schema.end_txn.v5.request import EndTxnRequest
 
-from ottla.config import BrokerConfig
-from ottla.coordinator.transaction.service import TransactionService
 from ottla.errors import ErrorCode
 from ottla.server import txn_verification
-from ottla.server.broker import Broker
-from ottla.server.clock import now_ms
-from ottla.server.coordinator_runtime import BrokerMarkerChannel
 from ottla.server.handlers import end_txn
-from tests.unit.test_txn_service import Node, run
+from tests.unit.test_produce_txn_verification import CountingNode
+from tests.unit.test_txn_service import run
 from tests.waiting import coordinators_loaded
 
 E = ErrorCode
 TP = ("t", 0)
 
 
-class TV2Node(Node):
-    def __init__(self, data_dir, config):
-        self.broker = Broker(data_dir, BrokerConfig(config))
-        self.broker.transactions = TransactionService(
-            self.broker.coordinator_runtime, BrokerMarkerChannel(self.broker, self.broker.interbroker),
-            self.broker.config, lambda ids=itertools.count(7): next(ids), now_ms)
-        self.asks = 0
-        coordinator = self.broker.transactions.coordinator
-        add = coordinator.add_partitions
-
-        def counted(*args, **kwargs):
-            self.asks += 1
-            return add(*args, **kwargs)
-        coordinator.add_partitions = counted
-        self.held = []
-        markers = self.broker.transactions.markers
-        self.write_markers = markers.write_markers
-        markers.write_markers = lambda *args: self.held.append(args)
-
-    def release_markers(self):
-        held, self.held = self.held, []
-        for args in held:
-            self.write_markers(*args)
-
+class TV2Node(CountingNode):
     async def add(self, pid, epoch):
         (error,) = (await txn_verification.verify(self.broker, "tx", pid, epoch, [TP], add=True)).values()
         return error

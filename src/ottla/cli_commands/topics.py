@@ -87,10 +87,12 @@ def topics_describe(args: argparse.Namespace) -> int:
     resource = ConfigResource(ResourceType.TOPIC, name)
     configs = session.wait(admin.describe_configs([resource], request_timeout=session.timeout)[resource],
                            f"cannot describe configs of topic {name!r}")
+    compacted = "compact" in getattr(configs.get("cleanup.policy"), "value", "")
     with session.protocol_client() as client:
         partitions = [p for p in partition_states(client, name)
                       if (not args.under_replicated_partitions or p.status == UNDER_REPLICATED)
                       and (not args.unavailable_partitions or p.status == OFFLINE)]
+        dirty = _dirty_ratios(client, name, partitions) if compacted else {}
     keys = [(name, p.partition) for p in partitions if p.leader >= 0]
     log_start = session.offsets(keys, OffsetSpec.earliest())
     high_watermark = session.offsets(keys, OffsetSpec.latest())
@@ -106,15 +108,28 @@ def topics_describe(args: argparse.Namespace) -> int:
     print()
     _print_table(
         ["PARTITION", "LEADER", "LEADER-EPOCH", "REPLICAS", "ISR", "OFFLINE", "LOG-START", "HIGH-WATERMARK",
-         "LAST-STABLE", "STATUS"],
+         "LAST-STABLE", "STATUS"] + (["DIRTY-RATIO"] if compacted else []),
         [(p.partition, p.leader if p.leader >= 0 else None, p.leader_epoch, _ids(p.replicas), _ids(p.isr),
           _ids(p.offline), log_start.get((name, p.partition)), high_watermark.get((name, p.partition)),
-          last_stable.get((name, p.partition)), p.status) for p in partitions])
+          last_stable.get((name, p.partition)), p.status) + ((dirty.get(p.partition),) if compacted else ())
+         for p in partitions])
     print()
     _print_table(["CONFIG", "VALUE", "SOURCE"],
                  [(entry.name, "<sensitive>" if entry.is_sensitive else entry.value,
                    ConfigSource(entry.source).name.lower()) for _, entry in sorted(configs.items())])
     return 0
+
+
+def _dirty_ratios(client, name: str, partitions) -> dict[int, str]:
+    """partition -> the leader's dirty ratio of a compacted partition, as shown (4 decimals);
+    empty when the brokers cannot say (not Ottla, or no flexible DescribeLogDirs)."""
+    from ..admin_client import UnsupportedByBroker
+
+    try:
+        ratios = client.dirty_ratios(name, {p.partition: p.leader for p in partitions if p.leader >= 0})
+    except UnsupportedByBroker:
+        return {}
+    return {partition: f"{ratio:.4f}" for partition, ratio in ratios.items()}
 
 
 @_command

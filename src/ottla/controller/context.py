@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..cluster.store import (
     NO_LEADER,
@@ -61,9 +61,11 @@ class ControllerConfig:
 
 
 class ControllerContext:
-    def __init__(self, broker_id: int, epoch: ControllerEpoch):
+    def __init__(self, broker_id: int, epoch: ControllerEpoch,
+                 sink: Callable[[list[ControllerRequest]], None] | None = None):
         self.broker_id = broker_id
         self.epoch = epoch
+        self.sink = sink  # takes each batch as it closes; without one, `take_requests` returns them
         self.brokers: dict[int, BrokerRegistration] = {}   # live, shutting down included
         self.shutting_down: set[int] = set()
         self.topics: dict[str, TopicAssignment] = {}
@@ -142,9 +144,15 @@ class ControllerContext:
     def flush(self) -> None:
         """Close the current batch (Kafka sends one per state-machine step): requests to
         brokers not live at this moment are dropped, so a bounced broker never gets what
-        was meant for its previous incarnation."""
+        was meant for its previous incarnation. With a sink the batch goes out now, while
+        the event goes on (a failover's elections no longer wait for the ISR writes after
+        them, nor a new controller's first UpdateMetadata for its elections)."""
         batch, self.batch = self.batch, RequestBatch()
-        self.sent += batch.build(self.broker_id, self.epoch.epoch, self.brokers, self.topic_ids())
+        built = batch.build(self.broker_id, self.epoch.epoch, self.brokers, self.topic_ids())
+        if self.sink is not None and built:
+            self.sink(built)
+        else:
+            self.sent += built
 
     def take_requests(self) -> list[ControllerRequest]:
         self.flush()

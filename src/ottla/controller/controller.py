@@ -41,6 +41,9 @@ class Controller:
         self.config = config or ControllerConfig()
         self.ctx: ControllerContext | None = None
         self.next_rebalance_ms: int | None = None
+        # Where each batch of requests goes as soon as it closes (the edge sends it); without
+        # one, each event returns its requests.
+        self.sink: Callable[[list[ControllerRequest]], None] | None = None
 
     @property
     def active(self) -> bool:
@@ -75,7 +78,7 @@ class Controller:
         if epoch is None:
             return []
         log.info("controller: broker %d is controller, epoch %d", self.broker_id, epoch.epoch)
-        self.ctx = ControllerContext(self.broker_id, epoch)
+        self.ctx = ControllerContext(self.broker_id, epoch, self.sink)
         _, requests = self._run(lambda: self._failover(now_ms))
         return requests
 
@@ -84,7 +87,7 @@ class Controller:
         epoch): after an event the store cut off part-way, the context cannot be trusted."""
         if self.ctx is None:
             return []
-        self.ctx = ControllerContext(self.broker_id, self.ctx.epoch)
+        self.ctx = ControllerContext(self.broker_id, self.ctx.epoch, self.sink)
         _, requests = self._run(lambda: self._failover(now_ms))
         return requests
 

@@ -44,6 +44,9 @@ WATCHED = {
 EVENTS = {**WATCHED, "tick": "tick", "resync": "resync"}
 RETRY_BACKOFF_S = 0.2
 STORE_RETRY_S = 1.0
+# How long a stopping controller goes on delivering what it already decided; a broker that
+# does not answer by then gets the state from the next controller's failover.
+DRAIN_TIMEOUT_S = 5.0
 
 
 def monotonic_ms() -> int:
@@ -74,6 +77,9 @@ class ControllerService:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        # Each batch is queued for sending as it closes, from the worker thread, in order; what
+        # an event returns is queued after (its result reaches the loop after those callbacks).
+        self.controller.sink = self._dispatch_threadsafe
         self._events = asyncio.Queue()
         for target in WATCHED:
             self.store.watch(target, lambda t=target: self._post_threadsafe(t))
@@ -82,7 +88,14 @@ class ControllerService:
         self._post("controller")
 
     async def stop(self) -> None:
-        """Stop acting (before the store closes, which also ends `/controller`)."""
+        """Stop acting (before the store closes, which also ends `/controller`); an active
+        controller first delivers the requests it already decided. They matter most when it
+        stops after its own controlled shutdown: the LeaderAndIsr that makes the new leaders
+        lead (and load the coordinators' partitions) and the UpdateMetadata that sends clients
+        to them. Dropped, the partitions' state in ZooKeeper named leaders that did not know
+        it, whose coordinators answered NOT_COORDINATOR until the next controller's failover."""
+        if self.controller.active:
+            await self._drain()
         self._stopped = True
         for task in self._tasks + [t for t, _ in self._outboxes.values()]:
             task.cancel()
@@ -94,9 +107,24 @@ class ControllerService:
                 log.warning("controller: resigning failed (%s); the session end removes /controller", exc)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def _drain(self) -> None:
+        joins = {broker_id: self._loop.create_task(queue.join()) for broker_id, (_, queue) in self._outboxes.items()}
+        if not joins:
+            return
+        _, pending = await asyncio.wait(joins.values(), timeout=DRAIN_TIMEOUT_S)
+        for join in pending:
+            join.cancel()
+        if pending:
+            log.warning("controller: stopping with requests undelivered to brokers %s",
+                        sorted(b for b, join in joins.items() if join in pending))
+
     def _post_threadsafe(self, event: str) -> None:
         if not self._stopped:
             self._loop.call_soon_threadsafe(self._post, event)
+
+    def _dispatch_threadsafe(self, requests: list[ControllerRequest]) -> None:
+        if not self._stopped:
+            self._loop.call_soon_threadsafe(self.dispatch, requests)
 
     def _post(self, event: str) -> None:
         if self._stopped or event in self._pending:
@@ -111,6 +139,9 @@ class ControllerService:
         while True:
             event = await self._events.get()
             self._pending.discard(event)
+            started = time.monotonic()
+            if event != "tick":
+                log.debug("controller: %s event", event)
             try:
                 if event == "session_lost":
                     await self._call(self.controller.on_session_lost)
@@ -130,6 +161,9 @@ class ControllerService:
             except Exception:
                 log.exception("controller: handling %s failed", event)
                 continue
+            if event != "tick" or requests:
+                log.debug("controller: %s handled in %.0f ms, %d requests", event,
+                          (time.monotonic() - started) * 1000, len(requests))
             self.dispatch(requests)
 
     async def _ticker(self) -> None:
@@ -173,6 +207,7 @@ class ControllerService:
                     break
             if request.kind == "StopReplica" and answer is not None:
                 await self._stop_replica_answered(destination, answer)
+            queue.task_done()
 
     async def _stop_replica_answered(self, broker_id: int, errors: Mapping[TopicPartition, int]) -> None:
         try:

@@ -29,8 +29,9 @@ class DiskWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ottla-disk")
         self._finished: SimpleQueue[tuple[Callable[[bool], None], bool]] = SimpleQueue()
 
-    def submit(self, what: str, job: Callable[[], object], then: Callable[[bool], None] | None = None) -> None:
-        """Run `job` in the worker; `then(succeeded)` runs at the next `complete`."""
+    def submit(self, what: str, job: Callable[[], object], then: Callable[[bool], None] | None = None) -> Future:
+        """Run `job` in the worker; `then(succeeded)` runs at the next `complete`. The returned
+        future is done once the job ran (never wait on it from the worker's own jobs)."""
         future = self._executor.submit(job)
 
         def done(finished: Future) -> None:
@@ -40,6 +41,7 @@ class DiskWorker:
             if then is not None:
                 self._finished.put((then, error is None))
         future.add_done_callback(done)
+        return future
 
     def complete(self) -> None:
         """Apply the results of the jobs done so far (on the owner's thread: the event loop)."""

@@ -10,12 +10,17 @@ The segment may change between encoding and sending: retention deletes it, a fol
 truncates it, the cleaner swaps its files. Each of these bumps the segment's `version`; a
 read after that, or one that comes back short, raises `RecordsGone` and the connection is
 closed mid-frame, as Kafka closes it when its FileRecords was truncated during the write.
+
+The connection reads on the event loop only what the page cache holds (`read_cached`, a
+`RWF_NOWAIT` read that fails rather than wait for the disk); a lagging consumer's cold
+pages are read in a worker thread (`detached_read`), so the disk's latency is not the loop's.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .segment import LogSegment
@@ -43,14 +48,54 @@ class FileRecords:
         return self.size
 
     def read(self, start: int, length: int) -> bytes:
-        """`length` bytes from `start` within these records."""
-        segment = self.segment
-        if segment.version != self._version:
-            raise RecordsGone(f"segment {segment.log_path} changed after the response was built")
+        """`length` bytes from `start` within these records (waiting for the disk if need be)."""
         try:
-            data = os.pread(segment.open_for_read(), length, self.position + start)
+            data = os.pread(self._descriptor(), length, self.position + start)
         except OSError as exc:
-            raise RecordsGone(f"cannot read {segment.log_path}: {exc}") from None
+            raise RecordsGone(f"cannot read {self.segment.log_path}: {exc}") from None
+        return self.checked(data, length)
+
+    def read_cached(self, start: int, length: int) -> bytearray | None:
+        """`read`, if the page cache holds all of it; None when the read would wait for the disk."""
+        data = bytearray(length)
+        try:
+            read = os.preadv(self._descriptor(), [data], self.position + start, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without RWF_NOWAIT
+                return None
+            raise RecordsGone(f"cannot read {self.segment.log_path}: {exc}") from None
+        return data if read == length else None  # partly cached (or cut short: `read` tells)
+
+    def detached_read(self, start: int, length: int) -> Callable[[], bytes]:
+        """`read` for a worker thread: it reads a duplicate of the descriptor, which the loop
+        cannot close (an evicted or deleted segment's number could meanwhile name another
+        file). Pass what it returns through `checked` on the loop."""
+        fd = os.dup(self._descriptor())
+        path = self.segment.log_path
+
+        def read() -> bytes:
+            try:
+                return os.pread(fd, length, self.position + start)
+            except OSError as exc:
+                raise RecordsGone(f"cannot read {path}: {exc}") from None
+            finally:
+                os.close(fd)
+        return read
+
+    def checked(self, data: bytes, length: int) -> bytes:
+        """`data`, read for `length` bytes, unless the segment changed or ended meanwhile."""
+        if self.segment.version != self._version:
+            raise RecordsGone(f"segment {self.segment.log_path} changed after the response was built")
         if len(data) != length:
-            raise RecordsGone(f"segment {segment.log_path} was truncated after the response was built")
+            raise RecordsGone(f"segment {self.segment.log_path} was truncated after the response was built")
         return data
+
+    def _descriptor(self) -> int:
+        if self.segment.version != self._version:
+            raise RecordsGone(f"segment {self.segment.log_path} changed after the response was built")
+        try:
+            return self.segment.open_for_read()
+        except OSError as exc:
+            raise RecordsGone(f"cannot read {self.segment.log_path}: {exc}") from None

@@ -42,7 +42,8 @@ def load_log(
     clean_shutdown: bool,
 ) -> LoadedLog:
     """`recovery_point` and `log_start_offset` come from the manager's checkpoints; with
-    `clean_shutdown` the recovery point is the exact log end, and nothing on disk is read."""
+    `clean_shutdown` the recovery point is the exact log end, and nothing on disk is read.
+    The recovery point returned is never above what is on disk."""
     bases = []
     for name in recover_swaps(directory):
         stem, _, suffix = name.partition(".")
@@ -67,7 +68,10 @@ def load_log(
         else:
             end, state = _recover(directory, segments, bases, recovery_point or 0, log_start_offset, expiration_ms,
                                   epoch_starts)
-            recovery_point = end
+            # Not the log end: the active segment's recovered bytes may be in the page cache only
+            # (a kill -9), and a checkpoint must not call them durable. Every segment below it is
+            # (below the old recovery point, or fsynced by the scan's seal).
+            recovery_point = max(min(recovery_point or 0, end), bases[-1])
     fit_to_log(cache, cache_usable, segments, log_start_offset, end, epoch_starts)
     return LoadedLog(segments, bases, log_start_offset, end, recovery_point, cache, state)
 

@@ -349,14 +349,20 @@ class Log:
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end; the old one is sealed and fsynced, with
         the producer snapshot. With a disk worker the fsyncs run there and the recovery point
-        moves once they are done, as Kafka's roll schedules its flush."""
+        moves once they are done, as Kafka's roll schedules its flush. Not at or below a
+        recovery point the checkpoint may still hold (after a truncation below it): an unclean
+        load would scan from above this segment and trust it, so it is made durable now."""
         worker = self._disk_worker
-        unsynced = self.active_segment.seal(sync=worker is None)
+        inline = worker is None or self._leo <= self._recovery_point_max
+        if inline:
+            self.leader_epoch_cache.write_pending()
+            self._sync_queued_rolls()
+        unsynced = self.active_segment.seal(sync=inline)
         segment = self._add_segment(self._leo)
         self._segment_created_ms = now_ms
-        finish_snapshot = self.producer_state.take_snapshot(self._leo, sync=worker is None)
+        finish_snapshot = self.producer_state.take_snapshot(self._leo, sync=inline)
         self._unflushed_messages = 0
-        if worker is None:
+        if inline:
             self.recovery_point = self._leo
         else:
             self._sync_later(worker, unsynced, finish_snapshot)
@@ -531,14 +537,18 @@ class Log:
         """fsync the active segment (and segments rolled whose fsync is still queued); the
         recovery point moves to the log end."""
         self.leader_epoch_cache.write_pending()
-        for unsynced in self._unsynced:
-            for fd, path in unsynced:
-                fsync(fd, path)
+        self._sync_queued_rolls()
         self.active_segment.flush()
         self.recovery_point = self._leo
         self._unflushed_messages = 0
         if now_ms is not None:
             self._last_flush_ms = now_ms
+
+    def _sync_queued_rolls(self) -> None:
+        """fsync now what rolls left to the disk worker (it does it again, harmlessly)."""
+        for unsynced in self._unsynced:
+            for fd, path in unsynced:
+                fsync(fd, path)
 
     def duplicate_data_fds(self) -> list[int]:
         """Duplicates of the descriptors whose fdatasync off the event loop makes every batch
@@ -569,9 +579,7 @@ class Log:
         """Flush, trim the indexes, snapshot producer state: the next start needs no recovery.
         Closing the active segment fsyncs it and its indexes (a `flush` first did it twice)."""
         self.leader_epoch_cache.write_pending()
-        for unsynced in self._unsynced:
-            for fd, path in unsynced:
-                fsync(fd, path)
+        self._sync_queued_rolls()
         for segment in self._segments:
             segment.close()
         self.recovery_point = self._leo

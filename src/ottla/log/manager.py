@@ -26,6 +26,7 @@ import re
 import shutil
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -146,6 +147,12 @@ class LogManager:
         self._last_checkpoint_ms = self._last_expiry_check_ms = self._last_retention_check_ms = clock()
         self._duty_errors: dict[tuple[str, tuple[str, int]], str] = {}  # logged once until they change
         self._last_hw_checkpoint_ms = self._last_checkpoint_ms
+        # What each checkpoint file was last given (at load: what it held), and the write that
+        # takes a deleted partition out of them, which a partition of the same name waits for.
+        self._checkpointed: dict[str, dict[tuple[str, int], int]] = {}
+        self._forgetting: dict[tuple[str, int], Future] = {}
+        # Called on the owner's thread with the keys of deleted partitions (the log cleaner).
+        self.deletion_listeners: list[Callable[[list[tuple[str, int]]], None]] = []
         (self.data_dir / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -157,6 +164,8 @@ class LogManager:
         recovery_points = read_offset_checkpoint(self.data_dir / RECOVERY_POINT_FILE)
         start_offsets = read_offset_checkpoint(self.data_dir / LOG_START_OFFSET_FILE)
         high_watermarks = read_offset_checkpoint(self.data_dir / HIGH_WATERMARK_FILE)
+        self._checkpointed = {RECOVERY_POINT_FILE: recovery_points, LOG_START_OFFSET_FILE: start_offsets,
+                              HIGH_WATERMARK_FILE: high_watermarks}
         for entry in os.scandir(self.data_dir / TOPICS_DIR):
             if entry.name.endswith(".json"):
                 info = self._read_topic_file(Path(entry.path))
@@ -228,6 +237,9 @@ class LogManager:
     # -- catalog -------------------------------------------------------------------------
 
     def _new_log(self, topic: str, partition: int, config: TopicConfig) -> Log:
+        forgetting = self._forgetting.pop((topic, partition), None)
+        if forgetting is not None:  # a partition of this name was deleted moments ago
+            forgetting.result()
         return Log(
             self._partition_dir(topic, partition), config, now_ms=self._clock(), recent_appends=self.recent_appends,
             disk_worker=self.disk_worker,
@@ -307,8 +319,7 @@ class LogManager:
             _fsync_dir(self.data_dir)
             self._write_topic(info)  # the commit point
         except OSError as exc:
-            for partition_log in new_logs.values():
-                partition_log.delete()
+            self._discard(new_logs)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {info.name}: {exc}") from None
         return new_logs
 
@@ -322,7 +333,7 @@ class LogManager:
         self._topic_file(info).unlink()
         _fsync_dir(self.data_dir / TOPICS_DIR)
         del self.topics[name]
-        self._delete_logs([self.logs.pop((name, partition)) for partition in info.hosted])
+        self._delete_logs([(name, partition) for partition in info.hosted])
 
     def delete_partitions(self, name: str, partitions: set[int]) -> None:
         """Stop holding partitions (replicas moved away): the topic file records them absent
@@ -338,13 +349,16 @@ class LogManager:
         updated = info._replace(absent=info.absent | set(gone))
         self._write_topic(updated)
         self.topics[name] = updated
-        self._delete_logs([self.logs.pop((name, partition)) for partition in gone])
+        self._delete_logs([(name, partition) for partition in gone])
 
-    def _delete_logs(self, logs: list[Log]) -> None:
+    def _delete_logs(self, keys: list[tuple[str, int]]) -> None:
         """Each log's directory renamed away at once, then all removed in one disk-worker job
         that starts once the loop is done with them (1,000 jobs started one by one competed
         with the renames for the interpreter)."""
-        directories = [partition_log.delete(remove=False) for partition_log in logs]
+        directories = [self.logs.pop(key).delete(remove=False) for key in keys]
+        self._forget(keys)
+        for listener in self.deletion_listeners:
+            listener(keys)
         if self.disk_worker is not None and directories:
             def remove() -> None:
                 for directory in directories:
@@ -376,12 +390,45 @@ class LogManager:
         updated = info._replace(partitions=total, absent=info.absent | {p for p in absent if p >= info.partitions})
         if validate_only:
             return updated
-        self.logs.update(self._new_logs(name, [p for p in range(info.partitions, total) if p not in updated.absent],
-                                        info.config))
-        _fsync_dir(self.data_dir)
-        self._write_topic(updated)
-        self.topics[name] = updated
+        self.add_created_partitions(updated, self.write_partition_dirs(info, updated))
         return updated
+
+    def write_partition_dirs(self, before: TopicInfo, after: TopicInfo) -> dict[tuple[str, int], Log]:
+        """The slow half of `add_partitions` (a directory and segment per new partition, for
+        10,000 partitions seconds): touches nothing shared, so a broker runs it in a worker
+        thread and then `add_created_partitions` on its event loop."""
+        new_logs = self._new_logs(after.name, [p for p in range(before.partitions, after.partitions)
+                                               if p not in after.absent], before.config)
+        try:
+            _fsync_dir(self.data_dir)
+        except OSError as exc:
+            self._discard(new_logs)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {after.name}: {exc}") from None
+        return new_logs
+
+    @staticmethod
+    def _discard(new_logs: dict[tuple[str, int], Log]) -> None:
+        for partition_log in new_logs.values():
+            partition_log.delete()
+
+    def add_created_partitions(self, updated: TopicInfo, new_logs: dict[tuple[str, int], Log]) -> None:
+        """Commit the grown topic (the topic file, with the config as it is now: an AlterConfigs
+        may have passed while the directories were made) and hold its new logs; a topic deleted
+        meanwhile takes them with it (UNKNOWN_TOPIC_OR_PARTITION)."""
+        current = self.topics.get(updated.name)
+        if current is None or current.topic_id != updated.topic_id:
+            self._discard(new_logs)
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"topic {updated.name!r} was deleted")
+        updated = updated._replace(config=current.config)
+        for partition_log in new_logs.values():
+            partition_log.config = updated.config
+        try:
+            self._write_topic(updated)  # the commit point
+        except OSError as exc:
+            self._discard(new_logs)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {updated.name}: {exc}") from None
+        self.topics[updated.name] = updated
+        self.logs.update(new_logs)
 
     def alter_configs(self, name: str, overrides: Mapping[str, Any], *, validate_only: bool = False) -> TopicInfo:
         """Replace the topic's config overrides (the full set, as AlterConfigs defines it)."""
@@ -430,12 +477,29 @@ class LogManager:
         restarted follower serves consumers only up to it until its leader says more."""
         self._write_checkpoint(HIGH_WATERMARK_FILE, {k: v.high_watermark for k, v in self.logs.items()}, inline)
 
-    def _write_checkpoint(self, name: str, offsets: dict[tuple[str, int], int], inline: bool) -> None:
+    def _write_checkpoint(self, name: str, offsets: dict[tuple[str, int], int], inline: bool) -> Future | None:
         path = self.data_dir / name
+        self._checkpointed[name] = offsets
         if inline or self.disk_worker is None:
             write_offset_checkpoint(path, offsets)
-        else:
-            self.disk_worker.submit(f"checkpoint {name}", lambda: write_offset_checkpoint(path, offsets))
+            return None
+        return self.disk_worker.submit(f"checkpoint {name}", lambda: write_offset_checkpoint(path, offsets))
+
+    def _forget(self, keys: list[tuple[str, int]]) -> None:
+        """Take deleted partitions out of the checkpoint files (Kafka's asyncDelete does too):
+        until the next periodic write they named them, and a partition created again under
+        the same name that then crashed loaded the old one's log start offset (hiding its first
+        records), recovery point (above what it had on disk) and high watermark. The files get
+        what they were last given, less these partitions; a new log of one of these names waits
+        for the write (`_new_log`)."""
+        gone = set(keys)
+        written = None
+        for name, offsets in list(self._checkpointed.items()):
+            if not gone.isdisjoint(offsets):
+                written = self._write_checkpoint(name, {k: v for k, v in offsets.items() if k not in gone},
+                                                 inline=False) or written
+        if written is not None:
+            self._forgetting.update(dict.fromkeys(gone, written))
 
     def tick(self, now_ms: int) -> None:
         """Time-driven duties, called about once a second: flush.ms, the recovery-point

@@ -28,5 +28,9 @@ def has_field(cls: type, name: str) -> bool:
 
 @cache
 def nested(entity_type: type, name: str) -> type | None:
-    """The nested class called `name` in the same schema version as `entity_type`, if it has one."""
+    """The nested class called `name` in the same schema version as `entity_type`, if it has one
+    (a class Ottla extended names its changed nested classes in `__nested__`: protocol/extensions.py)."""
+    changed = getattr(entity_type, "__nested__", None)
+    if changed and name in changed:
+        return changed[name]
     return getattr(sys.modules[entity_type.__module__], name, None)

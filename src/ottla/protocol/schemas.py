@@ -2,7 +2,8 @@
 
 kio is generated from Kafka 4's schemas; `ottla.protocol.legacy` holds the classes
 generated from Kafka 3.9's (ZooKeeper-era controller APIs, versions KIP-896 removed), in
-kio's style so kio's readers and writers serialize both alike.
+kio's style so kio's readers and writers serialize both alike. A few of kio's classes are
+replaced by subclasses carrying Ottla's own tagged fields (`protocol/extensions.py`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from pkgutil import resolve_name
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 
+from .extensions import extended_request, extended_response
 from .legacy import index as legacy_index
 
 
 @cache
 def request_schema(api_key: int, api_version: int) -> type:
     """The request class; raises kio's UnknownAPIKey/UnknownEntity when neither has it."""
+    extended = extended_request(api_key, api_version)
+    if extended is not None:
+        return extended
     try:
         return load_request_schema(api_key, api_version)
     except (UnknownAPIKey, UnknownEntity):
@@ -29,6 +34,9 @@ def request_schema(api_key: int, api_version: int) -> type:
 
 @cache
 def response_schema(api_key: int, api_version: int) -> type:
+    extended = extended_response(api_key, api_version)
+    if extended is not None:
+        return extended
     try:
         return load_response_schema(api_key, api_version)
     except (UnknownAPIKey, UnknownEntity):

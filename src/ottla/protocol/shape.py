@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 import types
 import typing
 from functools import cache
@@ -222,18 +223,31 @@ def _entity_shape(entity: type) -> _Shape:
         if flexible:
             if pos < end and buf[pos] == 0:  # no tagged fields, the common case
                 return pos + 1
+            count_at = pos
             count, pos = _uvarint(buf, pos, end)
             if count * 2 > end - pos:
                 raise MalformedRequest(f"{name}: {count} tagged fields cannot fit in the {end - pos} bytes left")
+            edits = _stripping.edits
+            kept: list[tuple[int, int]] = []
             for _ in range(count):
+                field_at = pos
                 tag, pos = _uvarint(buf, pos, end)
                 size, pos = _uvarint(buf, pos, end)
-                walk_tagged = tagged.get(tag)
-                if walk_tagged is None:
-                    raise MalformedRequest(f"{name}: unknown tagged field {tag}")
                 if size > end - pos:
                     raise MalformedRequest(f"{name}: tagged field {tag} of {size} bytes exceeds the {end - pos} left")
+                walk_tagged = tagged.get(tag)
+                if walk_tagged is None:
+                    if edits is None:
+                        raise UnknownTaggedFields(f"{name}: unknown tagged field {tag}")
+                    pos += size
+                    continue
+                inner_edits = len(edits) if edits is not None else 0
                 pos = walk_tagged(buf, pos, end)
+                if edits is not None and len(edits) != inner_edits:
+                    raise MalformedRequest(f"{name}: unknown tagged fields inside tagged field {tag}")
+                kept.append((field_at, pos))
+            if edits is not None and len(kept) < count:
+                edits.append((count_at, pos, _uvarint_bytes(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)))
         return pos
     return _Shape(walk, min_size + (1 if flexible else 0))
 
@@ -246,10 +260,116 @@ def _request_walkers(api_key: int, api_version: int) -> tuple[Walker, Walker]:
 
 def check_request(frame: Buffer, api_key: int, api_version: int) -> int:
     """Raise MalformedRequest unless kio can read `frame` without trusting a count it cannot
-    check; returns where the body ends (trailing bytes are allowed, as Kafka allows them)."""
+    check; returns where the body ends (trailing bytes are allowed, as Kafka allows them).
+    Raises UnknownTaggedFields if the frame carries tags its version does not define."""
     walk_header, walk_body = _request_walkers(api_key, api_version)
     end = len(frame)
     try:
         return walk_body(frame, walk_header(frame, 0, end), end)
     except struct.error as exc:  # an int read past the end: truncated
         raise MalformedRequest(f"truncated: {exc}") from None
+
+
+class UnknownTaggedFields(Exception):
+    """A flexible request carries tagged fields its version does not define: Kafka skips them
+    (KIP-482: a newer client may add tags to a version an older broker serves), kio 0.6 refuses
+    them (KeyError), so `strip_unknown_tagged_fields` removes them before kio reads the frame."""
+
+
+class _Stripping(threading.local):
+    edits: list[tuple[int, int, bytes]] | None = None  # (start, end, replacement) while stripping
+
+
+_stripping = _Stripping()
+
+
+def strip_unknown_tagged_fields(frame: Buffer, api_key: int, api_version: int) -> bytes:
+    """`frame` without the tagged fields its version does not define (each tag block rewritten
+    with its count and the known fields only); raises MalformedRequest as `check_request`."""
+    _stripping.edits = edits = []
+    try:
+        check_request(frame, api_key, api_version)
+    finally:
+        _stripping.edits = None
+    out = bytearray()
+    done = 0
+    for start, stop, replacement in sorted(edits):
+        out += frame[done:start]
+        out += replacement
+        done = stop
+    out += frame[done:]
+    return bytes(out)
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def produce_entries(frame: Buffer, api_version: int, limit: int) -> int:
+    """How many topic and partition entries a Produce frame names, counted no further than
+    `limit` (`limit` too when the frame does not walk): a walk of a few steps that tells a
+    Produce of a few large batches (decoded on the event loop) from one naming thousands of
+    partitions (hundreds of ms of walking and parsing, decoded in a worker thread)."""
+    flexible = api_version >= 9
+    end = len(frame)
+    try:
+        (client_id,) = _INT16.unpack_from(frame, 8)
+        pos = 10 + max(client_id, 0)
+        if flexible:
+            pos = _skip_tagged(frame, pos, end)
+        if api_version >= 3:  # transactional_id
+            pos = _skip_string(frame, pos, end, flexible)
+        pos += 6  # acks, timeout
+        topics, pos = _count(frame, pos, end, flexible)
+        entries = topics
+        for _ in range(topics):
+            if entries >= limit:
+                return limit
+            pos = pos + 16 if api_version >= 13 else _skip_string(frame, pos, end, flexible)
+            partitions, pos = _count(frame, pos, end, flexible)
+            entries += partitions
+            for _ in range(partitions if entries < limit else 0):
+                pos += 4  # index
+                if flexible:
+                    length, pos = _uvarint(frame, pos, end)
+                    pos = _skip_tagged(frame, pos + max(length - 1, 0), end)
+                else:
+                    (length,) = _INT32.unpack_from(frame, pos)
+                    pos += 4 + max(length, 0)
+            if flexible:
+                pos = _skip_tagged(frame, pos, end)
+        return min(entries, limit)
+    except (MalformedRequest, struct.error):
+        return limit
+
+
+def _count(buf: Buffer, pos: int, end: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        count, pos = _uvarint(buf, pos, end)
+        return max(count - 1, 0), pos
+    (count,) = _INT32.unpack_from(buf, pos)
+    return max(count, 0), pos + 4
+
+
+def _skip_string(buf: Buffer, pos: int, end: int, flexible: bool) -> int:
+    if flexible:
+        length, pos = _uvarint(buf, pos, end)
+        return pos + max(length - 1, 0)
+    (length,) = _INT16.unpack_from(buf, pos)
+    return pos + 2 + max(length, 0)
+
+
+def _skip_tagged(buf: Buffer, pos: int, end: int) -> int:
+    fields, pos = _uvarint(buf, pos, end)
+    if fields > 64:  # not a few steps: let the worker thread's full walk judge them
+        raise MalformedRequest("many tagged fields")
+    for _ in range(fields):
+        _, pos = _uvarint(buf, pos, end)
+        size, pos = _uvarint(buf, pos, end)
+        pos += size
+    return pos

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterator
 
 from ..errors import ErrorCode, KafkaError
-from .compression import NONE, decompress
+from .compression import NONE, decompress_bounded
 from .records import Record, build_batch, iter_batches
 
 _PREFIX = struct.Struct(">qiIbb")  # offset, size, crc, magic, attributes
@@ -37,8 +37,9 @@ def _read_bytes(data, position: int) -> tuple[bytes | None, int]:
     return bytes(data[position:position + length]), position + length
 
 
-def _messages(data, depth: int = 0) -> Iterator[tuple[int, int, int, bytes | None, bytes | None]]:
-    """(magic, attributes, timestamp, key, value) of every message, compressed ones unwrapped."""
+def _messages(data, inflate_limit: int, depth: int = 0) -> Iterator[tuple[int, int, int, bytes | None, bytes | None]]:
+    """(magic, attributes, timestamp, key, value) of every message, compressed ones unwrapped
+    (each wrapper's value inflating to at most `inflate_limit` bytes)."""
     position = 0
     while position < len(data):
         if len(data) - position < _PREFIX.size:
@@ -60,8 +61,8 @@ def _messages(data, depth: int = 0) -> Iterator[tuple[int, int, int, bytes | Non
         if codec == NONE:
             yield magic, attributes, timestamp, key, value
         elif depth == 0 and value is not None:
-            inner = decompress(codec, value)
-            for item in _messages(inner, depth + 1):
+            inner = decompress_bounded(codec, value, inflate_limit)
+            for item in _messages(inner, inflate_limit, depth + 1):
                 # Inner v1 messages of a LogAppendTime wrapper take the wrapper's timestamp.
                 if attributes & _LOG_APPEND_TIME:
                     item = (item[0], item[1] | _LOG_APPEND_TIME, timestamp, item[3], item[4])
@@ -75,15 +76,16 @@ def _wrapper_codec(data) -> int:
     return data[_PREFIX.size - 1] & _CODEC_MASK if len(data) >= _PREFIX.size else NONE
 
 
-def up_convert(data, now_ms: int) -> bytes:
+def up_convert(data, now_ms: int, inflate_limit: int) -> bytes:
     """One v2 batch holding the records of a v0/v1 message set (Produce v0-2).
 
     The producer's codec is kept. Magic 0 messages have no timestamp; they get `now_ms`,
     which is what the v2 batch's CreateTime would have been had the client set none.
-    A malformed or CRC-failing set is CORRUPT_MESSAGE, an empty one INVALID_RECORD.
+    A malformed or CRC-failing set is CORRUPT_MESSAGE, an empty one INVALID_RECORD; a wrapper
+    inflating past `inflate_limit` (the v2 batch's bound) is MESSAGE_TOO_LARGE.
     """
     try:
-        messages = list(_messages(memoryview(data).toreadonly()))
+        messages = list(_messages(memoryview(data).toreadonly(), inflate_limit))
     except (ValueError, struct.error) as exc:
         raise KafkaError(ErrorCode.corrupt_message, f"invalid message set: {exc}") from None
     if not messages:

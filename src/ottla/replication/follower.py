@@ -23,6 +23,10 @@ from ..log.leader_epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 __all__ = ["Truncation", "truncation_for", "FetchPhase", "FollowerFetchState", "REPLICA_FETCH_BACKOFF_MS"]
 
 REPLICA_FETCH_BACKOFF_MS = 1_000  # Kafka's replica.fetch.backoff.ms default
+# UNKNOWN_LEADER_EPOCH: the leader has not yet applied the LeaderAndIsr that names this epoch
+# (the controller sends it to every replica at once); the first retry comes this soon, then
+# twice as late each time, up to replica.fetch.backoff.ms.
+UNKNOWN_EPOCH_FIRST_RETRY_MS = 50
 
 
 class Truncation(NamedTuple):
@@ -93,6 +97,7 @@ class FollowerFetchState:
         self.current_leader_epoch = leader_epoch
         self.phase = FetchPhase.TRUNCATING
         self.delayed_until_ms = 0
+        self._unknown_epoch_answers = 0
         if self.latest_epoch() is None:
             self.phase = FetchPhase.FETCHING  # an empty log has nothing to truncate
 
@@ -112,10 +117,18 @@ class FollowerFetchState:
     def _on_epoch_error(self, error: ErrorCode, now_ms: int) -> bool:
         """Errors every request shares; returns True when one was handled."""
         if error is ErrorCode.none:
+            self._unknown_epoch_answers = 0
             return False
         if error is ErrorCode.fenced_leader_epoch:
             self.phase = FetchPhase.FENCED  # the leader moved on: the controller will tell us
-        else:  # UNKNOWN_LEADER_EPOCH (the leader is behind), NOT_LEADER_OR_FOLLOWER, ...
+        elif error is ErrorCode.unknown_leader_epoch:
+            # The leader is behind the controller by one request, usually milliseconds: waiting
+            # the whole backoff stalled acks=all on a partition just handed over by a
+            # controlled shutdown for a second (benchmarks/failover.py).
+            delay = min(self.backoff_ms, UNKNOWN_EPOCH_FIRST_RETRY_MS << min(self._unknown_epoch_answers, 16))
+            self._unknown_epoch_answers += 1
+            self.delayed_until_ms = now_ms + delay
+        else:  # NOT_LEADER_OR_FOLLOWER, ...
             self._back_off(now_ms)
         return True
 

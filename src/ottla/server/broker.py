@@ -133,6 +133,7 @@ class Broker:
         self.host = host
         self.port = port
         self._advertised = advertised
+        self._topic_changes = asyncio.Lock()  # single node: creations and growths one at a time
         self.membership = membership  # None: a single node without ZooKeeper
         self.cluster_id = _load_or_create_cluster_id(self.data_dir, self.node_id, membership)
         self.handlers = load_handlers()
@@ -323,15 +324,36 @@ class Broker:
         self.replicas.apply_partition_states(self.metadata.local_put(info.name, info.topic_id, info.partitions))
 
     def create_topic(self, name: str, partitions: int, configs: dict) -> TopicInfo:
-        """Single node only: a cluster creates topics through the store (`cluster_admin`)."""
+        """Single node, inline (the internal topics at start): a cluster creates topics through
+        the store (`cluster_admin`); requests use `create_topic_in_worker`."""
         info = self.logs.create_topic(name, partitions, configs)
         self._publish_local_topic(info)
         return info
+
+    async def create_topic_in_worker(self, name: str, partitions: int, configs: dict) -> TopicInfo:
+        """Single node: the directories of up to 10,000 partitions (seconds of disk work) are
+        made in a worker thread while the loop serves others; one change to the catalog at a
+        time, so a second creation of the name waits and gets TOPIC_ALREADY_EXISTS."""
+        async with self._topic_changes:
+            info = self.logs.create_topic(name, partitions, configs, validate_only=True)
+            self.logs.add_created_topic(info, await asyncio.to_thread(self.logs.write_topic_files, info))
+            self._publish_local_topic(info)
+            return info
 
     def add_partitions(self, name: str, total: int) -> TopicInfo:
         info = self.logs.add_partitions(name, total)
         self._publish_local_topic(info)
         return info
+
+    async def add_partitions_in_worker(self, name: str, total: int) -> TopicInfo:
+        """Single node: as `create_topic_in_worker`, the new directories in a worker thread."""
+        async with self._topic_changes:
+            before = self.logs.topics.get(name)
+            info = self.logs.add_partitions(name, total, validate_only=True)
+            new_logs = await asyncio.to_thread(self.logs.write_partition_dirs, before, info)
+            self.logs.add_created_partitions(info, new_logs)
+            self._publish_local_topic(self.logs.topics[name])
+            return info
 
     def delete_topic(self, name: str) -> None:
         partitions = self.logs.topics[name].partitions

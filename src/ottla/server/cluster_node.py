@@ -23,6 +23,7 @@ from ..controller import ControllerConfig, wire
 from ..controller.requests import ControllerRequest
 from ..controller.service import ControllerService
 from ..errors import ErrorCode
+from ..failpoints import from_environment as failpoints_from_environment
 from .controller_link import ControllerLink
 from .interbroker import BrokerNotAvailable, InterBrokerClient
 from .isr_updates import IsrUpdates
@@ -31,6 +32,10 @@ from .replica_fetcher import ReplicaFetcherManager
 __all__ = ["ClusterNode"]
 
 log = logging.getLogger("ottla.cluster")
+
+# Failpoint (ottla.failpoints), not a crash: the broker lingers a second after its controlled
+# shutdown succeeded, as a controller resigning on a loaded machine does.
+HOLD_AFTER_CONTROLLED_SHUTDOWN = "shutdown.hold_after_controlled_shutdown"
 
 
 class ClusterNode:
@@ -106,9 +111,11 @@ class ClusterNode:
         return False
 
     async def stop(self, *, registered: bool = True) -> None:
+        self.fetchers.shutting_down()
         if registered and self.broker.config["controlled.shutdown.enable"]:
             if self.store.connected:
-                await self.controlled_shutdown()
+                if await self.controlled_shutdown() and HOLD_AFTER_CONTROLLED_SHUTDOWN in failpoints_from_environment():
+                    await asyncio.sleep(1.0)
             else:
                 log.warning("ZooKeeper is unreachable: broker %d stops without a controlled shutdown",
                             self.broker.node_id)

@@ -15,7 +15,10 @@
 - `socket.send.buffer.bytes` / `socket.receive.buffer.bytes` (Kafka's, 100 KiB; -1 leaves
   the OS's autotuning): the kernel buffers of each connection. Left to Linux's autotuning a
   send buffer grows to 4 MiB, so a consumer that does not read pinned that much kernel memory
-  and the loop spent the CPU copying it there: 200 of them held every client for 6 s.
+  and the loop spent the CPU copying it there: 200 of them held every client for 6 s. The
+  100 KiB receive buffer costs a 1 MB produce request 8 reads and window updates instead of 2
+  (about 6% of the broker's CPU per MB, `benchmarks/receive_path.py`); kept, as Kafka keeps it,
+  for the bound it puts on what a paused connection holds in the kernel.
 """
 
 from __future__ import annotations

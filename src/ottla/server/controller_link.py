@@ -98,6 +98,9 @@ class ControllerLink:
                 [_cached(s) for s in mine if s.topic not in inconsistent], now_ms(), applied)
             errors.update({(s.topic, s.partition): ErrorCode.inconsistent_topic_id
                            for s in mine if s.topic in inconsistent})
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("LeaderAndIsr from controller %d (epoch %d) applied: %s", request.controller_id,
+                          request.controller_epoch, _described(mine))
             return errors
 
     def _other_local_id(self, topic: str, topic_id: uuid.UUID | None) -> bool:
@@ -153,6 +156,9 @@ class ControllerLink:
                     topic_ids=wire.topic_ids(request))
             except KafkaError as exc:
                 self._refuse(request, exc.code, str(exc))
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("UpdateMetadata from controller %d (epoch %d) applied: %s", request.controller_id,
+                          request.controller_epoch, _described(wire.partition_states(request, "zk_version")))
             if not self.metadata_received.is_set():
                 self._delete_strays()
             self.metadata_received.set()
@@ -205,6 +211,12 @@ class ControllerLink:
             for name in sorted({topic for topic, _ in deleted if self.broker.metadata.has_topic(topic)}):
                 self._delete_partitions(name, {p for topic, p in deleted if topic == name})
             return results
+
+
+def _described(states: list[PartitionState], shown: int = 5) -> str:
+    """For the debug lines the failover benchmark reads: a few partitions' leader and epoch."""
+    listed = ", ".join(f"{s.topic}-{s.partition} leader {s.leader} epoch {s.leader_epoch}" for s in states[:shown])
+    return f"{len(states)} partitions ({listed}{', ...' if len(states) > shown else ''})"
 
 
 def _cached(state: PartitionState) -> CachedState:

@@ -12,7 +12,12 @@ fetch on its partition at once too (docs/performance.md, "Event-loop holds"). So
   never before); no timer, timeout context or cancellation per request;
 - due and woken fetches join one queue, completed at most `WAKE_SLICE` per loop iteration in
   the order they became due (by deadline, then arrival; woken ones as woken), the loop free
-  in between: each completion resumes a handler that reads its partitions and answers.
+  in between: each completion resumes a handler that reads its partitions and answers;
+- followers' fetches go first, in a queue of their own: an acks=all produce waits for the
+  follower's next fetch, which one append on a partition that thousands of consumers
+  long-poll queued behind all of them. Kafka's purgatory completes a follower's delayed fetch
+  in the appending thread itself, before the consumers' (its `checkAndComplete` runs them
+  in watch order, but the follower fetches again right after its answer, so it is first).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class DelayedFetches:
         # (fetch, woken by data) to complete, oldest first; a fetch may be in it twice (due and
         # woken before its turn): the second finds it done.
         self._due: deque[tuple[asyncio.Future, bool]] = deque()
+        self._replica_due: deque[tuple[asyncio.Future, bool]] = deque()  # followers': before `_due`
+        self._replicas: set[asyncio.Future] = set()
         self._draining = False
         # The `notified` sets of the fetches that asked for one (`wait`).
         self._notified: dict[asyncio.Future, set[TopicPartition]] = {}
@@ -52,16 +59,19 @@ class DelayedFetches:
         return len(self._watchers.get(key, ()))
 
     async def wait(self, keys: Iterable[TopicPartition], timeout_s: float,
-                   notified: set[TopicPartition] | None = None) -> bool:
+                   notified: set[TopicPartition] | None = None, replica: bool = False) -> bool:
         """Until any of `keys` may have more to read (True) or `timeout_s` has passed (False).
         `notified`, if given, collects the keys notified meanwhile: only they can read
-        differently (a follower's fetch re-reads those, `handlers/fetch.py`)."""
+        differently (a follower's fetch re-reads those, `handlers/fetch.py`). A `replica`
+        (follower's) fetch is completed before any consumer's."""
         loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         for key in keys:
             self._watchers.setdefault(key, {})[future] = None
         if notified is not None:
             self._notified[future] = notified
+        if replica:
+            self._replicas.add(future)
         tick = math.ceil((loop.time() + timeout_s) / self.tick_s)
         entry = self._ticks.get(tick)
         if entry is None:
@@ -71,6 +81,7 @@ class DelayedFetches:
             return await future
         finally:  # also when cancelled (its connection closed)
             self._notified.pop(future, None)
+            self._replicas.discard(future)
             for key in keys:
                 waiters = self._watchers.get(key)
                 if waiters is not None:
@@ -92,14 +103,21 @@ class DelayedFetches:
                 notified = self._notified.get(future)
                 if notified is not None:
                     notified.add(key)
-            self._due.extend((future, True) for future in waiters)
-            self._drain_soon()
+            self._queue(waiters, True)
 
     def _expire(self, tick: int) -> None:
         entry = self._ticks.pop(tick, None)
         if entry is not None:
-            self._due.extend((future, False) for future in entry[0])
-            self._drain_soon()
+            self._queue(entry[0], False)
+
+    def _queue(self, futures: Iterable[asyncio.Future], woken: bool) -> None:
+        replicas = self._replicas
+        if replicas:
+            for future in futures:
+                (self._replica_due if future in replicas else self._due).append((future, woken))
+        else:
+            self._due.extend((future, woken) for future in futures)
+        self._drain_soon()
 
     def _drain_soon(self) -> None:
         if not self._draining:
@@ -108,12 +126,13 @@ class DelayedFetches:
 
     def _drain(self) -> None:
         """Complete the next `wake_slice` fetches; the rest in the next loop iteration."""
-        due, completed = self._due, 0
-        while due and completed < self.wake_slice:
-            future, woken = due.popleft()
-            if not future.done():
-                future.set_result(woken)
-                completed += 1
-        self._draining = bool(due)
-        if due:
+        completed = 0
+        for due in (self._replica_due, self._due):
+            while due and completed < self.wake_slice:
+                future, woken = due.popleft()
+                if not future.done():
+                    future.set_result(woken)
+                    completed += 1
+        self._draining = bool(self._replica_due or self._due)
+        if self._draining:
             self._loop.call_soon(self._drain)

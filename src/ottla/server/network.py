@@ -8,6 +8,7 @@ proceed concurrently. Protocol violations close only the offending connection.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -21,6 +22,7 @@ from kio.static.primitive import i16
 from ..log.file_records import FileRecords, RecordsGone
 from ..protocol.codec import (
     API_VERSIONS_KEY,
+    EncodedBody,
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
@@ -28,6 +30,7 @@ from ..protocol.codec import (
     decode_request,
     encode_response,
 )
+from ..protocol.shape import produce_entries
 from .context import CloseConnection, RequestContext
 from .handlers import controlled_shutdown, leader_and_isr, stop_replica, update_metadata
 from .loop_lag import timed
@@ -46,6 +49,11 @@ _connection_ids = itertools.count(1)
 # ListOffsets naming 2,000 topics took 50 ms to decode on the loop.
 _DECODE_ON_LOOP_BYTES = 16 * 1024
 _PRODUCE_KEY = b"\x00\x00"
+# Threads for fetched pages not in the page cache: their own, so lagging consumers waiting on
+# the disk never queue ahead of the default executor's decoding and coordinator syncs.
+_COLD_READS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ottla-cold-read")
+# A Produce naming more topic and partition entries than this is decoded in a worker thread.
+_PRODUCE_ENTRIES_ON_LOOP = 64
 # Responses with a top-level array longer than this are encoded in a worker thread: encoding
 # costs about 0.2 ms per topic of a CreateTopics answer (its config entries included), so 500
 # topics held the loop for 90 ms in one step.
@@ -142,6 +150,8 @@ class Connection(asyncio.BufferedProtocol):
             self.pending.extend(frames)
             if self.worker is None:
                 self.worker = asyncio.get_running_loop().create_task(self._serve())
+        elif not (self.decoder.blocked or self.reading_paused):
+            return  # most reads of a large request: nothing that pausing depends on changed
         if self.decoder.blocked:
             self.memory.wait(self)
         self._update_reading()
@@ -219,13 +229,17 @@ class Connection(asyncio.BufferedProtocol):
         """Decode, handle and answer one request; on any failure close the connection with one log line."""
         self.handling = True
         try:
-            if len(frame) < _DECODE_ON_LOOP_BYTES or frame[:2] == _PRODUCE_KEY:
+            if len(frame) < _DECODE_ON_LOOP_BYTES or (
+                    frame[:2] == _PRODUCE_KEY
+                    and produce_entries(frame, int.from_bytes(frame[2:4], "big", signed=True),
+                                        _PRODUCE_ENTRIES_ON_LOOP) < _PRODUCE_ENTRIES_ON_LOOP):
                 request = decode_request(frame, self.broker.supported_versions)
             else:
                 # 16 KiB of requests can be a thousand elements or more: walking and parsing
                 # them takes tens of ms (100 ms and more for 128 KiB), which in a worker thread the event loop shares
                 # (the GIL switches every 5 ms). Produce frames are large because of their
-                # record bytes, which cost nothing to walk, so they stay on the loop.
+                # record bytes, which cost nothing to walk, so they stay on the loop unless
+                # they name many partitions (200,000 in 2.4 MB: 160 ms to decode).
                 request = await asyncio.to_thread(decode_request, frame, self.broker.supported_versions)
         except UnsupportedApiVersion as exc:
             if exc.api_key == API_VERSIONS_KEY:
@@ -265,7 +279,7 @@ class Connection(asyncio.BufferedProtocol):
         if response is None:  # Produce with acks=0 has no response
             return
         try:
-            if _many_items(response):
+            if type(response) is not EncodedBody and _many_items(response):
                 chunks = await asyncio.to_thread(encode_response, request.api_key, request.api_version,
                                                  request.correlation_id, response)
             else:
@@ -294,10 +308,16 @@ class Connection(asyncio.BufferedProtocol):
                 if self.closed or self.transport.is_closing():
                     return  # the peer is gone: connection_lost has only been scheduled yet
                 if in_file:
+                    length = min(_WRITE_SLICE_BYTES, len(chunk) - start)
                     try:
-                        piece = chunk.read(start, min(_WRITE_SLICE_BYTES, len(chunk) - start))
+                        piece = chunk.read_cached(start, length)
+                        if piece is None:  # a lagging consumer's cold pages: the disk waits in a thread
+                            piece = chunk.checked(await asyncio.get_running_loop().run_in_executor(
+                                _COLD_READS, chunk.detached_read(start, length)), length)
                     except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
                         self.close(f"response cut short: {exc}")
+                        return
+                    if self.closed or self.transport.is_closing():
                         return
                 else:
                     piece = view[start : start + _WRITE_SLICE_BYTES]

@@ -13,6 +13,12 @@ names only the partitions whose fetch position or epochs moved, and forgets thos
 fetched; a session error or a failed request makes the next Fetch a full one. A LeaderAndIsr that makes this broker
 follower of a partition (`follow`) moves it to its leader's fetcher; leadership and
 StopReplica take it away (`unfollow`). Appends yield to the loop between partitions.
+Once the broker is shutting down (`shutting_down`, before its ControlledShutdown), a partition
+it is told to follow is not fetched: the leader it handed the partition to would take it back
+into the ISR as soon as it fetched (it has the whole log), and acks=all would then wait for a
+broker that is about to go, until the controller sees it gone (a KRaft leader refuses a
+shutting-down broker into the ISR, KIP-841). The partitions it already follows go on being
+fetched until the controller takes it out of their ISRs.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class ReplicaFetcherManager:
                              backoff_ms=config["replica.fetch.backoff.ms"],
                              timeout_ms=config["replica.socket.timeout.ms"] + config["replica.fetch.wait.max.ms"])
         self._fetchers: dict[int, _Fetcher] = {}
+        self._shutting_down = False
         self._endpoints: dict[int, tuple[str, int]] = {}
         self._source_of: dict[TopicPartition, int] = {}
         failpoints = failpoints_from_environment()
@@ -77,9 +84,17 @@ class ReplicaFetcherManager:
             return found.host, found.port
         return self._endpoints.get(broker_id)
 
+    def shutting_down(self) -> None:
+        """This broker is about to stop: follow nothing new (see the module docstring)."""
+        self._shutting_down = True
+
     def follow(self, partition: Partition) -> None:
         key = (partition.topic, partition.index)
         self.unfollow([key])
+        if self._shutting_down:
+            log.info("not following %s-%d from broker %d in leader epoch %d: shutting down", *key,
+                     partition.leader_id, partition.leader_epoch)
+            return
         fetcher = self._fetchers.get(partition.leader_id)
         if fetcher is None:
             fetcher = self._fetchers[partition.leader_id] = _Fetcher(self, partition.leader_id)
@@ -186,15 +201,22 @@ class _Fetcher:
                 epoch_request.OffsetForLeaderPartition(partition=p, current_leader_epoch=s.current_leader_epoch,
                                                        leader_epoch=s.latest_epoch())
                 for p, s in parts)) for topic, parts in _by_topic(wanted)))
+        sent_at = now_ms()
         response = await self._send(endpoint, request)
+        log.debug("OffsetsForLeaderEpoch from leader %d of %s answered in %d ms", self.source_id,
+                  sorted(wanted)[:5], now_ms() - sent_at)
         for topic in response.topics:
             for answer in topic.partitions:
                 key = (topic.topic, int(answer.partition))
                 state = wanted.get(key)
                 if state is None or not self._current(key, state):
                     continue
-                truncation = state.on_epoch_end_offset(ErrorCode(answer.error_code), int(answer.leader_epoch),
-                                                       int(answer.end_offset), now_ms())
+                error = ErrorCode(answer.error_code)
+                truncation = state.on_epoch_end_offset(error, int(answer.leader_epoch), int(answer.end_offset),
+                                                       now_ms())
+                if error is not ErrorCode.none:
+                    log.info("%s-%d: OffsetsForLeaderEpoch from leader %d answered %s", *key, self.source_id,
+                             error.name)
                 if truncation is not None:
                     log.info("%s-%d truncated to %d (leader %d's end of epoch %d)", *key, truncation.offset,
                              self.source_id, answer.leader_epoch)
@@ -247,6 +269,7 @@ class _Fetcher:
             forgotten_topics_data=tuple(fetch_request.ForgottenTopic(topic=topic, partitions=tuple(p for p, _ in parts))
                                         for topic, parts in _by_topic(dict.fromkeys(forget))),
             rack_id="")
+        sent_at = now_ms()
         try:
             response = await self._send(endpoint, request)
         except BaseException:
@@ -254,6 +277,9 @@ class _Fetcher:
             raise
         answered = [(topic.topic, int(data.partition_index))
                     for topic in response.responses for data in topic.partitions]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("Fetch from leader %d of %s: %d partitions answered in %d ms: %s", self.source_id,
+                      sorted(wanted)[:5], len(answered), now_ms() - sent_at, answered[:5])
         if not session.handle_response(ErrorCode(response.error_code), response.session_id, answered):
             log.info("Fetch from leader %d in session %d: %s; the next fetch is a full one", self.source_id,
                      request.session_id, ErrorCode(response.error_code).name)

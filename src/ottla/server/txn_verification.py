@@ -10,7 +10,10 @@ coordinator that cannot answer (moving, loading, unreachable) gives NOT_ENOUGH_R
 Kafka's retriable stand-in for old clients. An add that meets the previous transaction's
 markers still being written (CONCURRENT_TRANSACTIONS) is retried here for a moment
 (`add.partitions.to.txn.retry.backoff.ms` up to `.max.ms`), as Kafka does, since that is
-the usual state right after the client's EndTxn."""
+the usual state right after the client's EndTxn. A write to a partition whose log already
+holds the producer's ongoing transaction at that epoch asks nobody (`ongoing_here`), as
+Kafka's `UnifiedLog.maybeStartTransactionVerification` skips it: only a transaction's first
+write to a partition costs a coordinator round trip."""
 
 from __future__ import annotations
 
@@ -28,6 +31,22 @@ from .replies import reply_future
 TopicPartition = tuple[str, int]
 _UNAVAILABLE = (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
                 ErrorCode.coordinator_load_in_progress)
+
+
+def producer_entry(broker, tp: TopicPartition, producer_id: int):
+    """The producer's state in the log of `tp` if this broker leads it (None otherwise); every
+    batch of the producer appended there changes it (its last offset at least)."""
+    partition = broker.replicas.partitions.get(tp)
+    if partition is None or not partition.is_leader:
+        return None
+    return partition.log.producer_state.entry(producer_id)
+
+
+def ongoing_here(broker, tp: TopicPartition, producer_id: int, producer_epoch: int) -> bool:
+    """Does this broker lead `tp` with the producer's transaction at `producer_epoch` open in its
+    log? Then the coordinator has already added the partition (Kafka's `hasOngoingTransaction`)."""
+    entry = producer_entry(broker, tp, producer_id)
+    return entry is not None and entry.txn_first_offset is not None and entry.epoch == producer_epoch
 
 
 async def verify(broker, transactional_id: str, producer_id: int, producer_epoch: int,

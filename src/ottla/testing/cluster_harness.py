@@ -11,17 +11,25 @@ torn down) retries 0.5 s apart (Kafka: 5 s) so teardown stays short.
 Brokers log at info level into their `stderr_path` files (never to the console): a failing
 test's report shows their last lines.
 `zookeeper_nodes=3` puts the brokers on a 3-node ensemble (`c.zookeeper.leader().kill()`).
+A cluster shared by a module's tests is `restore()`d before each test, so one that failed
+midway (a broker left killed, stopped or paused) does not fail every later test.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from ..admin_client import AdminProtocolClient, ProtocolClientError
 from .broker import BrokerProcess
 from .zookeeper import ZooKeeperEnsemble, ZooKeeperServer, zookeeper, zookeeper_ensemble
 
@@ -39,6 +47,7 @@ class Cluster:
         self.session_timeout_ms = session_timeout_ms
         self.log_level = log_level
         self.brokers: dict[int, BrokerProcess] = {}
+        self._zk_client: KazooClient | None = None  # restore()'s, kept between tests
 
     @property
     def connect(self) -> str:
@@ -63,18 +72,81 @@ class Cluster:
         return handle.start() if start else handle
 
     def start(self, brokers: int) -> "Cluster":
-        handles = [self.add_broker(start=False) for _ in range(brokers)]
-        with ThreadPoolExecutor(max_workers=len(handles) or 1) as pool:
-            for future in [pool.submit(h.start) for h in handles]:
-                future.result()
+        _start_all([self.add_broker(start=False) for _ in range(brokers)])
         return self
 
+    def restore(self, timeout: float = START_TIMEOUT_S) -> "Cluster":
+        """Every ZooKeeper server and broker running again (paused ones resumed, dead ones
+        restarted on their port and data), then wait until ZooKeeper has every broker
+        registered and every broker's Metadata agrees with it and with the others: all
+        brokers, the controller, every partition led and in sync on every broker. When nothing
+        changed this costs one ZooKeeper read and one Metadata request per broker."""
+        for server in getattr(self.zookeeper, "servers", [self.zookeeper]):
+            if not server.running():
+                server.start()
+            server.resume()
+        for handle in self.brokers.values():
+            if handle.running():
+                handle.resume()  # SIGCONT does nothing to a process that is not stopped
+        _start_all([handle for handle in self.brokers.values() if not handle.running()])
+        deadline = time.monotonic() + timeout
+        while (divergence := self._divergence()) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster not restored in {timeout}s: {divergence}")
+            time.sleep(0.1)
+        return self
+
+    def _divergence(self) -> str | None:
+        """What keeps the cluster from being whole and agreed, or None."""
+        if self._zk_client is None:
+            self._zk_client = KazooClient(hosts=self.connect)
+            self._zk_client.start(timeout=30)
+        expected = sorted(self.brokers)
+        try:
+            registered = sorted(int(i) for i in self._zk_client.get_children("/brokers/ids"))
+            controller = json.loads(self._zk_client.get("/controller")[0])["brokerid"]
+        except NoNodeError:
+            return "no controller"
+        if registered != expected:
+            return f"brokers {registered} registered, expected {expected}"
+        views = {}
+        for broker_id, handle in self.brokers.items():
+            try:
+                with AdminProtocolClient(handle.bootstrap, timeout=10, client_id="ottla-restore") as client:
+                    response = client.metadata_response(None)
+            except (ProtocolClientError, OSError) as exc:
+                return f"broker {broker_id}: {exc}"
+            views[broker_id] = view = (
+                response.controller_id, sorted(b.node_id for b in response.brokers),
+                sorted((t.name, p.partition_index, p.leader_id, p.leader_epoch, sorted(p.replica_nodes),
+                        sorted(p.isr_nodes), sorted(p.offline_replicas)) for t in response.topics for p in t.partitions))
+            if view[:2] != (controller, expected):
+                return f"broker {broker_id} names controller {view[0]} and brokers {view[1]}"
+            # Replicas on brokers the cluster never had (an assignment naming broker 9) stay out.
+            lagging = [p for p in view[2] if p[2] < 0 or set(p[4]) & set(expected) - set(p[5])]
+            if lagging:
+                return f"broker {broker_id}: partitions not led or not in sync {lagging[:5]}"
+        if len({repr(view) for view in views.values()}) > 1:
+            return f"brokers' metadata differ: {views}"
+        return None
+
     def stop(self) -> None:
+        if self._zk_client is not None:
+            self._zk_client.stop()
+            self._zk_client.close()
+            self._zk_client = None
         for handle in self.brokers.values():
             try:
                 handle.stop()
             except RuntimeError:
                 handle.kill()
+
+
+def _start_all(handles: list[BrokerProcess]) -> None:
+    """Start brokers together: each restarted after kill -9 may wait out its old session."""
+    with ThreadPoolExecutor(max_workers=len(handles) or 1) as pool:
+        for future in [pool.submit(h.start) for h in handles]:
+            future.result()
 
 
 @contextlib.contextmanager

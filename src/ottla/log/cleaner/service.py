@@ -105,6 +105,7 @@ class LogCleaner:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
         self.last_results: dict[tuple[str, int], CleanResult] = {}
+        manager.deletion_listeners.append(self._forget)
 
     def reconfigure(self, config: "BrokerConfig") -> None:
         """The settings each pass reads (dynamic broker configs): they apply from the next pass."""
@@ -200,6 +201,23 @@ class LogCleaner:
             self._horizons[grabbed.key] = result.earliest_horizon
         live = {k: v for k, v in self._checkpoints.items() if k in self._manager.logs}
         return leftovers, live, next(self._checkpoint_versions)
+
+    def _forget(self, keys: list[tuple[str, int]]) -> None:
+        """Deleted partitions leave `cleaner-offset-checkpoint` now (Kafka's updateCheckpoints
+        on deletion): a partition created again under the name and loaded by a restart must not
+        count its records below the old offset as cleaned."""
+        for key in keys:
+            self._horizons.pop(key, None)
+            self._logs_seen.pop(key, None)
+        if not any([self._checkpoints.pop(key, None) is not None for key in keys]):
+            return
+        live = {k: v for k, v in self._checkpoints.items() if k in self._manager.logs}
+        version = next(self._checkpoint_versions)
+        worker = self._manager.disk_worker
+        if worker is None:
+            self._write_checkpoint(live, version)
+        else:
+            worker.submit("cleaner checkpoint", lambda: self._write_checkpoint(live, version))
 
     def _release(self, key: tuple[str, int]) -> None:
         self._in_progress.discard(key)

@@ -17,7 +17,7 @@ API_KEY = 37
 VERSIONS = (0, 3)
 
 
-def _single_node(broker, topic, info, validate_only: bool) -> None:
+async def _single_node(broker, topic, info, validate_only: bool) -> None:
     if info is None:
         raise KafkaError(ErrorCode.unknown_topic_or_partition, f"The topic '{topic.name}' does not exist.")
     if topic.count <= info.partition_count:
@@ -32,7 +32,7 @@ def _single_node(broker, topic, info, validate_only: bool) -> None:
             raise KafkaError(ErrorCode.invalid_replica_assignment,
                              f"replicas must be exactly [{broker.node_id}] on this single-node cluster")
     if not validate_only:
-        broker.add_partitions(topic.name, topic.count)
+        await broker.add_partitions_in_worker(topic.name, topic.count)
 
 
 async def handle(ctx, request):
@@ -56,7 +56,7 @@ async def handle(ctx, request):
                                                       validate_only=request.validate_only,
                                                       timeout_ms=int(request.timeout.total_seconds() * 1000))
             else:
-                _single_node(broker, topic, info, request.validate_only)
+                await _single_node(broker, topic, info, request.validate_only)
         except KafkaError as exc:
             error, message = exc.code, exc.message
         results.append(make(result_type, name=topic.name, error_code=error, error_message=message))

@@ -2,11 +2,10 @@
 
 In a cluster the topic is created through the store from whichever broker gets the request
 (`server/cluster_admin.py`); the answer waits until this broker knows its leaders. On a
-single node each topic's creation (directories, fsyncs) is its own step: the loop serves other
-connections between two topics of a large request.
+single node each topic's directories and fsyncs are made in a worker thread while the loop
+serves other connections.
 """
 
-import asyncio
 from datetime import timedelta
 
 from ...config import ConfigError, TopicConfig, validate_topic_configs
@@ -89,9 +88,8 @@ async def handle(ctx, request):
                 entries = topic_config_entries(TopicConfig(broker.config, configs))
             elif not validate_only:
                 count, configs = _plan(broker, topic)
-                info = broker.create_topic(topic.name, count, configs)
+                info = await broker.create_topic_in_worker(topic.name, count, configs)
                 topic_id = info.topic_id
-                await asyncio.sleep(0)
                 entries = topic_config_entries(info.config)
             else:
                 count, configs = _plan(broker, topic)

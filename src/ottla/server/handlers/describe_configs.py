@@ -11,6 +11,10 @@ the broker's `group.*` defaults, whether or not the group exists (as Kafka).
 A password (Kafka's PASSWORD-typed configs, any `*.password`, under their own name or a
 listener's) is reported is_sensitive with a null value, its synonyms too, as Kafka does.
 
+`transaction.version` is no config in Kafka 4 but a feature (finalized with `kafka-features`, reported
+by ApiVersions, `server/features.py`): it is left out, as Kafka's DescribeConfigs leaves it out,
+unless the broker was started with it set, which Kafka too lists as a property of unknown type.
+
 A resource named several times with the same keys is answered once (clients match results
 by resource): one 350 KB request naming the broker 50,000 times would otherwise build a
 response of 111 MB. The loop yields to other connections every `_YIELD_EVERY` resources.
@@ -26,6 +30,7 @@ from ...config_names import (LISTENER_MECHANISM_CONFIGS, LISTENER_SSL_CONFIGS, P
 from ...errors import ErrorCode, KafkaError
 from ...group_config import CONFIG_TYPES, GROUP_CONFIGS, GroupConfig
 from ...protocol.build import make, nested
+from ..features import TRANSACTION_VERSION
 
 API_KEY = 32
 VERSIONS = (0, 4)  # v0 (removed in Kafka 4.0, KIP-896) has is_default instead of a source
@@ -70,7 +75,7 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
     cluster default (""): only the dynamic defaults, without per-broker synonyms."""
     config = broker.config
     entries = []
-    names = sorted(BROKER_CONFIGS) if per_broker else sorted(config.dynamic_default)
+    names = sorted(set(BROKER_CONFIGS) - {TRANSACTION_VERSION}) if per_broker else sorted(config.dynamic_default)
     for name in names:
         synonyms = broker_synonyms(config, name)
         if not per_broker:
@@ -91,8 +96,12 @@ def _broker_entries(broker, per_broker: bool) -> list[tuple[str, str | None, str
     }
     for name, value in static.items():
         entries.append((name, value, "broker", _type_code(value), [(name, value, "broker")], True))
-    # Kafka's configs it was started with and does not implement (ssl.*, sasl.*, ...), as given.
-    for name, value in config.not_implemented.items():
+    # Kafka's configs it was started with and does not implement (ssl.*, sasl.*, ...), as given,
+    # and the feature level if it was given as a config.
+    started_with = dict(config.not_implemented)
+    if TRANSACTION_VERSION in config.overrides:
+        started_with[TRANSACTION_VERSION] = render(config.overrides[TRANSACTION_VERSION])
+    for name, value in started_with.items():
         if name not in static:
             entries.append((name, value, "broker", _PASSWORD if name in PASSWORD_CONFIGS else _UNKNOWN,
                             [(name, value, "broker")], name not in LISTENER_SSL_CONFIGS))  # Kafka's ALL_DYNAMIC_CONFIGS

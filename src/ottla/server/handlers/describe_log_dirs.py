@@ -1,4 +1,6 @@
-"""DescribeLogDirs: the one log directory, with each partition's size on disk (UIs, ops tools)."""
+"""DescribeLogDirs: the one log directory, with each partition's size on disk (UIs, ops tools),
+and, for a v2+ request carrying Ottla's tag 10000, each compacted partition's dirty ratio
+(`protocol/extensions.py`; `ottla topics describe` asks for it)."""
 
 import asyncio
 import shutil
@@ -6,6 +8,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode
 from ...protocol.build import make, nested
+from ..clock import now_ms
 
 API_KEY = 35
 # v0 is v1 (removed in Kafka 4.0, KIP-896); v5 says whether a log directory is cordoned (Kafka
@@ -26,6 +29,8 @@ async def handle(ctx, request):
         wanted = None
     else:
         wanted = {(t.topic, p) for t in request.topics for p in t.partitions}
+    dirty = getattr(request, "dirty_ratio", False)
+    cleaner, now = ctx.broker.cleaner, now_ms()
     by_topic: dict[str, list] = {}
     for count, ((topic, partition), log) in enumerate(sorted(logs.logs.items()), 1):
         if count % _YIELD_EVERY == 0:
@@ -35,8 +40,10 @@ async def handle(ctx, request):
         if (topic, partition) not in logs.logs:
             continue  # deleted while this request yielded
         size = sum(segment.size for segment in log.segments)
+        stats = cleaner.dirty_stats((topic, partition), log, now) if dirty else None
         by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition, partition_size=size,
-                                                   offset_lag=0, is_future_key=False))
+                                                   offset_lag=0, is_future_key=False,
+                                                   dirty_ratio=None if stats is None else stats.ratio))
     usage = shutil.disk_usage(logs.data_dir)
     result = make(result_type, error_code=ErrorCode.none, log_dir=str(logs.data_dir.resolve()),
                   topics=tuple(make(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()),

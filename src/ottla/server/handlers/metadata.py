@@ -93,8 +93,7 @@ async def handle(ctx, request):
             error = await cluster_admin.auto_create_topic(broker, name)  # the controller creates it
         elif info is None and name is not None and allow_create and name not in INTERNAL_TOPICS:
             try:
-                broker.create_topic(name, broker.config["num.partitions"], {})
-                await asyncio.sleep(0)
+                await broker.create_topic_in_worker(name, broker.config["num.partitions"], {})
                 info = metadata.topic(name)
             except KafkaError as exc:
                 error = exc.code
