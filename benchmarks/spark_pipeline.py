@@ -3,6 +3,8 @@ the fixed cost Ottla adds to a micro-batch against Spark's `rate -> noop` (issue
 
     .venv/bin/python benchmarks/spark_pipeline.py                    # 400,000 x 100 B and 100,000 x 1 KiB
     .venv/bin/python benchmarks/spark_pipeline.py --rows 100000 --rows-1k 20000 --sizes 100
+    .venv/bin/python benchmarks/spark_pipeline.py --sizes 100 --rounds 3 --batches 0 \\
+        --conf spark.sql.execution.arrow.maxRecordsPerBatch=4096    # the legs only, a Spark setting tried
 
 One broker (`ottla serve`), one SparkSession on local[2,3] (two cores, task retries); a warm-up round at a
 small size starts the JVM's code paths and the Python workers first. Per value size, on the same rows
@@ -13,7 +15,11 @@ small size starts the JVM's code paths and the Python workers first. Per value s
 - `ottla source -> noop`: `spark.read.format("ottla")` (read_committed) of that topic into `noop`;
 - `rate-micro-batch -> ottla sink (streaming, exactly-once)`: one availableNow micro-batch of N rows;
 - `ottla -> transform -> ottla (exactly-once)`: the input topic, a value rewritten, into a fresh topic in
-  one availableNow micro-batch; the output is then read back and checked: N distinct values.
+  one availableNow micro-batch; the output is then read back and checked: N distinct values;
+- after each, its ceiling: the same leg with a null Python data source (`ceiling_source`) in Ottla's place,
+  whose reader yields prebuilt Arrow batches of the same rows and whose writers discard theirs. It is what
+  any connector whose Spark workers are Python can at best reach: PySpark's Python data source exchange
+  (Python workers, Arrow to and from the JVM) with no Kafka in it.
 
 Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. Each leg's CPU seconds
 (the Spark JVM with every process under it, and the broker) are taken around the whole action, the streaming
@@ -52,8 +58,7 @@ def null_source():
     writes nowhere: the cost of Spark's Python data source machinery (a Python worker per task for the
     read and one for the write, the driver's planning and commit processes) without Kafka."""
     import pyarrow as pa
-    from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader,
-                                        InputPartition, WriterCommitMessage)
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     class Reader(DataSourceStreamReader):
         def __init__(self, rows_per_batch: int):
@@ -75,18 +80,6 @@ def null_source():
         def commit(self, end):
             pass
 
-    class Writer(DataSourceStreamArrowWriter):
-        def write(self, iterator):
-            for _ in iterator:
-                pass
-            return WriterCommitMessage()
-
-        def commit(self, messages, batchId):
-            pass
-
-        def abort(self, messages, batchId):
-            pass
-
     class NullSource(DataSource):
         @classmethod
         def name(cls):
@@ -99,9 +92,139 @@ def null_source():
             return Reader(int(self.options["rowsPerBatch"]))
 
         def streamWriter(self, schema, overwrite):
-            return Writer()
+            return ceiling_source()({}).streamWriter(schema, overwrite)  # discards its input
 
     return NullSource
+
+
+def ceiling_source():
+    """`ceiling-python`: what any connector whose Spark workers are Python can at best reach. A Python data
+    source with the ottla source's schema and partitioning (one task per partition of PARTITIONS, Arrow
+    batches of the ottla source's size) whose reader yields prebuilt Arrow batches of the same rows as the
+    ottla source returns (no I/O), and whose writers (batch and streaming, Arrow: the ottla sinks' path)
+    discard their input. Options `rows` and `size`: the rows of `rows()`; `builds`: a file where each read task
+    appends the CPU and wall seconds it took to build its batches, which the benchmark takes off the leg."""
+    from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                        DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition,
+                                        WriterCommitMessage)
+
+    from ottla.spark.source import freeze_worker_heap, source_schema
+
+    def read(options, first: int, end: int, partition: int):
+        freeze_worker_heap()  # what any Python connector can do (ottla's tasks do it)
+        cpu, wall = time.process_time(), time.monotonic()
+        batches = _source_batches(first, end, int(options["size"]), "ceiling", partition)
+        with open(options["builds"], "a") as report:  # the benchmark takes the building off the leg's time
+            report.write(f"{time.process_time() - cpu} {time.monotonic() - wall}\n")
+        yield from batches
+
+    def split(first: int, end: int) -> list:
+        bounds = [first + (end - first) * i // PARTITIONS for i in range(PARTITIONS + 1)]
+        return [InputPartition((lo, hi, i)) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+
+    class Reader(DataSourceReader):
+        def __init__(self, options):
+            self.options = options
+
+        def partitions(self):
+            return split(0, int(self.options["rows"]))
+
+        def read(self, partition):
+            return read(self.options, *partition.value)
+
+    class StreamReader(DataSourceStreamReader):
+        def __init__(self, options):
+            self.options = options
+
+        def initialOffset(self):
+            return {"row": 0}
+
+        def latestOffset(self, start=None, limit=None):
+            return {"row": int(self.options["rows"])}
+
+        def partitions(self, start, end):
+            return split(start["row"], end["row"])
+
+        def read(self, partition):
+            return read(self.options, *partition.value)
+
+        def commit(self, end):
+            pass
+
+    class Writer(DataSourceArrowWriter):
+        def write(self, iterator):
+            freeze_worker_heap()
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class StreamWriter(DataSourceStreamArrowWriter):
+        write = Writer.write
+
+        def commit(self, messages, batchId):
+            pass
+
+        def abort(self, messages, batchId):
+            pass
+
+    class Ceiling(DataSource):
+        @classmethod
+        def name(cls):
+            return "ceiling-python"
+
+        def schema(self):
+            return source_schema(False)
+
+        def reader(self, schema):
+            return Reader(self.options)
+
+        def streamReader(self, schema):
+            return StreamReader(self.options)
+
+        def writer(self, schema, overwrite):
+            return Writer()
+
+        def streamWriter(self, schema, overwrite):
+            return StreamWriter()
+
+    return Ceiling
+
+
+def _source_batches(first: int, end: int, size: int, topic: str, partition: int) -> list:
+    """Rows first..end-1 of `rows()` as the ottla source returns them, in its Arrow batches, built with numpy
+    (about 0.03 s of CPU per 100,000 100-byte rows): key = the row number as text, value = the row number
+    padded on the left with 'x' to `size` bytes."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ottla.spark.source import _ROWS_PER_ARROW_BATCH, source_schema
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(source_schema(False), timezone="UTC")
+    powers = 10 ** np.arange(19, -1, -1, dtype=np.uint64)  # a row number's digits, right-aligned in 20 bytes
+    out = []
+    for lo in range(first, end, _ROWS_PER_ARROW_BATCH):
+        count = min(_ROWS_PER_ARROW_BATCH, end - lo)
+        ids = np.arange(lo, lo + count, dtype=np.uint64)
+        digits = (ids[:, None] // powers % 10 + ord("0")).astype(np.uint8)
+        lengths = np.maximum(np.searchsorted(powers[::-1], ids, side="right"), 1)
+        held = np.arange(20) >= 20 - lengths[:, None]
+        values = np.full((count, size), ord("x"), np.uint8)
+        values[:, size - 20:] = np.where(held, digits, ord("x"))
+        key_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        value_offsets = np.arange(0, (count + 1) * size, size, dtype=np.int32)
+        columns = [
+            pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(key_offsets), pa.py_buffer(digits[held])]),
+            pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(value_offsets),
+                                                       pa.py_buffer(values.reshape(-1))]),
+            pa.repeat(pa.scalar(topic, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            pa.array(ids.astype(np.int64)),
+            pa.array(np.full(count, 1_764_000_000_000_000, np.int64), schema.field("timestamp").type),
+            pa.array(np.zeros(count, np.int32)),
+        ]
+        out.append(pa.RecordBatch.from_arrays(columns, schema=schema))
+    return out
 
 
 def rows(spark, n: int, size: int):
@@ -125,6 +248,8 @@ class Legs:
         self.spark, self.bootstrap, self.workdir, self.broker_pid = spark, bootstrap, workdir, broker_pid
         self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         self.topics = 0
+        self.builds = os.path.join(workdir, "ceiling-builds")
+        spark.dataSource.register(ceiling_source())
 
     def topic(self, label: str) -> str:
         self.topics += 1
@@ -148,16 +273,22 @@ class Legs:
         return (wall if seconds is None else seconds), end_spark - spark_cpu, end_broker - broker_cpu
 
     def run(self, n: int, size: int) -> dict[str, tuple[float, float, float]]:
-        """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values."""
+        """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values; each
+        Ottla leg is followed by its ceiling (`ceiling_source`)."""
         spark, out = self.spark, {}
         df = rows(spark, n, size)
         out["range -> noop"] = self.measured(lambda: df.write.format("noop").mode("overwrite").save())
         source = self.topic(f"in{size}")
         out["range -> ottla sink (batch)"] = self.measured(
             lambda: df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save())
+        out["ceiling: range -> null Python sink (batch)"] = self.measured(
+            lambda: df.write.format("ceiling-python").mode("append").save())
         read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
         out["ottla source -> noop"] = self.measured(
             lambda: read.load().write.format("noop").mode("overwrite").save())
+        null = spark.read.format("ceiling-python").options(**self.ceiling(n, size))
+        out["ceiling: null Python source -> noop"] = self.ceiling_measured(
+            lambda: null.load().write.format("noop").mode("overwrite").save())
 
         from pyspark.sql.functions import col, lpad
         sink = self.topic(f"eos{size}")
@@ -167,6 +298,8 @@ class Legs:
                         lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
         out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = self.measured(lambda: _seconds(
             run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint()), n))
+        out["ceiling: rate-micro-batch -> null Python sink (streaming)"] = self.measured(lambda: _seconds(
+            run_stream(rate.writeStream.format("ceiling-python"), self.checkpoint()), n))
 
         copy = self.topic(f"copy{size}")
         stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
@@ -174,7 +307,23 @@ class Legs:
         out["ottla -> transform -> ottla (exactly-once)"] = self.measured(lambda: _seconds(
             run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint()), n))
         self.check(copy, n)
+        null_stream = (spark.readStream.format("ceiling-python").options(**self.ceiling(n, size)).load()
+                       .selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
+        out["ceiling: null Python source -> transform -> null Python sink"] = self.ceiling_measured(lambda: _seconds(
+            run_stream(null_stream.writeStream.format("ceiling-python"), self.checkpoint()), n))
         return out
+
+    def ceiling(self, n: int, size: int) -> dict:
+        return {"rows": n, "size": size, "builds": self.builds}
+
+    def ceiling_measured(self, action) -> tuple[float, float, float]:
+        """`measured`, less the ceiling reader's building of its batches: all of its CPU, and of its wall time
+        the share of one of the two cores (tasks run two at a time)."""
+        open(self.builds, "w").close()
+        seconds, spark_cpu, broker_cpu = self.measured(action)
+        with open(self.builds) as report:
+            built = [tuple(map(float, line.split())) for line in report]
+        return (seconds - sum(w for _, w in built) / 2, spark_cpu - sum(c for c, _ in built), broker_cpu)
 
     def check(self, name: str, n: int) -> None:
         from pyspark.sql.functions import count, count_distinct
@@ -291,13 +440,46 @@ def _seconds(batches: list[tuple[int, float]], n: int) -> float:
     return sum(s for _, s in batches)
 
 
+# Issue 16's targets (share of `range -> noop`) and the ceiling leg each Ottla leg is held against.
+TARGETS = {
+    "ottla source -> noop": (0.8, "ceiling: null Python source -> noop"),
+    "range -> ottla sink (batch)": (0.6, "ceiling: range -> null Python sink (batch)"),
+    "rate-micro-batch -> ottla sink (streaming, exactly-once)": (0.6, "ceiling: rate-micro-batch -> null Python "
+                                                                      "sink (streaming)"),
+    "ottla -> transform -> ottla (exactly-once)": (0.5, "ceiling: null Python source -> transform -> null Python "
+                                                        "sink"),
+}
+
+
+def _print_legs(n: int, size: int, legs_measured: dict) -> None:
+    base, _, _ = legs_measured["range -> noop"]
+    base_cpu = sum(legs_measured["range -> noop"][1:])
+    print(f"\n{n:,} rows of {size}-byte values:\n")
+    print("| leg | rows/s | MB/s | share of `range -> noop` | CPU s: Spark + broker | share by CPU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for leg, (s, spark_cpu, broker_cpu) in legs_measured.items():
+        print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {base / s:.2f} | "
+              f"{spark_cpu:.2f} + {broker_cpu:.2f} | {base_cpu / (spark_cpu + broker_cpu):.2f} |")
+    print("\nagainst the ceiling (shares of `range -> noop`, wall / by CPU):\n")
+    print("| leg | target | Ottla | ceiling (null Python data source) | Ottla's share of its ceiling, by CPU |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for leg, (target, ceiling) in TARGETS.items():
+        (s, *cpu), (cs, *ccpu) = legs_measured[leg], legs_measured[ceiling]
+        print(f"| {leg} | {target} | {base / s:.2f} / {base_cpu / sum(cpu):.2f} | {base / cs:.2f} / "
+              f"{base_cpu / sum(ccpu):.2f} | {sum(ccpu) / sum(cpu):.2f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400_000, help="rows of 100-byte values (default 400,000)")
     parser.add_argument("--rows-1k", type=int, default=100_000, help="rows of 1 KiB values (default 100,000)")
     parser.add_argument("--sizes", default="100,1024", help="value sizes to run, comma-separated ('' for none)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the legs per size, in the same session")
     parser.add_argument("--small", type=int, default=100, help="rows per micro-batch for the fixed cost")
-    parser.add_argument("--batches", type=int, default=8, help="micro-batches for the fixed cost (first left out)")
+    parser.add_argument("--batches", type=int, default=8,
+                        help="micro-batches for the fixed cost (first left out; 0: no fixed cost)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     parser.add_argument("--probes", action="store_true",
                         help="time each Kafka client call and data-source call in every Spark Python process")
     args = parser.parse_args()
@@ -307,39 +489,35 @@ def main() -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TIMING_DIR, os.environ.get("PYTHONPATH")) if p)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    results = {}
+    results = []
     with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
-        spark = spark_session("ottla-bench")
+        spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf))
         legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
         for size in (int(s) for s in args.sizes.split(",") if s):
             n = args.rows if size < 1024 else args.rows_1k
-            results[size] = (n, legs.run(n, size))
-            print(f"{size}-byte values: {results[size]}", file=sys.stderr)
+            for _ in range(args.rounds):
+                results.append((n, size, legs.run(n, size)))
+                print(f"{size}-byte values, load {os.getloadavg()[0]:.1f}: {results[-1][2]}", file=sys.stderr)
         if args.probes:
             open(probes, "w").close()  # the fixed-cost queries only
-        spark_cost, python_cost, ottla_cost = legs.fixed_cost(args.small, args.batches)
+        costs = legs.fixed_cost(args.small, args.batches) if args.batches else None
         spark.stop()
 
-    for size, (n, legs_measured) in results.items():
-        base, _, _ = legs_measured["range -> noop"]
-        base_cpu = sum(legs_measured["range -> noop"][1:])
-        print(f"\n{n:,} rows of {size}-byte values:\n")
-        print("| leg | rows/s | MB/s | share of `range -> noop` | CPU s: Spark + broker | share by CPU |")
+    for n, size, legs_measured in results:
+        _print_legs(n, size, legs_measured)
+    if costs:
+        spark_cost, python_cost, ottla_cost = costs
+        print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
+              f"{args.batches - 1} micro-batches, seconds):\n")
+        print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM and its Python "
+              "processes; broker cpu: the broker's)\n")
+        print("| phase | `rate-micro-batch -> noop` | Python source -> Python sink, both empty | `ottla -> ottla` "
+              "exactly-once | Ottla adds to `rate -> noop` | Ottla adds to the empty Python pair |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
-        for leg, (s, spark_cpu, broker_cpu) in legs_measured.items():
-            print(f"| {leg} | {n / s:,.0f} | {n * size / s / 1e6:,.1f} | {base / s:.2f} | "
-                  f"{spark_cpu:.2f} + {broker_cpu:.2f} | {base_cpu / (spark_cpu + broker_cpu):.2f} |")
-    print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
-          f"{args.batches - 1} micro-batches, seconds):\n")
-    print("(phases: Spark's durationMs, wall; cpu: CPU s per micro-batch of the Spark JVM and its Python "
-          "processes; broker cpu: the broker's)\n")
-    print("| phase | `rate-micro-batch -> noop` | Python source -> Python sink, both empty | `ottla -> ottla` "
-          "exactly-once | Ottla adds to `rate -> noop` | Ottla adds to the empty Python pair |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for phase in PHASES:
-        print(f"| {phase} | {spark_cost[phase]:.3f} | {python_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
-              f"{ottla_cost[phase] - spark_cost[phase]:.3f} | {ottla_cost[phase] - python_cost[phase]:.3f} |")
+        for phase in PHASES:
+            print(f"| {phase} | {spark_cost[phase]:.3f} | {python_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
+                  f"{ottla_cost[phase] - spark_cost[phase]:.3f} | {ottla_cost[phase] - python_cost[phase]:.3f} |")
     if args.probes:
         _probe_table(probes, args.batches)
     print()

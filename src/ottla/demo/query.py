@@ -46,19 +46,21 @@ def enrich(payments):
     return parsed.selectExpr("p.id AS key", f"{_ENRICHED} AS value")
 
 
-def spark_session(app_name: str):
+def spark_session(app_name: str, conf: dict | None = None):
     """local[2,3]: two cores, and a failed task gets retried as on a cluster. Quiet: no progress bar,
-    no UI, errors only."""
+    no UI, errors only. `conf`: more Spark settings (the benchmarks try some)."""
     from pyspark.sql import SparkSession
 
     import ottla.spark
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers must see this venv's packages
-    session = (SparkSession.builder.master("local[2,3]").appName(app_name)
+    builder = (SparkSession.builder.master("local[2,3]").appName(app_name)
                .config("spark.sql.shuffle.partitions", 2)
                .config("spark.ui.enabled", False)
-               .config("spark.ui.showConsoleProgress", False)
-               .getOrCreate())
+               .config("spark.ui.showConsoleProgress", False))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     ottla.spark.register(session)
     return session

@@ -37,6 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from .options import OptionError, WriteOptions
+from .source import freeze_worker_heap
 
 _BATCH_ID = "streaming.sql.batchId"
 _QUERY_ID = "sql.streaming.queryId"
@@ -328,6 +329,7 @@ class BatchWriter(DataSourceArrowWriter):
         self._options = options
 
     def write(self, iterator: Iterator) -> TaskResult:
+        freeze_worker_heap()
         return _write_at_least_once(iterator, self._options)
 
 
@@ -338,6 +340,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         self._options = options
 
     def write(self, iterator: Iterator) -> TaskResult:
+        freeze_worker_heap()
         if self._options.exactly_once:
             return _write_exactly_once(iterator, self._options)
         return _write_at_least_once(iterator, self._options)
