@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ottla.protocol.codec import FrameDecoder, _request_codec, decode_request
 from ottla.protocol.errors import MalformedRequest
 from ottla.protocol.shape import UnknownTaggedFields, check_request, produce_entries, strip_unknown_tagged_fields
+from ottla.protocol.shape import uvarint_bytes as _uvarint
 from ottla.server.handlers import load_handlers
 from ottla.testing.fuzz import RequestFactory, encode, mutate
 
@@ -158,12 +159,3 @@ def test_unknown_tagged_fields_are_dropped_and_known_ones_kept_at_every_depth():
     plain = header + bytes([2]) + topic + bytes([0]) + bytes([1, 0, 0])
     nested = header + bytes([2]) + topic + bytes([1, 40, 1, 7]) + bytes([1, 0]) + bytes([1]) + _uvarint(300) + bytes([0])
     assert decode_request(nested, SUPPORTED).body == decode_request(plain, SUPPORTED).body
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)

@@ -14,12 +14,15 @@ no values are built: it costs a few microseconds per request whatever its size.
 from __future__ import annotations
 
 import dataclasses
+import io
 import struct
 import threading
 import types
 import typing
 from functools import cache
 from typing import Callable
+
+from kio.serial.writers import write_unsigned_varint
 
 from .errors import MalformedRequest
 from .schemas import request_schema
@@ -247,7 +250,7 @@ def _entity_shape(entity: type) -> _Shape:
                     raise MalformedRequest(f"{name}: unknown tagged fields inside tagged field {tag}")
                 kept.append((field_at, pos))
             if edits is not None and len(kept) < count:
-                edits.append((count_at, pos, _uvarint_bytes(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)))
+                edits.append((count_at, pos, uvarint_bytes(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)))
         return pos
     return _Shape(walk, min_size + (1 if flexible else 0))
 
@@ -301,13 +304,10 @@ def strip_unknown_tagged_fields(frame: Buffer, api_key: int, api_version: int) -
     return bytes(out)
 
 
-def _uvarint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def uvarint_bytes(value: int) -> bytes:
+    out = io.BytesIO()
+    write_unsigned_varint(out, value)
+    return out.getvalue()
 
 
 def produce_entries(frame: Buffer, api_version: int, limit: int) -> int:
