@@ -196,32 +196,47 @@ class BrokerConnection:
         return self.send(api_key, version, build(_request_module(api_key, version)))
 
     def send(self, api_key: int, version: int, body: Any) -> Any:
-        header_schema, write_header, write_body, read_header, read_body = _codec(api_key, version)
+        return self.receive(api_key, version, self.submit(api_key, version, body))
+
+    def submit(self, api_key: int, version: int, body: Any) -> int:
+        """Send a request without waiting for its answer (`receive` takes answers in the order sent);
+        returns its correlation id."""
+        header_schema, write_header, write_body, _, _ = _codec(api_key, version)
         self._correlation_id += 1
-        correlation_id = self._correlation_id
         out = io.BytesIO()
         out.write(b"\0\0\0\0")
         write_header(out, header_schema(request_api_key=api_key, request_api_version=version,
-                                        correlation_id=correlation_id, client_id=self._client_id))
+                                        correlation_id=self._correlation_id, client_id=self._client_id))
         write_body(out, body)
         frame = out.getbuffer()
         _SIZE.pack_into(frame, 0, len(frame) - 4)
         try:
             self._socket.sendall(frame)
+        except OSError as exc:
+            raise self._lost(exc) from None
+        finally:
             del frame
+        return self._correlation_id
+
+    def receive(self, api_key: int, version: int, correlation_id: int) -> Any:
+        """The answer to the submitted request `correlation_id`, the oldest not yet received."""
+        _, _, _, read_header, read_body = _codec(api_key, version)
+        try:
             payload = self._receive_frame()
         except socket.timeout:
             raise ProtocolClientError(f"broker at {self.address} did not answer "
                                       f"{api_name(api_key)} in time") from None
         except OSError as exc:
-            raise ProtocolClientError(f"lost the connection to broker at {self.address} "
-                                      f"({exc.strerror or exc})") from None
+            raise self._lost(exc) from None
         header, offset = read_header(payload, 0)
         if header.correlation_id != correlation_id:
             raise ProtocolClientError(f"broker at {self.address} answered correlation id "
                                       f"{header.correlation_id}, expected {correlation_id}")
         response, _ = read_body(payload, offset)
         return response
+
+    def _lost(self, exc: OSError) -> ProtocolClientError:
+        return ProtocolClientError(f"lost the connection to broker at {self.address} ({exc.strerror or exc})")
 
     def _receive_frame(self) -> bytes:
         (size,) = _SIZE.unpack(self._receive_exactly(4))

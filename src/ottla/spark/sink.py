@@ -29,14 +29,18 @@ import operator
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
+from . import producer as own_producer
 from .options import OptionError, WriteOptions
+from .record_batches import Columns
 from .source import freeze_worker_heap
 
 _BATCH_ID = "streaming.sql.batchId"
@@ -50,6 +54,7 @@ _RECONNECT_BACKOFF_MS = 10
 # Clients a Python worker keeps between tasks, by client config (and transactional id).
 _EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exists in this process
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
+_OWN: dict[tuple, "own_producer.OwnProducer"] = {}
 _TRANSACTIONAL: dict[tuple, "_TransactionalTask"] = {}
 _KEEP_AT_MOST = 16  # transactional producers per worker: each holds librdkafka threads and connections
 
@@ -180,6 +185,8 @@ def _idempotent_producer(options: WriteOptions) -> tuple[Producer, list[str]]:
 
 
 def _write_at_least_once(batches: Iterator, options: WriteOptions) -> TaskResult:
+    if own_producer.supports(options.client):
+        return _write_own(batches, options)
     producer, failures = _idempotent_producer(options)
     failures.clear()
     count = 0
@@ -197,6 +204,46 @@ def _write_at_least_once(batches: Iterator, options: WriteOptions) -> TaskResult
         producer.purge()
         raise
     return TaskResult(TaskContext.get().partitionId(), count)
+
+
+def _write_own(batches: Iterator, options: WriteOptions) -> TaskResult:
+    """At-least-once through Ottla's own idempotent producer: Arrow columns to record batches, no Python
+    call per row. One producer per worker process and client config, kept while its tasks succeed."""
+    key = tuple(sorted(options.client.items()))
+    producer = _OWN.pop(key, None) or own_producer.OwnProducer(options.client, options.timeout_s)
+    count = 0
+    try:
+        for batch in _rows(batches):
+            _send_batch(producer, batch, options.topic)
+            count += batch.num_rows
+        producer.flush()
+    except BaseException:
+        producer.close()  # its sequences may be out of step with the broker's: a new producer id next time
+        raise
+    _OWN[key] = producer
+    return TaskResult(TaskContext.get().partitionId(), count)
+
+
+def _send_batch(producer: own_producer.OwnProducer, batch, default_topic: str | None) -> None:
+    """Hand one Arrow batch's columns to the producer, per topic. Option `topic` overrides the column."""
+    names = set(batch.schema.names)
+    columns = Columns(batch.column("value"), batch.column("key") if "key" in names else None,
+                      batch.column("headers") if "headers" in names else None)
+    partitions = (pc.fill_null(batch.column("partition"), -1).to_numpy().astype(np.int64)
+                  if "partition" in names else None)
+    if default_topic:
+        producer.send(default_topic, columns, partitions)
+        return
+    if batch.column("topic").null_count:
+        raise ValueError("a row has a null 'topic' and no option 'topic' is set")
+    topics = batch.column("topic").dictionary_encode()
+    indices = topics.indices.to_numpy()
+    for index, topic in enumerate(topics.dictionary.to_pylist()):
+        rows = np.flatnonzero(indices == index)
+        if len(rows) == len(indices):
+            producer.send(topic, columns, partitions)
+        elif len(rows):
+            producer.send(topic, columns.take(rows), None if partitions is None else partitions[rows])
 
 
 def _write_exactly_once(batches: Iterator, options: WriteOptions) -> TaskResult:

@@ -1,0 +1,236 @@
+"""Record batches (magic v2) encoded straight from Arrow columns, and Kafka's murmur2 partitioner over them.
+
+The sink's per-record cost was a Python call per row into confluent-kafka (issue 16). Here no Python runs
+per record: a record's fields are varints of lengths and deltas, computed for all rows at once with numpy;
+Arrow's `binary_join_element_wise` then lays out, row by row in C++, the varints, key, value and headers of
+each record end to end, which is the batch's records section. A header costs the same way (its varints,
+key and value joined, then a row's headers joined by `binary_join`).
+
+Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
+value length | value | header count | (key length | key | value length | value)* ; varints zigzag-encoded,
+-1 for a null key, value or header value.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
+from ..records.crc import crc32c
+
+__all__ = ["Batch", "Columns", "encode", "encode_batches", "murmur2_partitions"]
+
+_VARINT_BYTES = 5  # lengths and deltas are 32-bit: a zigzag varint of one takes at most 5 bytes
+_SHIFTS = np.arange(_VARINT_BYTES, dtype=np.uint64) * np.uint64(7)
+_BOUNDS = np.uint64(1) << _SHIFTS[1:]  # a value at or above bound k needs more than k bytes
+_CRC = struct.Struct(">I")
+_RECORD_MOST = 24  # a record's bytes besides key, value, headers and offset delta: at most 4 varints, 1 attribute
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The sink's columns for the rows to write, in order: binary or string arrays, and headers as
+    list<struct<key: string, value: binary>>."""
+
+    values: pa.Array
+    keys: pa.Array | None = None
+    headers: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def take(self, rows: np.ndarray) -> Columns:
+        pick = pa.array(rows)
+        return Columns(*(None if c is None else c.take(pick) for c in (self.values, self.keys, self.headers)))
+
+    def slice(self, start: int, stop: int) -> Columns:
+        return Columns(*(None if c is None else c.slice(start, stop - start)
+                         for c in (self.values, self.keys, self.headers)))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One encoded batch and how many records (sequence numbers) it holds."""
+
+    data: bytes
+    records: int
+
+
+def varint_sizes(values: np.ndarray) -> np.ndarray:
+    """Bytes of each zigzag varint (int64 in, same shape out)."""
+    return _sizes(_zigzag(values)).astype(np.int64)
+
+
+def _sizes(zigzag: np.ndarray) -> np.ndarray:
+    sizes = np.ones(zigzag.shape, np.uint8)
+    for bound in _BOUNDS:  # one pass per bound: a reduction over a short last axis is numpy's slow case
+        sizes += zigzag >= bound
+    return sizes
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.int64)
+    return ((values << 1) ^ (values >> 63)).view(np.uint64)
+
+
+def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The zigzag varints of 2-d int64 `values` end to end in row-major order (uint8), and the bytes per row.
+    Each pass writes one byte of every varint that has one there: most have one or two."""
+    rows, columns = values.shape
+    zigzag = _zigzag(values).ravel()
+    sizes = _sizes(zigzag)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    position = ends - sizes
+    out = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+    while len(zigzag):
+        more = sizes > 1
+        out[position] = (zigzag & np.uint64(0x7F)).astype(np.uint8) | (more.view(np.uint8) << np.uint8(7))
+        zigzag, sizes, position = zigzag[more] >> np.uint64(7), sizes[more] - 1, position[more] + 1
+    per_row = ends[columns - 1::columns] - np.concatenate([[0], ends[columns - 1:-1:columns]]) if rows else ends
+    return out, per_row
+
+
+def _binary(stream: np.ndarray, sizes: np.ndarray) -> pa.Array:
+    """A binary array over `stream` cut into pieces of `sizes` bytes (no copy)."""
+    offsets = np.zeros(len(sizes) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(stream)])
+
+
+def _fields(values: np.ndarray) -> pa.Array:
+    """Per row, the varints of the row's fields (the columns of 2-d int64 `values`) end to end."""
+    return _binary(*varints(values))
+
+
+def _lengths(column: pa.Array) -> np.ndarray:
+    """Byte length per row, -1 for null."""
+    return pc.fill_null(pc.binary_length(column), -1).to_numpy().astype(np.int64)
+
+
+def as_binary(column: pa.Array) -> pa.Array:
+    """A string column viewed as binary: the same bytes, no UTF-8 decode."""
+    if pa.types.is_string(column.type):
+        return column.view(pa.binary())
+    if pa.types.is_large_string(column.type):
+        return column.view(pa.large_binary())
+    return column
+
+
+def _join(*columns: pa.Array) -> pa.Array:
+    """Row by row, the columns' bytes end to end; a null adds nothing (its length field says -1)."""
+    return pc.binary_join_element_wise(*columns, b"", null_handling="replace", null_replacement=b"")
+
+
+def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(per row its headers encoded end to end, count per row)."""
+    counts = pc.fill_null(pc.list_value_length(headers), 0).to_numpy().astype(np.int64)
+    entries = headers.flatten()
+    keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
+    if keys.null_count:
+        raise ValueError("a header has a null key")
+    encoded = _join(_fields(_lengths(keys)[:, None]), keys, _fields(_lengths(values)[:, None]), values)
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), encoded), b""), counts
+
+
+def record_sizes(columns: Columns) -> np.ndarray:
+    """Each record's encoded size at most, bar its offset delta's varint: to split rows into batches under a
+    byte limit before the deltas are known."""
+    size = np.maximum(_lengths(as_binary(columns.values)), 0) + _RECORD_MOST
+    if columns.keys is not None:
+        size += np.maximum(_lengths(as_binary(columns.keys)), 0)
+    if columns.headers is not None:
+        size += _lengths(_header_sections(columns.headers)[0])
+    return size
+
+
+def encode(columns: Columns, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
+           base_sequence: int = -1, transactional: bool = False) -> bytes:
+    """One uncompressed v2 batch of every row of `columns` (at least one), all with `timestamp` (CreateTime, ms)."""
+    n = len(columns)
+    values = as_binary(columns.values)
+    keys = as_binary(columns.keys) if columns.keys is not None else pa.nulls(n, pa.binary())
+    if columns.headers is not None:
+        headers, header_counts = _header_sections(columns.headers)
+    else:
+        headers, header_counts = pa.nulls(n, pa.binary()), np.zeros(n, np.int64)
+    # Per record: length | attributes (0, which is one byte like the varint of 0) | timestamp delta (0: the
+    # batch's timestamp) | offset delta | key length, then value length and header count.
+    fields = np.zeros((n, 7), np.int64)
+    fields[:, 3] = np.arange(n)
+    fields[:, 4] = _lengths(keys)
+    fields[:, 5] = _lengths(values)
+    fields[:, 6] = header_counts
+    fields[:, 0] = (varint_sizes(fields[:, 1:]).sum(axis=1) + fields[:, 4].clip(0) + fields[:, 5].clip(0)
+                    + _lengths(headers).clip(0))
+    records = _join(_fields(fields[:, :5]), keys, _fields(fields[:, 5:6]), values, _fields(fields[:, 6:]), headers)
+    _, offsets, data = records.buffers()
+    start, stop = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + n]]
+    out = bytearray(HEADER_SIZE) + memoryview(data)[start:stop]
+    HEADER.pack_into(out, 0, 0, len(out) - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_BIT if transactional else 0,
+                     n - 1, timestamp, timestamp, producer_id, producer_epoch, base_sequence, n)
+    _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def encode_batches(columns: Columns, *, max_bytes: int, sequence: int = -1, **header) -> list[Batch]:
+    """`columns` as consecutive batches of at most `max_bytes` each (a record larger than that goes alone),
+    their sequence numbers following on from `sequence` unless it is -1 (no producer id)."""
+    ends = np.cumsum(record_sizes(columns) + _VARINT_BYTES)
+    batches, start = [], 0
+    while start < len(columns):
+        limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
+        stop = max(int(np.searchsorted(ends, limit, "right")), start + 1)
+        first = -1 if sequence < 0 else (sequence + start) % 2**31  # sequences wrap after Int32 max, as Kafka's
+        batches.append(Batch(encode(columns.slice(start, stop), base_sequence=first, **header), stop - start))
+        start = stop
+    return batches
+
+
+_M = np.uint32(0x5BD1E995)
+_SEED = np.uint32(0x9747B28C)
+
+
+def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
+    """Kafka's default partition of each key (Java's `Utils.murmur2` made positive, modulo the partition
+    count; librdkafka's `murmur2` partitioner); -1 for a null key. Keys of one length are hashed together,
+    a column of bytes at a time, so the Python loop is over key lengths and 4-byte words, not rows."""
+    keys = as_binary(keys)
+    valid = keys.is_valid().to_numpy(zero_copy_only=False)
+    if keys.null_count:
+        keys = pc.fill_null(keys, b"")  # a null slot's bytes are not defined
+    lengths = _lengths(keys)
+    _, offsets, data = keys.buffers()
+    offsets = np.frombuffer(offsets, np.int64 if pa.types.is_large_binary(keys.type) else np.int32)
+    starts = offsets[keys.offset:keys.offset + len(keys)].astype(np.int64)
+    data = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    result = np.full(len(keys), -1, np.int64)
+    with np.errstate(over="ignore"):
+        for length in np.unique(lengths[valid]):
+            rows = np.flatnonzero((lengths == length) & valid)
+            block = data[starts[rows, None] + np.arange(length)]
+            h = np.full(len(rows), _SEED ^ np.uint32(length), np.uint32)
+            words = length // 4
+            k = block[:, :words * 4].copy().view("<u4")
+            for i in range(words):
+                w = k[:, i] * _M
+                w ^= w >> np.uint32(24)
+                w *= _M
+                h *= _M
+                h ^= w
+            tail = length % 4
+            for j in range(tail - 1, -1, -1):
+                h ^= block[:, words * 4 + j].astype(np.uint32) << np.uint32(8 * j)
+            if tail:
+                h *= _M
+            h ^= h >> np.uint32(13)
+            h *= _M
+            h ^= h >> np.uint32(15)
+            result[rows] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
+    return result
