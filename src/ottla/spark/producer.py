@@ -86,9 +86,10 @@ class OwnProducer:
         metadata = self._cluster.metadata(sorted(topics))
         self._leaders.update({name: [p.leader for p in infos] for name, infos in metadata.items()})
 
-    def send(self, topic: str, columns: Columns, partitions: np.ndarray | None = None) -> None:
+    def send(self, topic: str, columns: Columns, partitions: np.ndarray | None = None) -> np.ndarray:
         """Write the rows of `columns` to `topic`, each to its partition in `partitions` (-1 or None: by key
-        with murmur2 as Java clients do, a null key to one partition chosen at random per call)."""
+        with murmur2 as Java clients do, a null key to one partition chosen at random per call); returns
+        the partition of each row. `flush` says whether they were written."""
         count = self.partitions(topic)
         if partitions is None:
             partitions = np.full(len(columns), -1, np.int64)
@@ -113,6 +114,7 @@ class OwnProducer:
                 self._sequences[topic, partition] += batch.records
                 batches.append((topic, partition, batch))
         self._submit(batches)
+        return partitions
 
     def flush(self) -> None:
         """Wait until every record sent is written; raise ProduceFailed if some cannot be."""
