@@ -8,7 +8,8 @@ records as `spark_pipeline.py`'s 100-byte legs (key = the row number as a string
 padded to the size):
 
 - sink: the at-least-once writer's produce path (`_produce_batch` over Arrow batches of 10,000 rows, then
-  `flush`) with a new idempotent producer per run;
+  `flush`) with a new idempotent producer per run, through confluent-kafka and through Ottla's own producer
+  (`_send_batch`: batches encoded from the Arrow columns);
 - source: `read_range` over each partition's whole range (read_committed), every Arrow batch taken.
 
 The modules a Spark Python worker has loaded are imported first: Python's cyclic garbage collector walks
@@ -34,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 import ottla.testing
 from ottla.spark import sink, source
 from ottla.spark.options import parse_read_options, parse_write_options
+from ottla.spark.producer import OwnProducer
 from ottla.spark.source import OffsetRange, source_schema
 
 PARTITIONS = 4
@@ -70,6 +72,17 @@ def write(bootstrap: str, topic: str, batches: list) -> float:
     return time.thread_time() - started
 
 
+def write_own(bootstrap: str, topic: str, batches: list) -> float:
+    producer = OwnProducer({"bootstrap.servers": bootstrap}, 60)
+    producer.partitions(topic)  # connected before the clock starts, as a kept producer is
+    started = time.thread_time()
+    for batch in batches:
+        sink._send_batch(producer, batch, topic)
+    producer.flush()
+    producer.close()
+    return time.thread_time() - started
+
+
 def read(bootstrap: str, topic: str, ranges: list[OffsetRange]) -> int:
     options = parse_read_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
     schema = source_schema(False)
@@ -101,6 +114,11 @@ def main() -> int:
             main_thread, cpu, wall, broker_s = measured(broker.pid, lambda: write(broker.bootstrap, topic, batches))
             print(f"| {run} | sink: `_produce_batch` + flush | {cpu / n * 1e6:.2f} | {main_thread / n * 1e6:.2f} | "
                   f"{wall:.2f} | {broker_s:.2f} |", flush=True)
+            own = f"{topic}-own"
+            admin.create_topics([NewTopic(own, PARTITIONS, 1)])[own].result(30)
+            main_thread, cpu, wall, broker_s = measured(broker.pid, lambda: write_own(broker.bootstrap, own, batches))
+            print(f"| {run} | sink: own producer, `_send_batch` + flush | {cpu / n * 1e6:.2f} | "
+                  f"{main_thread / n * 1e6:.2f} | {wall:.2f} | {broker_s:.2f} |", flush=True)
             consumer = source._kept_consumer(parse_read_options({"kafka.bootstrap.servers": broker.bootstrap,
                                                                  "subscribe": topic}))
             ranges = [OffsetRange(topic, p, *consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30))

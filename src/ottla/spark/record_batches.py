@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from ..records.crc import crc32c
 
-__all__ = ["Batch", "Columns", "encode", "encode_batches", "murmur2_partitions"]
+__all__ = ["Batch", "Columns", "encode_batches", "murmur2_partitions"]
 
 _VARINT_BYTES = 5  # lengths and deltas are 32-bit: a zigzag varint of one takes at most 5 bytes
 _SHIFTS = np.arange(_VARINT_BYTES, dtype=np.uint64) * np.uint64(7)
@@ -83,6 +83,8 @@ def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Each pass writes one byte of every varint that has one there: most have one or two."""
     rows, columns = values.shape
     zigzag = _zigzag(values).ravel()
+    if not len(zigzag) or zigzag.max() < 0x80:  # one byte each: the varint is the value
+        return zigzag.astype(np.uint8), np.full(rows, columns, np.int64)
     sizes = _sizes(zigzag)
     ends = np.cumsum(sizes, dtype=np.int64)
     position = ends - sizes
@@ -109,7 +111,10 @@ def _fields(values: np.ndarray) -> pa.Array:
 
 def _lengths(column: pa.Array) -> np.ndarray:
     """Byte length per row, -1 for null."""
-    return pc.fill_null(pc.binary_length(column), -1).to_numpy().astype(np.int64)
+    lengths = pc.binary_length(column)
+    if column.null_count:
+        lengths = pc.fill_null(lengths, -1)
+    return lengths.to_numpy().astype(np.int64)
 
 
 def as_binary(column: pa.Array) -> pa.Array:
@@ -139,40 +144,52 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), encoded), b""), counts
 
 
-def record_sizes(columns: Columns) -> np.ndarray:
-    """Each record's encoded size at most, bar its offset delta's varint: to split rows into batches under a
-    byte limit before the deltas are known."""
-    size = np.maximum(_lengths(as_binary(columns.values)), 0) + _RECORD_MOST
-    if columns.keys is not None:
-        size += np.maximum(_lengths(as_binary(columns.keys)), 0)
-    if columns.headers is not None:
-        size += _lengths(_header_sections(columns.headers)[0])
-    return size
+@dataclass(frozen=True)
+class _Rows:
+    """The columns as the encoder joins them, with each row's lengths: computed once for all of a set's batches."""
+
+    values: pa.Array
+    keys: pa.Array
+    headers: pa.Array  # per row its headers encoded end to end (null: none)
+    value_lengths: np.ndarray
+    key_lengths: np.ndarray
+    header_counts: np.ndarray
+    header_lengths: np.ndarray
+
+    @classmethod
+    def of(cls, columns: Columns) -> _Rows:
+        n = len(columns)
+        values = as_binary(columns.values)
+        keys = as_binary(columns.keys) if columns.keys is not None else pa.nulls(n, pa.binary())
+        if columns.headers is not None:
+            headers, counts = _header_sections(columns.headers)
+        else:
+            headers, counts = pa.nulls(n, pa.binary()), np.zeros(n, np.int64)
+        return cls(values, keys, headers, _lengths(values), _lengths(keys), counts, _lengths(headers).clip(0))
+
+    def sizes(self) -> np.ndarray:
+        """Each record's encoded size at most, bar its offset delta's varint."""
+        return self.value_lengths.clip(0) + self.key_lengths.clip(0) + self.header_lengths + _RECORD_MOST
 
 
-def encode(columns: Columns, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
-           base_sequence: int = -1, transactional: bool = False) -> bytes:
-    """One uncompressed v2 batch of every row of `columns` (at least one), all with `timestamp` (CreateTime, ms)."""
-    n = len(columns)
-    values = as_binary(columns.values)
-    keys = as_binary(columns.keys) if columns.keys is not None else pa.nulls(n, pa.binary())
-    if columns.headers is not None:
-        headers, header_counts = _header_sections(columns.headers)
-    else:
-        headers, header_counts = pa.nulls(n, pa.binary()), np.zeros(n, np.int64)
+def _encode(rows: _Rows, start: int, stop: int, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
+            base_sequence: int = -1, transactional: bool = False) -> bytes:
+    """One uncompressed v2 batch of rows [start, stop), all with `timestamp` (CreateTime, ms)."""
+    n = stop - start
     # Per record: length | attributes (0, which is one byte like the varint of 0) | timestamp delta (0: the
     # batch's timestamp) | offset delta | key length, then value length and header count.
     fields = np.zeros((n, 7), np.int64)
     fields[:, 3] = np.arange(n)
-    fields[:, 4] = _lengths(keys)
-    fields[:, 5] = _lengths(values)
-    fields[:, 6] = header_counts
+    fields[:, 4] = rows.key_lengths[start:stop]
+    fields[:, 5] = rows.value_lengths[start:stop]
+    fields[:, 6] = rows.header_counts[start:stop]
     fields[:, 0] = (varint_sizes(fields[:, 1:]).sum(axis=1) + fields[:, 4].clip(0) + fields[:, 5].clip(0)
-                    + _lengths(headers).clip(0))
-    records = _join(_fields(fields[:, :5]), keys, _fields(fields[:, 5:6]), values, _fields(fields[:, 6:]), headers)
+                    + rows.header_lengths[start:stop])
+    records = _join(_fields(fields[:, :5]), rows.keys.slice(start, n), _fields(fields[:, 5:6]),
+                    rows.values.slice(start, n), _fields(fields[:, 6:]), rows.headers.slice(start, n))
     _, offsets, data = records.buffers()
-    start, stop = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + n]]
-    out = bytearray(HEADER_SIZE) + memoryview(data)[start:stop]
+    first, last = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + n]]
+    out = bytearray(HEADER_SIZE) + memoryview(data)[first:last]
     HEADER.pack_into(out, 0, 0, len(out) - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_BIT if transactional else 0,
                      n - 1, timestamp, timestamp, producer_id, producer_epoch, base_sequence, n)
     _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[CRC_START:]))
@@ -180,15 +197,18 @@ def encode(columns: Columns, *, timestamp: int, producer_id: int = -1, producer_
 
 
 def encode_batches(columns: Columns, *, max_bytes: int, sequence: int = -1, **header) -> list[Batch]:
-    """`columns` as consecutive batches of at most `max_bytes` each (a record larger than that goes alone),
-    their sequence numbers following on from `sequence` unless it is -1 (no producer id)."""
-    ends = np.cumsum(record_sizes(columns) + _VARINT_BYTES)
+    """`columns` as consecutive uncompressed batches of at most `max_bytes` each (a record larger than that
+    goes alone), their sequence numbers following on from `sequence` unless it is -1 (no producer id).
+    `header`: the batch header's timestamp (every record's, CreateTime ms), producer_id, producer_epoch,
+    transactional."""
+    rows = _Rows.of(columns)
+    ends = np.cumsum(rows.sizes() + _VARINT_BYTES)
     batches, start = [], 0
     while start < len(columns):
         limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
         stop = max(int(np.searchsorted(ends, limit, "right")), start + 1)
         first = -1 if sequence < 0 else (sequence + start) % 2**31  # sequences wrap after Int32 max, as Kafka's
-        batches.append(Batch(encode(columns.slice(start, stop), base_sequence=first, **header), stop - start))
+        batches.append(Batch(_encode(rows, start, stop, base_sequence=first, **header), stop - start))
         start = stop
     return batches
 
