@@ -222,10 +222,10 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     count; librdkafka's `murmur2` partitioner); -1 for a null key. Keys of one length are hashed together,
     a column of bytes at a time, so the Python loop is over key lengths and 4-byte words, not rows."""
     keys = as_binary(keys)
-    valid = keys.is_valid().to_numpy(zero_copy_only=False)
+    lengths = _lengths(keys)
+    valid = lengths >= 0
     if keys.null_count:
         keys = pc.fill_null(keys, b"")  # a null slot's bytes are not defined
-    lengths = _lengths(keys)
     _, offsets, data = keys.buffers()
     offsets = np.frombuffer(offsets, np.int64 if pa.types.is_large_binary(keys.type) else np.int32)
     starts = offsets[keys.offset:keys.offset + len(keys)].astype(np.int64)
