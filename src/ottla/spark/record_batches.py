@@ -29,6 +29,7 @@ _VARINT_BYTES = 5  # lengths and deltas are 32-bit: a zigzag varint of one takes
 _SHIFTS = np.arange(_VARINT_BYTES, dtype=np.uint64) * np.uint64(7)
 _BOUNDS = np.uint64(1) << _SHIFTS[1:]  # a value at or above bound k needs more than k bytes
 _CRC = struct.Struct(">I")
+_NOTHING = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.zeros(2, np.int32)), pa.py_buffer(b"")])[0]
 _RECORD_MOST = 24  # a record's bytes besides key, value, headers and offset delta: at most 4 varints, 1 attribute
 
 
@@ -45,7 +46,7 @@ class Columns:
         return len(self.values)
 
     def take(self, rows: np.ndarray) -> Columns:
-        pick = pa.array(rows)
+        pick = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows.astype(np.int64))])
         return Columns(*(None if c is None else c.take(pick) for c in (self.values, self.keys, self.headers)))
 
     def slice(self, start: int, stop: int) -> Columns:
@@ -109,12 +110,33 @@ def _fields(values: np.ndarray) -> pa.Array:
     return _binary(*varints(values))
 
 
+def numbers(column: pa.Array, dtype) -> np.ndarray:
+    """The values of a fixed-width column as numpy sees them (a null's is undefined), without copying.
+    pyarrow's `to_numpy`, like its conversion of any Python scalar, imports pandas: a second or so of CPU
+    in every new Spark Python worker, which the sink has no other use for."""
+    return np.frombuffer(column.buffers()[1], dtype)[column.offset:column.offset + len(column)]
+
+
+def valid(column: pa.Array) -> np.ndarray:
+    """True for each row that is not null."""
+    if not column.null_count:
+        return np.ones(len(column), bool)
+    bits = np.unpackbits(np.frombuffer(column.buffers()[0], np.uint8), bitorder="little")
+    return bits[column.offset:column.offset + len(column)].astype(bool)
+
+
+def _offsets(column: pa.Array) -> np.ndarray:
+    """The n + 1 offsets of a binary or list column's rows into its data."""
+    wide = pa.types.is_large_binary(column.type) or pa.types.is_large_list(column.type)
+    return np.frombuffer(column.buffers()[1], np.int64 if wide else np.int32)[column.offset:column.offset + len(column) + 1]
+
+
 def _lengths(column: pa.Array) -> np.ndarray:
-    """Byte length per row, -1 for null."""
-    lengths = pc.binary_length(column)
+    """Byte length per row of a binary column, -1 for null."""
+    lengths = np.diff(_offsets(column)).astype(np.int64)
     if column.null_count:
-        lengths = pc.fill_null(lengths, -1)
-    return lengths.to_numpy().astype(np.int64)
+        lengths[~valid(column)] = -1
+    return lengths
 
 
 def as_binary(column: pa.Array) -> pa.Array:
@@ -128,12 +150,13 @@ def as_binary(column: pa.Array) -> pa.Array:
 
 def _join(*columns: pa.Array) -> pa.Array:
     """Row by row, the columns' bytes end to end; a null adds nothing (its length field says -1)."""
-    return pc.binary_join_element_wise(*columns, b"", null_handling="replace", null_replacement=b"")
+    return pc.binary_join_element_wise(*columns, _NOTHING, null_handling="replace", null_replacement=b"")
 
 
 def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """(per row its headers encoded end to end, count per row)."""
-    counts = pc.fill_null(pc.list_value_length(headers), 0).to_numpy().astype(np.int64)
+    counts = np.diff(_offsets(headers)).astype(np.int64)
+    counts[~valid(headers)] = 0  # a null row's offsets may span entries; flatten() leaves those out
     entries = headers.flatten()
     keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
     if keys.null_count:
@@ -141,7 +164,9 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     encoded = _join(_fields(_lengths(keys)[:, None]), keys, _fields(_lengths(values)[:, None]), values)
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), encoded), b""), counts
+    rows = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
+                                    encoded)
+    return pc.binary_join(rows, _NOTHING), counts
 
 
 @dataclass(frozen=True)
@@ -223,17 +248,13 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     a column of bytes at a time, so the Python loop is over key lengths and 4-byte words, not rows."""
     keys = as_binary(keys)
     lengths = _lengths(keys)
-    valid = lengths >= 0
-    if keys.null_count:
-        keys = pc.fill_null(keys, b"")  # a null slot's bytes are not defined
-    _, offsets, data = keys.buffers()
-    offsets = np.frombuffer(offsets, np.int64 if pa.types.is_large_binary(keys.type) else np.int32)
-    starts = offsets[keys.offset:keys.offset + len(keys)].astype(np.int64)
-    data = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    present = lengths >= 0
+    starts = _offsets(keys)[:-1].astype(np.int64)
+    data = np.frombuffer(keys.buffers()[2], np.uint8) if keys.buffers()[2] is not None else np.empty(0, np.uint8)
     result = np.full(len(keys), -1, np.int64)
     with np.errstate(over="ignore"):
-        for length in np.unique(lengths[valid]):
-            rows = np.flatnonzero((lengths == length) & valid)
+        for length in np.unique(lengths[present]):
+            rows = np.flatnonzero((lengths == length) & present)
             block = data[starts[rows, None] + np.arange(length)]
             h = np.full(len(rows), _SEED ^ np.uint32(length), np.uint32)
             words = length // 4

@@ -31,7 +31,6 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
@@ -40,7 +39,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from . import producer as own_producer
 from .options import OptionError, WriteOptions
-from .record_batches import Columns
+from .record_batches import Columns, numbers, valid
 from .source import freeze_worker_heap
 
 _BATCH_ID = "streaming.sql.batchId"
@@ -229,15 +228,17 @@ def _send_batch(producer: own_producer.OwnProducer, batch, default_topic: str | 
     names = set(batch.schema.names)
     columns = Columns(batch.column("value"), batch.column("key") if "key" in names else None,
                       batch.column("headers") if "headers" in names else None)
-    partitions = (pc.fill_null(batch.column("partition"), -1).to_numpy().astype(np.int64)
-                  if "partition" in names else None)
+    partitions = None
+    if "partition" in names:
+        column = batch.column("partition")
+        partitions = np.where(valid(column), numbers(column, np.int32), -1).astype(np.int64)
     if default_topic:
         producer.send(default_topic, columns, partitions)
         return
     if batch.column("topic").null_count:
         raise ValueError("a row has a null 'topic' and no option 'topic' is set")
     topics = batch.column("topic").dictionary_encode()
-    indices = topics.indices.to_numpy()
+    indices = numbers(topics.indices, np.int32)
     for index, topic in enumerate(topics.dictionary.to_pylist()):
         rows = np.flatnonzero(indices == index)
         if len(rows) == len(indices):
