@@ -1,5 +1,8 @@
 """Writing: an at-least-once batch sink and an exactly-once micro-batch sink.
 
+At-least-once tasks write through Ottla's own idempotent producer (producer.py: record batches encoded from
+the Arrow columns) unless a client setting needs librdkafka; exactly-once tasks through confluent-kafka.
+
 Exactly-once, per write task of micro-batch B (Spark partition P of query Q):
 
 1. A transactional producer with transactional.id `<prefix><Q>-<P>` calls init_transactions(). Kafka
