@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -148,3 +149,23 @@ def test_real_clients_read_back_what_the_own_producer_wrote(broker, rows, partit
         assert all((murmur2(k) & 0x7FFFFFFF) % partitions == partition for k in keyed) or explicit
     assert _read_confluent(broker.bootstrap, topic, partitions) == wanted
     assert _read_kafka_python(broker.bootstrap, topic, partitions, {p: len(w) for p, w in wanted.items()}) == wanted
+
+
+@pytest.mark.timeout(300)
+def test_the_own_producer_carries_on_after_the_broker_restarted(ottla_broker):
+    """A kept producer's connection dies with the broker (kill -9): the next rows are resent over a new one, in
+    order, with the sequence numbers the restarted broker expects."""
+    topic = _topic(ottla_broker.bootstrap, 2)
+    producer = OwnProducer({"bootstrap.servers": ottla_broker.bootstrap}, 60)
+    try:
+        first = [(f"k{i}".encode(), f"a{i}".encode(), None) for i in range(50)]
+        producer.send(topic, columns(first), np.arange(50) % 2)
+        producer.flush()
+        ottla_broker.restart(crash=True)
+        then = [(f"k{i}".encode(), f"b{i}".encode(), None) for i in range(50)]
+        producer.send(topic, columns(then), np.arange(50) % 2)
+        producer.flush()
+    finally:
+        producer.close()
+    got = _read_confluent(ottla_broker.bootstrap, topic, 2)
+    assert got == {p: [(k, v, ()) for i, (k, v, _) in enumerate(first + then) if i % 2 == p] for p in (0, 1)}
