@@ -10,6 +10,7 @@ import termios
 import time
 from datetime import timedelta
 
+from kafka import KafkaConsumer, TopicPartition
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
@@ -17,6 +18,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
+from ottla.protocol.schemas import request_schema
+from ottla.records.legacy import down_convert
 from ottla.server.network import _WRITE_SLICE_BYTES
 from tests.waiting import wait_for
 from tests.wire import decode_response, encode_request, read_frame, roundtrip
@@ -129,6 +132,67 @@ def test_consumers_that_never_read_hold_one_slice_each(ottla_broker_factory, raw
         late.settimeout(120)
         for _ in range(5):
             assert _records(read_frame(late)) == fetched
+    finally:
+        for sock in stuck:
+            sock.close()
+    assert broker.running()
+
+
+def _old_fetch_request():
+    """Fetch v3 (message format v1: the broker down-converts the v2 batches) for all of TOPIC."""
+    request = request_schema(1, 3)
+    topic = request.__dataclass_fields__["topics"].type.__args__[0]
+    partition = topic.__dataclass_fields__["partitions"].type.__args__[0]
+    return request(replica_id=-1, max_wait=timedelta(0), min_bytes=0, max_bytes=2**31 - 1, topics=(
+        topic(topic=TOPIC, partitions=(partition(partition=0, fetch_offset=0, partition_max_bytes=2**31 - 1),)),))
+
+
+def test_old_format_consumers_that_never_read_hold_one_group_each(ottla_broker_factory, raw_connection):
+    """Fetch v3 (message format v1): the broker converts the v2 batches it sends. Converted
+    whole in the handler, each unread response held all of it (50 consumers of an 8 MB log:
+    48 -> 465 MiB); converted a group of batches at a time as the socket drains, one group
+    (records/legacy.GROUP_BYTES, or one batch's messages if larger) and the transport's
+    buffer, within the same bound as a Fetch v4+ response. A consumer that reads gets the
+    same bytes as a conversion of the whole response at once."""
+    broker = _broker_with_a_full_log(ottla_broker_factory, raw_connection)
+    host, _, port = broker.bootstrap.rpartition(":")
+    reference = raw_connection(broker.bootstrap, timeout=120)
+    reference.sendall(encode_request(_fetch_request(), correlation_id=1))
+    expected = down_convert(_records(read_frame(reference)), magic=1)  # the whole log, converted at once
+    before = _rss(broker.pid, "VmRSS")
+
+    requests = b"".join(encode_request(_old_fetch_request(), correlation_id=c) for c in range(5))
+    stuck = []
+    for _ in range(CONSUMERS):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(requests)
+        stuck.append(sock)
+    try:
+        wait_for(lambda: all(_unread_bytes(sock) > 0 for sock in stuck), timeout=300,
+                 what="the broker writing to every stuck consumer")
+        grown = _rss(broker.pid, "VmHWM") - before
+        bound = CONSUMERS * PER_CONNECTION_BOUND
+        print(f"{CONSUMERS} unread Fetch v3 responses: broker RSS {before >> 20} MiB + {grown >> 20} MiB at the peak")
+        assert grown < bound, (f"{CONSUMERS} unread Fetch v3 responses of {len(expected) >> 20} MiB took "
+                               f"{grown >> 20} MiB (bound {bound >> 20} MiB)")
+
+        # An old client that reads gets every record, and a stuck consumer that starts reading
+        # gets its five responses byte for byte as converted at once.
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, api_version=(0, 10, 1), auto_offset_reset="earliest",
+                                 enable_auto_commit=False, consumer_timeout_ms=30000)
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        values = [message.value for _, message in zip(range(BATCHES * 100), consumer)]
+        consumer.close()
+        assert values == [bytes([i % 256, r % 256]) * 500 for i in range(BATCHES) for r in range(100)]
+        late = stuck[0]
+        late.settimeout(120)
+        for c in range(5):
+            correlation_id, response = decode_response(read_frame(late), 1, 3)
+            partition = response.responses[0].partitions[0]
+            assert (correlation_id, partition.error_code) == (c, ErrorCode.none)
+            assert partition.records == expected
     finally:
         for sock in stuck:
             sock.close()

@@ -5,7 +5,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 from ottla.errors import ErrorCode, KafkaError
-from ottla.records.legacy import down_convert, up_convert
+from ottla.records.legacy import GROUP_BYTES, LazyDownConversion, down_convert, down_converted, up_convert
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.records.batch import set_base_offset
 from ottla.records.control import build_control_batch
@@ -57,3 +57,80 @@ def test_down_convert_is_read_back_by_kafka_python(magic):
         got += [(r.offset, r.key, r.value, r.timestamp) for r in batch]
     expected_ts = [10, 11, 13] if magic else [None, None, None]
     assert got == [(7, b"a", b"1", expected_ts[0]), (8, None, b"2", expected_ts[1]), (10, b"c", b"3", expected_ts[2])]
+
+
+def _mixed_log() -> bytes:
+    """Batches of every kind a log holds, about 0.75 MB: plain and compressed, null keys and
+    values, headers (dropped by the conversion), LogAppendTime, a transaction marker, one
+    batch larger than a conversion group and many small ones."""
+    data = bytearray()
+    offset = 0
+
+    def add(records, **kwargs):
+        nonlocal offset
+        data.extend(build_batch(records, base_offset=offset, **kwargs))
+        offset += len(records)
+    add([Record(b"k", b"v" * 100, (("h", b"x"),), 1)] * 2000)
+    add([Record(None, None, (), 2)] * 300, compression="gzip")
+    add([Record(b"big", bytes(range(256)) * 1200, (), 3)])  # 300 KB: a group of its own
+    add([Record(f"k{i}".encode(), b"z" * i, (), 4) for i in range(500)], compression="zstd", timestamp_type=1,
+        now_ms=99)
+    marker = bytearray(build_control_batch(producer_id=1, epoch=0, coordinator_epoch=0, commit=True, timestamp=5))
+    set_base_offset(marker, 0, offset)
+    data.extend(marker)
+    offset += 1
+    for i in range(3000):
+        add([Record(None, b"%d" % i, (), 6)])
+    return bytes(data)
+
+
+class _InAFile:
+    """A FileRecords' reading side, counting what is read."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.largest_read = 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def read(self, start: int, length: int) -> bytes:
+        self.largest_read = max(self.largest_read, length)
+        return self.data[start:start + length]
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+@pytest.mark.parametrize("in_file", [False, True])
+def test_lazy_down_conversion_sends_exactly_what_converting_at_once_does(magic, in_file):
+    data = _mixed_log()
+    source = _InAFile(data) if in_file else memoryview(data)
+    lazy = LazyDownConversion(source, magic)
+    eager = down_convert(data, magic)
+    assert len(lazy) == len(eager)
+    assert [start for start, _, _ in lazy.groups] == [0] + [end for _, end, _ in lazy.groups[:-1]]
+    assert lazy.groups[-1][1] == len(data)
+    sent = [lazy.convert(data[start:end], size) for start, end, size in lazy.groups]
+    assert b"".join(sent) == eager
+    # What one unread response holds at a time: a group, or one batch's messages if larger.
+    largest_batch = max(len(down_convert(build_batch([Record(b"big", bytes(range(256)) * 1200, (), 3)]), magic)),
+                        GROUP_BYTES)
+    assert len(lazy.groups) >= 2 and max(len(piece) for piece in sent) < largest_batch + GROUP_BYTES
+    if in_file:
+        assert source.largest_read <= 1 << 20  # the walk reads its batches a piece at a time
+    # A torn tail is dropped as down_convert drops it; a short answer is converted at once.
+    assert len(LazyDownConversion(data + data[:100], magic)) == len(eager)
+    small = data[:2000]
+    assert down_converted(small, magic) == down_convert(small, magic)
+    assert isinstance(down_converted(data, magic), LazyDownConversion)
+
+
+def test_lazy_down_conversion_refuses_a_malformed_batch_and_a_changed_source():
+    batch = bytearray(build_batch([Record(b"k", b"v", (), 1)] * 3))
+    batch[60] = 4  # the header's record count: one record more than the batch holds
+    with pytest.raises(KafkaError) as failed:
+        LazyDownConversion(bytes(batch), 1)
+    assert failed.value.code == ErrorCode.corrupt_message
+    data = build_batch([Record(b"k", b"v", (), 1)] * 3)
+    lazy = LazyDownConversion(data, 1)
+    with pytest.raises(ValueError):
+        lazy.convert(build_batch([Record(b"k", b"vv", (), 1)] * 3), lazy.groups[0][2])

@@ -5,6 +5,14 @@ log only ever holds v2 batches, so a v0/v1 message set is up-converted to one v2
 produce and v2 batches are down-converted to uncompressed v0/v1 messages on fetch, as
 Kafka's broker did. Only these slow paths decode records; current clients never pay.
 
+Fetch v0-3 responses are converted lazily (`LazyDownConversion`, Kafka's
+LazyDownConversionRecords, KIP-283): the handler only walks the records' key and value
+lengths to know the converted size, and the connection converts a group of batches at a
+time as the socket drains, so a consumer that does not read holds one group, not its whole
+response converted. Unlike Kafka, which declares max(source size, first converted batch)
+and pads or cuts the converted stream to fit, the size declared is exact: the bytes sent are
+those `down_convert` makes of the whole response.
+
 Message layout: offset i64 | size i32 | crc u32 (CRC-32 of magic..end) | magic i8 |
 attributes i8 (bits 0-2 codec, bit 3 LogAppendTime in v1) | [timestamp i64, v1 only] |
 key bytes | value bytes. A compressed message's value is a compressed inner message set.
@@ -17,8 +25,9 @@ import zlib
 from collections.abc import Iterator
 
 from ..errors import ErrorCode, KafkaError
-from .compression import NONE, decompress_bounded
-from .records import Record, build_batch, iter_batches
+from .batch import HEADER_SIZE, read_header
+from .compression import NONE, decompress, decompress_bounded
+from .records import Record, build_batch, decode_varint, iter_batches
 
 _PREFIX = struct.Struct(">qiIbb")  # offset, size, crc, magic, attributes
 _I64 = struct.Struct(">q")
@@ -118,3 +127,118 @@ def down_convert(data, magic: int) -> bytes:
         for record in records:
             out += _message(record.offset, magic, record.timestamp, header.timestamp_type, record.key, record.value)
     return bytes(out)
+
+
+# A group of whole batches is closed once its converted messages, or the batches it
+# converts, reach this size: what one unread Fetch v0-3 response holds (or one batch's
+# messages, when a single batch converts to more).
+GROUP_BYTES = 256 * 1024
+# Converted responses shorter than this are converted at once, by the handler.
+EAGER_BYTES = 64 * 1024
+# The walk that sizes a response reads its batches this much at a time.
+_WALK_READ_BYTES = 1 << 20
+
+
+def _reader(source):
+    """read(start, length) of a `FileRecords` (it has one) or of bytes in memory."""
+    return source.read if hasattr(source, "read") else lambda start, length: source[start:start + length]
+
+
+def _message_overhead(magic: int) -> int:
+    """A converted message's bytes besides its key and value (see `_message`)."""
+    return _PREFIX.size + 8 + (_I64.size if magic == 1 else 0)
+
+
+def _converted_size(data, header, overhead: int) -> int:
+    """len(down_convert(batch)): each record's key and value lengths, nothing built."""
+    if header.is_control:
+        return 0
+    with memoryview(data) as view:
+        records = decompress(header.compression, view[header.position + HEADER_SIZE:header.position + header.size])
+    end = len(records)
+    size = position = 0
+    try:
+        for _ in range(header.records_count):
+            length, position = decode_varint(records, position)
+            record_end = position + length
+            if length < 0 or record_end > end:
+                raise ValueError("record runs past the batch")
+            _, p = decode_varint(records, position + 1)  # after the attributes: timestamp delta
+            _, p = decode_varint(records, p)  # offset delta
+            key, p = decode_varint(records, p)
+            value, p = decode_varint(records, p + max(key, 0))
+            if p + max(value, 0) > record_end:
+                raise ValueError("field runs past the record")
+            size += overhead + max(key, 0) + max(value, 0)
+            position = record_end
+        if position != end:
+            raise ValueError("bytes left after the declared record count")
+    except (IndexError, ValueError) as exc:
+        raise KafkaError(ErrorCode.corrupt_message,
+                         f"malformed record in batch at offset {header.base_offset}: {exc}") from None
+    return size
+
+
+class LazyDownConversion:
+    """Fetched v2 batches (in memory or a `FileRecords`) sent as v0/v1 messages, converted a
+    group at a time as the socket drains (`groups`: source start, end, converted size).
+    Its length is the exact converted size, so the encoder writes it like any records."""
+
+    __slots__ = ("source", "magic", "groups", "size")
+
+    def __init__(self, source, magic: int):
+        self.source = source
+        self.magic = magic
+        self.groups: list[tuple[int, int, int]] = []
+        self.size = 0
+        read = _reader(source)
+        overhead = _message_overhead(magic)
+        total = len(source)
+        group_start = position = group_size = 0
+        while total - position >= HEADER_SIZE:
+            data = read(position, min(_WALK_READ_BYTES, total - position))
+            offset = 0
+            while len(data) - offset >= HEADER_SIZE:
+                header = read_header(data, offset)
+                if header.size < HEADER_SIZE or position + offset + header.size > total:
+                    break  # a torn tail: dropped, as the client would drop it
+                if offset + header.size > len(data):
+                    if offset == 0:  # a batch larger than one read
+                        data = read(position, header.size)
+                        continue
+                    break
+                converted = _converted_size(data, header, overhead)
+                offset += header.size
+                group_size += converted
+                if group_size >= GROUP_BYTES or position + offset - group_start >= GROUP_BYTES:
+                    self._close_group(group_start, position + offset, group_size)
+                    group_start, group_size = position + offset, 0
+            if offset == 0:
+                break
+            position += offset
+        if position > group_start:
+            self._close_group(group_start, position, group_size)
+
+    def _close_group(self, start: int, end: int, size: int) -> None:
+        self.groups.append((start, end, size))
+        self.size += size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def convert(self, data, size: int) -> bytes:
+        """A group's batches (`data`, read from the source) as messages; ValueError if they do
+        not come to the `size` walked: the source changed, and the frame cannot be completed."""
+        converted = down_convert(data, self.magic)
+        if len(converted) != size:
+            raise ValueError(f"{len(converted)} bytes converted where {size} were declared")
+        return converted
+
+
+def down_converted(source, magic: int) -> "bytes | LazyDownConversion":
+    """What a Fetch v0-3 response carries for `source`: converted at once when short, else lazily."""
+    lazy = LazyDownConversion(source, magic)
+    if len(lazy) >= EAGER_BYTES:
+        return lazy
+    read = _reader(source)
+    return b"".join(lazy.convert(read(start, end - start), size) for start, end, size in lazy.groups)
