@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from ..errors import ErrorCode, KafkaError
 from .batch import HEADER_SIZE, read_header
 from .compression import NONE, decompress, decompress_bounded
-from .records import Record, build_batch, decode_varint, iter_batches
+from .records import Record, decode_bytes, build_batch, decode_varint, iter_batches
 
 _PREFIX = struct.Struct(">qiIbb")  # offset, size, crc, magic, attributes
 _I64 = struct.Struct(">q")
@@ -129,9 +129,9 @@ def down_convert(data, magic: int) -> bytes:
     return bytes(out)
 
 
-# A group of whole batches is closed once its converted messages, or the batches it
-# converts, reach this size: what one unread Fetch v0-3 response holds (or one batch's
-# messages, when a single batch converts to more).
+# What one unread Fetch v0-3 response holds converted: a group of whole batches is closed
+# once its messages, or the batches it converts, reach this size, and a batch converting to
+# more is sent as groups of its records.
 GROUP_BYTES = 256 * 1024
 # Converted responses shorter than this are converted at once, by the handler.
 EAGER_BYTES = 64 * 1024
@@ -149,14 +149,21 @@ def _message_overhead(magic: int) -> int:
     return _PREFIX.size + 8 + (_I64.size if magic == 1 else 0)
 
 
-def _converted_size(data, header, overhead: int) -> int:
-    """len(down_convert(batch)): each record's key and value lengths, nothing built."""
-    if header.is_control:
-        return 0
+def _records_of(data, header) -> bytes:
     with memoryview(data) as view:
-        records = decompress(header.compression, view[header.position + HEADER_SIZE:header.position + header.size])
+        return decompress(header.compression, view[header.position + HEADER_SIZE:header.position + header.size])
+
+
+def _corrupt(header, exc: Exception) -> KafkaError:
+    return KafkaError(ErrorCode.corrupt_message, f"malformed record in batch at offset {header.base_offset}: {exc}")
+
+
+def _message_sizes(data, header, overhead: int) -> list[int]:
+    """The size of each record's converted message (from its key and value lengths, nothing built)."""
+    records = _records_of(data, header)
     end = len(records)
-    size = position = 0
+    sizes = []
+    position = 0
     try:
         for _ in range(header.records_count):
             length, position = decode_varint(records, position)
@@ -169,27 +176,53 @@ def _converted_size(data, header, overhead: int) -> int:
             value, p = decode_varint(records, p + max(key, 0))
             if p + max(value, 0) > record_end:
                 raise ValueError("field runs past the record")
-            size += overhead + max(key, 0) + max(value, 0)
+            sizes.append(overhead + max(key, 0) + max(value, 0))
             position = record_end
         if position != end:
             raise ValueError("bytes left after the declared record count")
     except (IndexError, ValueError) as exc:
-        raise KafkaError(ErrorCode.corrupt_message,
-                         f"malformed record in batch at offset {header.base_offset}: {exc}") from None
-    return size
+        raise _corrupt(header, exc) from None
+    return sizes
+
+
+def _convert_records(data, magic: int, skip: int, take: int) -> bytes:
+    """Records skip..skip+take of the one batch in `data`, as `down_convert` makes them."""
+    header = read_header(data, 0)
+    records = _records_of(data, header)
+    log_append_time = header.timestamp_type == 1
+    out = bytearray()
+    position = 0
+    try:
+        for _ in range(skip):
+            length, position = decode_varint(records, position)
+            position += length
+        for _ in range(take):
+            length, position = decode_varint(records, position)
+            record_end = position + length
+            timestamp_delta, p = decode_varint(records, position + 1)
+            offset_delta, p = decode_varint(records, p)
+            key, p = decode_bytes(records, p)
+            value, p = decode_bytes(records, p)
+            timestamp = header.max_timestamp if log_append_time else header.first_timestamp + timestamp_delta
+            out += _message(header.base_offset + offset_delta, magic, timestamp, header.timestamp_type, key, value)
+            position = record_end
+    except (IndexError, ValueError) as exc:
+        raise _corrupt(header, exc) from None
+    return bytes(out)
 
 
 class LazyDownConversion:
     """Fetched v2 batches (in memory or a `FileRecords`) sent as v0/v1 messages, converted a
-    group at a time as the socket drains (`groups`: source start, end, converted size).
-    Its length is the exact converted size, so the encoder writes it like any records."""
+    group at a time as the socket drains. `groups`: (source start, end, first record, record
+    count or -1 for whole batches, converted size). Its length is the exact converted size,
+    so the encoder writes it like any records."""
 
     __slots__ = ("source", "magic", "groups", "size")
 
     def __init__(self, source, magic: int):
         self.source = source
         self.magic = magic
-        self.groups: list[tuple[int, int, int]] = []
+        self.groups: list[tuple[int, int, int, int, int]] = []
         self.size = 0
         read = _reader(source)
         overhead = _message_overhead(magic)
@@ -207,29 +240,45 @@ class LazyDownConversion:
                         data = read(position, header.size)
                         continue
                     break
-                converted = _converted_size(data, header, overhead)
-                offset += header.size
-                group_size += converted
+                start, offset = position + offset, offset + header.size
+                sizes = [] if header.is_control else _message_sizes(data, header, overhead)
+                if sum(sizes) > GROUP_BYTES:  # sent as groups of its records
+                    if start > group_start:
+                        self._add(group_start, start, 0, -1, group_size)
+                    self._split(start, position + offset, sizes)
+                    group_start, group_size = position + offset, 0
+                    continue
+                group_size += sum(sizes)
                 if group_size >= GROUP_BYTES or position + offset - group_start >= GROUP_BYTES:
-                    self._close_group(group_start, position + offset, group_size)
+                    self._add(group_start, position + offset, 0, -1, group_size)
                     group_start, group_size = position + offset, 0
             if offset == 0:
                 break
             position += offset
         if position > group_start:
-            self._close_group(group_start, position, group_size)
+            self._add(group_start, position, 0, -1, group_size)
 
-    def _close_group(self, start: int, end: int, size: int) -> None:
-        self.groups.append((start, end, size))
+    def _split(self, start: int, end: int, sizes: list[int]) -> None:
+        first = size = 0
+        for index, message in enumerate(sizes):
+            size += message
+            if size >= GROUP_BYTES or index == len(sizes) - 1:
+                self._add(start, end, first, index + 1 - first, size)
+                first, size = index + 1, 0
+
+    def _add(self, start: int, end: int, skip: int, take: int, size: int) -> None:
+        self.groups.append((start, end, skip, take, size))
         self.size += size
 
     def __len__(self) -> int:
         return self.size
 
-    def convert(self, data, size: int) -> bytes:
-        """A group's batches (`data`, read from the source) as messages; ValueError if they do
-        not come to the `size` walked: the source changed, and the frame cannot be completed."""
-        converted = down_convert(data, self.magic)
+    def convert(self, data, group: tuple[int, int, int, int, int]) -> bytes:
+        """A group's messages from its batches (`data`, read from the source); ValueError if
+        they do not come to the size walked: the source changed, and the frame cannot be
+        completed."""
+        _, _, skip, take, size = group
+        converted = down_convert(data, self.magic) if take < 0 else _convert_records(data, self.magic, skip, take)
         if len(converted) != size:
             raise ValueError(f"{len(converted)} bytes converted where {size} were declared")
         return converted
@@ -241,4 +290,4 @@ def down_converted(source, magic: int) -> "bytes | LazyDownConversion":
     if len(lazy) >= EAGER_BYTES:
         return lazy
     read = _reader(source)
-    return b"".join(lazy.convert(read(start, end - start), size) for start, end, size in lazy.groups)
+    return b"".join(lazy.convert(read(group[0], group[1] - group[0]), group) for group in lazy.groups)

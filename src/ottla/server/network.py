@@ -306,12 +306,12 @@ class Connection(asyncio.BufferedProtocol):
         """
         for chunk in chunks:
             if isinstance(chunk, LazyDownConversion):
-                for start, end, size in chunk.groups:
-                    data = await self._records_slice(chunk.source, start, end - start)
+                for group in chunk.groups:
+                    data = await self._records_slice(chunk.source, group[0], group[1] - group[0])
                     if data is None:
                         return
                     try:
-                        converted = chunk.convert(data, size)
+                        converted = chunk.convert(data, group)
                     except (KafkaError, ValueError) as exc:
                         self.close(f"response cut short: down-conversion failed: {exc}")
                         return
