@@ -4,12 +4,9 @@ fetches the broker down-converts, all asking for gigabytes, while a bystander pr
 consumes. The broker's peak RSS stays within the bound docs/architecture.md ("Bounds")
 states for it, and the bystander's data is byte-exact; its latency is reported, not asserted."""
 
-import fcntl
 import resource
 import socket
 import statistics
-import struct
-import termios
 import time
 from datetime import timedelta
 
@@ -19,7 +16,7 @@ from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopi
 
 from ottla.protocol.schemas import request_schema
 from tests.waiting import wait_for
-from tests.wire import encode_request
+from tests.wire import encode_request, process_memory, stuck_consumers, unread_bytes
 
 IDLE = 2000
 # Consumers sending one Fetch for everything and never reading: Fetch v11, v3 (message
@@ -32,14 +29,6 @@ BYSTANDER_RECORDS = 300
 BASE_BOUND = 64 << 20
 PER_STUCK_BOUND = 1 << 20
 PER_IDLE_BOUND = 32 << 10
-
-
-def _vm(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field}")
 
 
 def _fetch(version: int) -> bytes:
@@ -57,10 +46,6 @@ def _fetch(version: int) -> bytes:
     return encode_request(request(replica_id=-1, max_wait=timedelta(milliseconds=500), min_bytes=1, topics=(
         topic(topic="load", partitions=(partition(partition=0, fetch_offset=0, partition_max_bytes=everything),)),),
         **extra))
-
-
-def _unread_bytes(sock: socket.socket) -> int:
-    return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 def _bystander(bootstrap: str) -> list[float]:
@@ -104,29 +89,23 @@ def test_idle_connections_and_consumers_that_never_read_keep_rss_within_the_boun
             producer.produce("load", bytes([i % 256]) * 10_000)
             producer.poll(0)
         assert producer.flush(120) == 0
-        before = _vm(broker.pid, "VmRSS")
+        before = process_memory(broker.pid, "VmRSS")
 
         address = (broker.host, broker.port)
         for _ in range(IDLE):
             opened.append(socket.create_connection(address, timeout=30))
         stuck = []
         for version, count in STUCK.items():
-            request = _fetch(version)
-            for _ in range(count):
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                sock.connect(address)
-                sock.sendall(request)
-                opened.append(sock)
-                stuck.append(sock)
+            stuck += stuck_consumers(broker.host, broker.port, _fetch(version), count)
+            opened += stuck[-count:]
         # Every stuck consumer has the start of its response waiting in its socket: the broker
         # has read and converted what it will hold for each.
-        wait_for(lambda: all(_unread_bytes(sock) > 0 for sock in stuck), timeout=120,
+        wait_for(lambda: all(unread_bytes(sock) > 0 for sock in stuck), timeout=120,
                  what="the broker writing to every stuck consumer")
 
         latencies = _bystander(broker.bootstrap)
         q = statistics.quantiles(latencies, n=100)
-        peak = _vm(broker.pid, "VmHWM")
+        peak = process_memory(broker.pid, "VmHWM")
         bound = BASE_BOUND + len(stuck) * PER_STUCK_BOUND + IDLE * PER_IDLE_BOUND
         print(f"\n{IDLE} idle connections, {len(stuck)} consumers that never read ({STUCK} by Fetch version), "
               f"{FILL_MB} MB fetched by each: broker RSS {before >> 20} MiB before, peak {peak >> 20} MiB "
