@@ -1,5 +1,7 @@
 """Message format v0/v1 conversion, checked against kafka-python's own legacy record code."""
 
+import asyncio
+
 import pytest
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
@@ -9,6 +11,7 @@ from ottla.records.legacy import GROUP_BYTES, LazyDownConversion, down_convert, 
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.records.batch import set_base_offset
 from ottla.records.control import build_control_batch
+from ottla.records.validator import key_value_sizes
 
 
 def _legacy_set(magic: int, codec: int, count: int = 5) -> bytes:
@@ -85,6 +88,19 @@ def _mixed_log() -> bytes:
     return bytes(data)
 
 
+def _walked(source, magic: int) -> LazyDownConversion:
+    lazy = LazyDownConversion(source, magic)
+    for _ in lazy.walk():
+        pass
+    return lazy
+
+
+def _down_converted(source, magic: int):
+    async def turn():
+        pass
+    return asyncio.run(down_converted(source, magic, turn))
+
+
 class _InAFile:
     """A FileRecords' reading side, counting what is read."""
 
@@ -105,7 +121,7 @@ class _InAFile:
 def test_lazy_down_conversion_sends_exactly_what_converting_at_once_does(magic, in_file):
     data = _mixed_log()
     source = _InAFile(data) if in_file else memoryview(data)
-    lazy = LazyDownConversion(source, magic)
+    lazy = _walked(source, magic)
     eager = down_convert(data, magic)
     assert len(lazy) == len(eager)
     sent = [lazy.convert(data[start:end], group) for group in lazy.groups for start, end, *_ in [group]]
@@ -117,20 +133,33 @@ def test_lazy_down_conversion_sends_exactly_what_converting_at_once_does(magic, 
     assert len(lazy.groups) >= 5
     if in_file:
         assert source.largest_read < 1_300_000  # the walk reads a piece at a time, or one batch
+    # ... and the handler gives the event loop a turn after each piece it read.
+    assert sum(1 for _ in LazyDownConversion(source, magic).walk()) >= len(data) >> 20
     # A torn tail is dropped as down_convert drops it; a short answer is converted at once.
-    assert len(LazyDownConversion(data + data[:100], magic)) == len(eager)
+    assert len(_walked(data + data[:100], magic)) == len(eager)
     small = data[:2000]
-    assert down_converted(small, magic) == down_convert(small, magic)
-    assert isinstance(down_converted(data, magic), LazyDownConversion)
+    assert _down_converted(small, magic) == down_convert(small, magic)
+    assert isinstance(_down_converted(data, magic), LazyDownConversion)
 
 
 def test_lazy_down_conversion_refuses_a_malformed_batch_and_a_changed_source():
     batch = bytearray(build_batch([Record(b"k", b"v", (), 1)] * 3))
     batch[60] = 4  # the header's record count: one record more than the batch holds
     with pytest.raises(KafkaError) as failed:
-        LazyDownConversion(bytes(batch), 1)
+        _walked(bytes(batch), 1)
     assert failed.value.code == ErrorCode.corrupt_message
     data = build_batch([Record(b"k", b"v", (), 1)] * 3)
-    lazy = LazyDownConversion(data, 1)
+    lazy = _walked(data, 1)
     with pytest.raises(ValueError):
         lazy.convert(build_batch([Record(b"k", b"vv", (), 1)] * 3), lazy.groups[0])
+
+
+def test_many_records_are_sized_by_numpy_as_decoding_them_would():
+    records = [Record(None if i % 7 == 0 else b"k" * (i % 50), None if i % 11 == 0 else b"v" * (i * 37 % 3000),
+                      (("h", b"x" * (i % 3)),) if i % 5 == 0 else (), 1) for i in range(400)]
+    batch = build_batch(records)
+    sizes = key_value_sizes(batch[61:], len(records))  # the records after the 61-byte header
+    assert sizes is not None  # the fast path, not the record-by-record walk
+    assert sizes[0].tolist() == [len(r.key or b"") for r in records]
+    assert sizes[1].tolist() == [len(r.value or b"") for r in records]
+    assert key_value_sizes(batch[61:], 399) is None  # a count the records do not match: left to the walk

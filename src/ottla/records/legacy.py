@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from ..errors import ErrorCode, KafkaError
 from .batch import HEADER_SIZE, read_header
 from .compression import NONE, decompress, decompress_bounded
-from .records import Record, decode_bytes, build_batch, decode_varint, iter_batches
+from .records import Record, build_batch, decode_bytes, decode_varint, iter_batches
+from .validator import key_value_sizes
 
 _PREFIX = struct.Struct(">qiIbb")  # offset, size, crc, magic, attributes
 _I64 = struct.Struct(">q")
@@ -158,31 +159,51 @@ def _corrupt(header, exc: Exception) -> KafkaError:
     return KafkaError(ErrorCode.corrupt_message, f"malformed record in batch at offset {header.base_offset}: {exc}")
 
 
-def _message_sizes(data, header, overhead: int) -> list[int]:
-    """The size of each record's converted message (from its key and value lengths, nothing built)."""
+def _varint(records, position: int) -> tuple[int, int]:
+    """`decode_varint`, with the one-byte varints of small records decoded inline (a call
+    costs more than the rest of the walk of a record)."""
+    b = records[position]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), position + 1
+    return decode_varint(records, position)
+
+
+def _message_sizes(data, header, overhead: int, each: list[int] | None = None) -> int:
+    """The converted size of a batch's records, from their key and value lengths (nothing
+    built); with `each`, every record's message size is appended to it."""
     records = _records_of(data, header)
+    fast = key_value_sizes(records, header.records_count)
+    if fast is not None:
+        sizes = fast[0] + fast[1] + overhead
+        if each is not None:
+            each.extend(sizes.tolist())
+        return int(sizes.sum())
     end = len(records)
-    sizes = []
-    position = 0
+    total = position = 0
     try:
         for _ in range(header.records_count):
-            length, position = decode_varint(records, position)
+            b = records[position]
+            length, position = ((b >> 1) ^ -(b & 1), position + 1) if b < 0x80 else decode_varint(records, position)
             record_end = position + length
             if length < 0 or record_end > end:
                 raise ValueError("record runs past the batch")
-            _, p = decode_varint(records, position + 1)  # after the attributes: timestamp delta
-            _, p = decode_varint(records, p)  # offset delta
-            key, p = decode_varint(records, p)
-            value, p = decode_varint(records, p + max(key, 0))
+            p = position + 1  # the attributes
+            p = p + 1 if records[p] < 0x80 else decode_varint(records, p)[1]  # timestamp delta
+            p = p + 1 if records[p] < 0x80 else decode_varint(records, p)[1]  # offset delta
+            key, p = _varint(records, p)
+            value, p = _varint(records, p + max(key, 0))
             if p + max(value, 0) > record_end:
                 raise ValueError("field runs past the record")
-            sizes.append(overhead + max(key, 0) + max(value, 0))
+            size = overhead + max(key, 0) + max(value, 0)
+            total += size
+            if each is not None:
+                each.append(size)
             position = record_end
         if position != end:
             raise ValueError("bytes left after the declared record count")
     except (IndexError, ValueError) as exc:
         raise _corrupt(header, exc) from None
-    return sizes
+    return total
 
 
 def _convert_records(data, magic: int, skip: int, take: int) -> bytes:
@@ -224,9 +245,13 @@ class LazyDownConversion:
         self.magic = magic
         self.groups: list[tuple[int, int, int, int, int]] = []
         self.size = 0
-        read = _reader(source)
-        overhead = _message_overhead(magic)
-        total = len(source)
+
+    def walk(self) -> Iterator[None]:
+        """Size the groups, reading the source a piece (`_WALK_READ_BYTES`) at a time and
+        yielding after each, so that the handler can give the event loop a turn."""
+        read = _reader(self.source)
+        overhead = _message_overhead(self.magic)
+        total = len(self.source)
         group_start = position = group_size = 0
         while total - position >= HEADER_SIZE:
             data = read(position, min(_WALK_READ_BYTES, total - position))
@@ -241,20 +266,23 @@ class LazyDownConversion:
                         continue
                     break
                 start, offset = position + offset, offset + header.size
-                sizes = [] if header.is_control else _message_sizes(data, header, overhead)
-                if sum(sizes) > GROUP_BYTES:  # sent as groups of its records
+                size = 0 if header.is_control else _message_sizes(data, header, overhead)
+                if size > GROUP_BYTES:  # sent as groups of its records
                     if start > group_start:
                         self._add(group_start, start, 0, -1, group_size)
+                    sizes: list[int] = []
+                    _message_sizes(data, header, overhead, sizes)
                     self._split(start, position + offset, sizes)
                     group_start, group_size = position + offset, 0
                     continue
-                group_size += sum(sizes)
+                group_size += size
                 if group_size >= GROUP_BYTES or position + offset - group_start >= GROUP_BYTES:
                     self._add(group_start, position + offset, 0, -1, group_size)
                     group_start, group_size = position + offset, 0
             if offset == 0:
                 break
             position += offset
+            yield
         if position > group_start:
             self._add(group_start, position, 0, -1, group_size)
 
@@ -284,9 +312,12 @@ class LazyDownConversion:
         return converted
 
 
-def down_converted(source, magic: int) -> "bytes | LazyDownConversion":
-    """What a Fetch v0-3 response carries for `source`: converted at once when short, else lazily."""
+async def down_converted(source, magic: int, turn: Callable[[], Awaitable[None]]) -> "bytes | LazyDownConversion":
+    """What a Fetch v0-3 response carries for `source`: converted at once when short, else
+    lazily; `turn` gives the event loop a turn between the pieces the walk reads."""
     lazy = LazyDownConversion(source, magic)
+    for _ in lazy.walk():
+        await turn()
     if len(lazy) >= EAGER_BYTES:
         return lazy
     read = _reader(source)

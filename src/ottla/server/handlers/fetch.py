@@ -35,6 +35,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, new_context
+from ...log.file_records import RecordsGone
 from ...protocol.build import make, nested
 from ...protocol.codec import EncodedBody, encode_item
 from ...records.legacy import down_converted
@@ -220,7 +221,10 @@ async def _read_partitions(ctx, request, wanted_topics, response_type, steps: St
                     )
                     records = data.records
                     if ctx.api_version < 4:  # converted as the socket takes it (records/legacy.py)
-                        records = down_converted(records, magic=0 if ctx.api_version < 2 else 1)
+                        try:
+                            records = await down_converted(records, 0 if ctx.api_version < 2 else 1, steps.turn)
+                        except RecordsGone:  # the segment changed during the walk's turns:
+                            records = b""  # nothing this time, the consumer fetches again
                     if read_committed:
                         aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
                                         for txn in data.aborted_transactions)
