@@ -1,5 +1,6 @@
 """The fetch session cache (KIP-227) driven with explicit time: contexts, trimming, eviction."""
 
+import asyncio
 import random
 from types import SimpleNamespace
 
@@ -9,7 +10,9 @@ from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
                                   PARTITIONS_PER_SLOT,
                                   SESSIONLESS, FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch,
-                                  SessionError, new_context, next_epoch)
+                                  SessionError, next_epoch)
+from ottla.fetch_sessions import new_context as _new_context
+from ottla.server.steps import Steps
 
 V12, V13 = 12, 13
 
@@ -24,18 +27,23 @@ def outcome(hw, records=b"", error=ErrorCode.none, log_start=0, diverging=None):
                            diverging=diverging)
 
 
+def new_context(*args):
+    """`fetch_sessions.new_context` as the Fetch handler calls it, with steps of its own."""
+    return _new_context(*args, Steps())
+
+
 class Opened:
     """What `new_context` returns, with its partitions kept for the test to look at."""
 
-    def __init__(self, opened):
-        self.context, partitions = opened
+    def __init__(self, opening):
+        self.context, partitions = asyncio.run(opening)
         self.parts = list(partitions)
 
     def partitions(self):
         return self.parts
 
     def finish(self, outcomes, now_ms):
-        return self.context.finish(outcomes, now_ms)
+        return asyncio.run(self.context.finish(outcomes, now_ms, Steps()))
 
     @property
     def error(self):
