@@ -314,7 +314,8 @@ class FullFetch:
             cached = {}
             for key, outcome in outcomes:
                 await steps.one()
-                partition = cached[key] = CachedPartition(key[1], self._requests[key])
+                # Popped: the request's keys go a step at a time, not all when the context goes.
+                partition = cached[key] = CachedPartition(key[1], self._requests.pop(key))
                 partition.high_watermark = outcome.high_watermark
                 partition.leader_log_start_offset = outcome.log_start_offset
             session_id = cache.maybe_create(now_ms, self._privileged, self._uses_topic_ids, cached)
@@ -391,7 +392,11 @@ async def _incremental(cache: FetchSessionCache, session: FetchSession, version:
         return SESSIONLESS, fetch_data.items()
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
-    return IncrementalFetch(session, epoch), list(session.partitions.items())
+    partitions = []  # what to read: the session as it is now (a pair each, so made in steps)
+    for item in session.partitions.items():
+        await steps.one()
+        partitions.append(item)
+    return IncrementalFetch(session, epoch), partitions
 
 
 class FetchSessionHandler:
