@@ -70,3 +70,42 @@ def test_a_partition_retrying_an_unknown_leader_epoch_is_not_held_behind_the_oth
             follower.release_data_dir()
 
     asyncio.run(scenario())
+
+
+def test_a_fenced_partition_whose_leader_and_isr_comes_is_not_held_behind_the_others_long_poll(tmp_path):
+    async def scenario():
+        leader = Broker(tmp_path / "leader", BrokerConfig({"node.id": LEADER}), port=0)
+        follower = Broker(tmp_path / "follower",
+                          BrokerConfig({"node.id": FOLLOWER, "replica.fetch.wait.max.ms": LONG_POLL_MS}))
+        manager = ReplicaFetcherManager(follower, InterBrokerClient("test"))
+        await leader.start()
+        try:
+            leader.create_topic("t", 2, {})
+            follower.create_topic("t", 2, {})
+            # The controller moved partition 1 to epoch 2 (an ISR change bumps it); the leader
+            # applied it, the follower not yet: its fetch is fenced, partition 0's long-polls.
+            leader.replicas.apply_partition_states(_states({0: 1, 1: 2}))
+            manager.learn_endpoints({LEADER: (leader.host, leader.port)})
+            follower.replicas.fetchers = manager
+            follower.replicas.apply_partition_states(_states({0: 1, 1: 1}))
+            fetcher = manager._fetchers[LEADER]
+            async with asyncio.timeout(ANSWERED):
+                while fetcher.states[("t", 1)].phase is not FetchPhase.FENCED:
+                    await asyncio.sleep(0.005)
+                while not leader.replicas.delayed_fetches.watching(("t", 0)):
+                    await asyncio.sleep(0.005)
+            follower.replicas.apply_partition_states(_states({1: 2}))  # its LeaderAndIsr comes
+            leader.replicas.append("t", 1, build_batch([Record(None, b"after the fence")]), now_ms=now_ms())
+            copied = follower.logs.get_log("t", 1)
+            async with asyncio.timeout(ANSWERED):
+                while copied.log_end_offset < 1:
+                    await asyncio.sleep(0.005)
+        finally:
+            await manager.stop()
+            await manager.client.close()
+            await leader.stop()
+            follower.replicas.close()
+            follower.logs.close()
+            follower.release_data_dir()
+
+    asyncio.run(scenario())

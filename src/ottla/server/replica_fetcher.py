@@ -302,18 +302,21 @@ class _Fetcher:
 
     def _max_wait_ms(self, wanted: dict[TopicPartition, FollowerFetchState]) -> int:
         """`replica.fetch.wait.max.ms`, but no longer than until the next of this fetcher's other
-        partitions is due for a request (a retry after UNKNOWN_LEADER_EPOCH or an error): the
-        fetcher sends one request at a time, so a long poll of the partitions that have nothing
-        new held that retry back. After a controlled shutdown's leadership move the follower's
-        retry of the partition whose epoch its new leader did not know yet waited for an empty
-        long poll of the others (500 ms), and acks=all on that partition with it: the producers'
-        requests queued behind one on the same connection, so nothing came to end the poll
-        (benchmarks/failover.py)."""
+        partitions is due for a request (a retry after UNKNOWN_LEADER_EPOCH or an error; a fenced
+        one's LeaderAndIsr expected, `FollowerFetchState.next_request_due_ms`): the fetcher
+        sends one request at a time, so a long poll of the partitions that have nothing new
+        held that request back. After a controlled shutdown's leadership move, the follower's
+        retry of the partition whose epoch its new leader did not know yet, or its truncation
+        once the LeaderAndIsr ending a fence came, waited for an empty long poll of the others
+        (500 ms), and acks=all on that partition with it: the producers' requests queued behind
+        one on the same connection, so nothing came to end the poll (benchmarks/failover.py)."""
         wait = self._manager.settings["max_wait_ms"]
         now = now_ms()
         for key, state in self.states.items():
-            if key not in wanted and state.phase is not FetchPhase.FENCED and state.delayed_until_ms > now:
-                wait = min(wait, state.delayed_until_ms - now)
+            if key not in wanted:
+                due = state.next_request_due_ms(now)
+                if due > now:
+                    wait = min(wait, due - now)
         return wait
 
     async def _write_epoch_starts_ahead(self, usable: list) -> list:
