@@ -126,6 +126,7 @@ class ReplicaManager:
         Followers are handed to the fetchers, new leaders taken from them."""
         errors: dict[TopicPartition, ErrorCode] = {}
         now_ms = now_ms or int(time.time() * 1000)
+        followers: set[int] = set()  # of the partitions this broker starts leading (an epoch)
         for state in states:
             key = (state.topic, state.partition)
             if self.node_id not in state.replicas:
@@ -161,6 +162,11 @@ class ReplicaManager:
             if changed:
                 self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
                 self._notify_leadership(partition)
+                if partition.is_leader:
+                    followers.update(partition.replicas)
+        followers.discard(self.node_id)
+        if followers:
+            self.delayed_fetches.complete_followers(followers)
         return errors
 
     async def apply_in_slices(self, states: list[PartitionState], now_ms: int,
