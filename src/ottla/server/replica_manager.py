@@ -127,6 +127,7 @@ class ReplicaManager:
         Followers are handed to the fetchers, new leaders taken from them."""
         errors: dict[TopicPartition, ErrorCode] = {}
         now_ms = now_ms or int(time.time() * 1000)
+        followers: set[int] = set()  # of the partitions this broker starts leading (an epoch)
         for state in states:
             key = (state.topic, state.partition)
             if self.node_id not in state.replicas:
@@ -165,6 +166,11 @@ class ReplicaManager:
                 # Only a new leader loads its coordinator state: a new epoch on the same leader
                 # (a follower left the ISR, a reassignment) keeps it, as Kafka's makeLeaders.
                 self._notify_leadership(partition)
+                if partition.is_leader:
+                    followers.update(partition.replicas)
+        followers.discard(self.node_id)
+        if followers:
+            self.delayed_fetches.complete_followers(followers)
         return errors
 
     async def apply_in_slices(self, states: list[PartitionState], now_ms: int,

@@ -352,7 +352,7 @@ async def handle(ctx, request):
             if notified is not None:
                 notified |= missed
         else:
-            woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
+            woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, _replica_id(request))
         if woken and notified and total == 0:
             read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps,
                                                                 read, notified)
