@@ -12,7 +12,8 @@ with the last entry's offset and size, in the place of its first mention), and t
 response holds at most min(request max_bytes, broker `fetch.max.bytes`) beyond the first
 batch that must always be returned. Large record sets stay in the segment file until the
 socket takes them (`log/file_records.py`), so a consumer that does not read costs one write
-slice, not its whole response.
+slice, not its whole response; for v0-3 they are down-converted a group at a time as they
+are sent (`records/legacy.LazyDownConversion`).
 
 From v13 topics are named by topic id (KIP-516), resolved through the metadata cache; an id
 it does not know is UNKNOWN_TOPIC_ID, one that is not the local log's INCONSISTENT_TOPIC_ID,
@@ -34,9 +35,10 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, new_context, release_retired
+from ...log.file_records import RecordsGone
 from ...protocol.build import make, nested
 from ...protocol.codec import EncodedBody, encode_item
-from ...records.legacy import down_convert
+from ...records.legacy import down_converted
 from ...replication.epochs import diverging_epoch
 from ..clock import now_ms
 from ..leader_epochs import leader_partition_at
@@ -215,11 +217,14 @@ async def _read_partitions(ctx, request, wanted_topics, response_type, steps: St
                         max_offset=max_offset,
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
-                        lazy=ctx.api_version >= 4,  # older versions are down-converted in memory
+                        lazy=True,
                     )
                     records = data.records
-                    if ctx.api_version < 4:
-                        records = down_convert(records, magic=0 if ctx.api_version < 2 else 1)
+                    if ctx.api_version < 4:  # converted as the socket takes it (records/legacy.py)
+                        try:
+                            records = await down_converted(records, 0 if ctx.api_version < 2 else 1, steps.turn)
+                        except RecordsGone:  # the segment changed during the walk's turns:
+                            records = b""  # nothing this time, the consumer fetches again
                     if read_committed:
                         aborted = tuple(make(aborted_type, producer_id=txn.producer_id, first_offset=txn.first_offset)
                                         for txn in data.aborted_transactions)
@@ -348,7 +353,7 @@ async def handle(ctx, request):
             if notified is not None:
                 notified |= missed
         else:
-            woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, replica=follower)
+            woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, _replica_id(request))
         if woken and notified and total == 0:
             read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps,
                                                                 read, notified)
