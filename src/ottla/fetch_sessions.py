@@ -412,15 +412,17 @@ async def release_retired(cache: FetchSessionCache, steps) -> None:
     """Empties the sessions the cache let go of (closed, evicted, grown past the budget) a
     step at a time: freed at once, one of 200,000 partitions held the loop 15-25 ms, and one
     session may hold the whole budget (`PARTITIONS_PER_SLOT` a slot). A session a request is
-    still answering from goes with that request instead."""
+    still answering from goes with that request instead; one a request is still walking (its
+    lock held: copying the partitions to read) is emptied after."""
     while cache.retired:
         session = cache.retired.pop()
-        if session.users:
-            continue
-        partitions = session.partitions
-        while partitions:
-            await steps.one()
-            partitions.popitem()
+        async with session.lock:
+            if session.users:
+                continue
+            partitions = session.partitions
+            while partitions:
+                await steps.one()
+                partitions.popitem()
 
 
 class FetchSessionHandler:
