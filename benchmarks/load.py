@@ -74,6 +74,7 @@ def main() -> int:
     parser.add_argument("--stuck-old", type=int, default=0, help="stuck consumers sending Fetch v3")
     parser.add_argument("--fill-mb", type=int, default=8)
     parser.add_argument("--value-bytes", type=int, default=10_000, help="of each record in the fetched partition")
+    parser.add_argument("--compression", default="none", help="the filling producer's compression.type")
     parser.add_argument("--seconds", type=float, default=20.0, help="bystander measurement per phase")
     parser.add_argument("--config", action="append", default=[], help="broker config KEY=VALUE")
     args = parser.parse_args()
@@ -84,7 +85,8 @@ def main() -> int:
         admin = AdminClient({"bootstrap.servers": handle.bootstrap})
         for future in admin.create_topics([NewTopic("load", 1, 1), NewTopic("bystander", 1, 1)]).values():
             future.result(60)
-        producer = Producer({"bootstrap.servers": handle.bootstrap, "linger.ms": 20})
+        producer = Producer({"bootstrap.servers": handle.bootstrap, "linger.ms": 20,
+                             "compression.type": args.compression})
         value = b"v" * args.value_bytes
         for _ in range(args.fill_mb * 1_000_000 // args.value_bytes):
             producer.produce("load", value)

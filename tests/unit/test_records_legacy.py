@@ -7,7 +7,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 from ottla.errors import ErrorCode, KafkaError
-from ottla.records.legacy import GROUP_BYTES, LazyDownConversion, down_convert, down_converted, up_convert
+from ottla.records.legacy import GROUP_BYTES, LazyDownConversion, down_convert, down_converted, up_convert, walked
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.records.batch import set_base_offset
 from ottla.records.control import build_control_batch
@@ -88,11 +88,11 @@ def _mixed_log() -> bytes:
     return bytes(data)
 
 
-def _walked(source, magic: int) -> LazyDownConversion:
-    lazy = LazyDownConversion(source, magic)
-    for _ in lazy.walk():
-        pass
-    return lazy
+def _walked(source, magic: int, turns: list | None = None) -> LazyDownConversion:
+    async def turn():
+        if turns is not None:
+            turns.append(1)
+    return asyncio.run(walked(source, magic, turn))
 
 
 def _down_converted(source, magic: int):
@@ -134,7 +134,9 @@ def test_lazy_down_conversion_sends_exactly_what_converting_at_once_does(magic, 
     if in_file:
         assert source.largest_read < 1_300_000  # the walk reads a piece at a time, or one batch
     # ... and the handler gives the event loop a turn after each piece it read.
-    assert sum(1 for _ in LazyDownConversion(source, magic).walk()) >= len(data) >> 20
+    turns: list = []
+    _walked(source, magic, turns)
+    assert len(turns) >= len(data) >> 20
     # A torn tail is dropped as down_convert drops it; a short answer is converted at once.
     assert len(_walked(data + data[:100], magic)) == len(eager)
     small = data[:2000]
@@ -163,3 +165,42 @@ def test_many_records_are_sized_by_numpy_as_decoding_them_would():
     assert sizes[0].tolist() == [len(r.key or b"") for r in records]
     assert sizes[1].tolist() == [len(r.value or b"") for r in records]
     assert key_value_sizes(batch[61:], 399) is None  # a count the records do not match: left to the walk
+
+
+def test_a_batch_sent_by_groups_of_its_records_is_decompressed_once_per_response(tmp_path, monkeypatch):
+    """A compressed batch converting to many groups: decompressed once by the walk and once
+    by the connection sending its groups (it was once per group: 32 MiB, 128 times), and the
+    bytes sent are still those of a conversion at once."""
+    from ottla.config import BrokerConfig
+    from ottla.records import legacy
+    from ottla.server.broker import Broker
+    from ottla.server.network import Connection
+    from tests.unit.test_disk_work_off_loop import draining_peer
+
+    batch = build_batch([Record(b"k%d" % i, bytes([i % 256]) * 1000, (), 1) for i in range(2000)], compression="zstd")
+    ours, received, reader = draining_peer()
+    decompressed: list[int] = []
+    real = legacy.decompress
+
+    def counted(codec, data):
+        decompressed.append(codec)
+        return real(codec, data)
+    monkeypatch.setattr(legacy, "decompress", counted)
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({}))
+        try:
+            lazy = await down_converted(batch, 1, lambda: asyncio.sleep(0))  # as the Fetch v3 handler does
+            assert len(lazy.groups) >= 7 and all(group[3] >= 0 for group in lazy.groups)
+            _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
+            await connection._send([lazy])
+            connection.close()
+            await asyncio.sleep(0)
+        finally:
+            broker.logs.close()
+            broker.release_data_dir()
+
+    asyncio.run(scenario())
+    reader.join(30)
+    assert len(decompressed) <= 2
+    assert bytes(received) == down_convert(batch, 1)

@@ -9,7 +9,9 @@ Fetch v0-3 responses are converted lazily (`LazyDownConversion`, Kafka's
 LazyDownConversionRecords, KIP-283): the handler only walks the records' key and value
 lengths to know the converted size, and the connection converts a group of batches at a
 time as the socket drains, so a consumer that does not read holds one group, not its whole
-response converted. Unlike Kafka, which declares max(source size, first converted batch)
+response converted (or, for a batch sent by groups of its records, that batch's records,
+decompressed once for all its groups). The walk's reads, like the connection's, leave pages
+not in the page cache to a thread (`FileRecords.read_off_loop`). Unlike Kafka, which declares max(source size, first converted batch)
 and pads or cuts the converted stream to fit, the size declared is exact: the bytes sent are
 those `down_convert` makes of the whole response.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 
 from ..errors import ErrorCode, KafkaError
 from .batch import HEADER_SIZE, read_header
@@ -140,9 +142,16 @@ EAGER_BYTES = 64 * 1024
 _WALK_READ_BYTES = 1 << 20
 
 
-def _reader(source):
-    """read(start, length) of a `FileRecords` (it has one) or of bytes in memory."""
-    return source.read if hasattr(source, "read") else lambda start, length: source[start:start + length]
+def _reader(source) -> Callable[[int, int], Awaitable]:
+    """An async read(start, length) of a `FileRecords` (its `read_off_loop`: cold pages are
+    read in a thread, not on the event loop) or of bytes in memory."""
+    if hasattr(source, "read_off_loop"):
+        return source.read_off_loop
+    read = source.read if hasattr(source, "read") else lambda start, length: source[start:start + length]
+
+    async def read_now(start: int, length: int):
+        return read(start, length)
+    return read_now
 
 
 def _message_overhead(magic: int) -> int:
@@ -168,10 +177,9 @@ def _varint(records, position: int) -> tuple[int, int]:
     return decode_varint(records, position)
 
 
-def _message_sizes(data, header, overhead: int, each: list[int] | None = None) -> int:
-    """The converted size of a batch's records, from their key and value lengths (nothing
-    built); with `each`, every record's message size is appended to it."""
-    records = _records_of(data, header)
+def _message_sizes(records, header, overhead: int, each: list[int] | None = None) -> int:
+    """The converted size of a batch's `records` (decompressed), from their key and value
+    lengths (nothing built); with `each`, every record's message size is appended to it."""
     fast = key_value_sizes(records, header.records_count)
     if fast is not None:
         sizes = fast[0] + fast[1] + overhead
@@ -206,17 +214,12 @@ def _message_sizes(data, header, overhead: int, each: list[int] | None = None) -
     return total
 
 
-def _convert_records(data, magic: int, skip: int, take: int) -> bytes:
-    """Records skip..skip+take of the one batch in `data`, as `down_convert` makes them."""
-    header = read_header(data, 0)
-    records = _records_of(data, header)
+def _convert_records(header, records, magic: int, position: int, take: int) -> tuple[bytes, int]:
+    """The `take` records of a batch (its `records` decompressed) from byte `position` on,
+    as `down_convert` makes them, and the position after them."""
     log_append_time = header.timestamp_type == 1
     out = bytearray()
-    position = 0
     try:
-        for _ in range(skip):
-            length, position = decode_varint(records, position)
-            position += length
         for _ in range(take):
             length, position = decode_varint(records, position)
             record_end = position + length
@@ -229,7 +232,7 @@ def _convert_records(data, magic: int, skip: int, take: int) -> bytes:
             position = record_end
     except (IndexError, ValueError) as exc:
         raise _corrupt(header, exc) from None
-    return bytes(out)
+    return bytes(out), position
 
 
 class LazyDownConversion:
@@ -238,23 +241,27 @@ class LazyDownConversion:
     count or -1 for whole batches, converted size). Its length is the exact converted size,
     so the encoder writes it like any records."""
 
-    __slots__ = ("source", "magic", "groups", "size")
+    __slots__ = ("source", "magic", "groups", "size", "_batch")
 
     def __init__(self, source, magic: int):
         self.source = source
         self.magic = magic
         self.groups: list[tuple[int, int, int, int, int]] = []
         self.size = 0
+        # The batch being sent by groups of its records, decompressed once for all of them:
+        # (its start in the source, header, records, next record, its byte position).
+        self._batch: tuple | None = None
 
-    def walk(self) -> Iterator[None]:
-        """Size the groups, reading the source a piece (`_WALK_READ_BYTES`) at a time and
-        yielding after each, so that the handler can give the event loop a turn."""
-        read = _reader(self.source)
+    def walk(self) -> Generator[tuple[int, int], bytes, None]:
+        """Size the groups. The source is read a piece (`_WALK_READ_BYTES`, or one larger
+        batch) at a time by the caller: the walk yields (start, length) and is sent the bytes
+        (`walked` reads them off the event loop when cold and gives the loop a turn)."""
         overhead = _message_overhead(self.magic)
         total = len(self.source)
         group_start = position = group_size = 0
         while total - position >= HEADER_SIZE:
-            data = read(position, min(_WALK_READ_BYTES, total - position))
+            data = None  # not held while others run: a walk holds one piece only while it runs
+            data = yield position, min(_WALK_READ_BYTES, total - position)
             offset = 0
             while len(data) - offset >= HEADER_SIZE:
                 header = read_header(data, offset)
@@ -262,16 +269,18 @@ class LazyDownConversion:
                     break  # a torn tail: dropped, as the client would drop it
                 if offset + header.size > len(data):
                     if offset == 0:  # a batch larger than one read
-                        data = read(position, header.size)
+                        data = None
+                        data = yield position, header.size
                         continue
                     break
                 start, offset = position + offset, offset + header.size
-                size = 0 if header.is_control else _message_sizes(data, header, overhead)
+                records = None if header.is_control else _records_of(data, header)
+                size = 0 if records is None else _message_sizes(records, header, overhead)
                 if size > GROUP_BYTES:  # sent as groups of its records
                     if start > group_start:
                         self._add(group_start, start, 0, -1, group_size)
                     sizes: list[int] = []
-                    _message_sizes(data, header, overhead, sizes)
+                    _message_sizes(records, header, overhead, sizes)
                     self._split(start, position + offset, sizes)
                     group_start, group_size = position + offset, 0
                     continue
@@ -282,8 +291,6 @@ class LazyDownConversion:
             if offset == 0:
                 break
             position += offset
-            data = None  # not held while others walk: a walk holds one piece only while it runs
-            yield
         if position > group_start:
             self._add(group_start, position, 0, -1, group_size)
 
@@ -302,24 +309,58 @@ class LazyDownConversion:
     def __len__(self) -> int:
         return self.size
 
+    def needs_read(self, group: tuple[int, int, int, int, int]) -> bool:
+        """Whether `convert` needs the group's bytes from the source: not for the next group
+        of the batch whose records it keeps."""
+        return self._batch is None or self._batch[0] != group[0] or self._batch[3] != group[2]
+
     def convert(self, data, group: tuple[int, int, int, int, int]) -> bytes:
-        """A group's messages from its batches (`data`, read from the source); ValueError if
-        they do not come to the size walked: the source changed, and the frame cannot be
-        completed."""
-        _, _, skip, take, size = group
-        converted = down_convert(data, self.magic) if take < 0 else _convert_records(data, self.magic, skip, take)
+        """A group's messages from its batches (`data`, read from the source, None when
+        `needs_read` says no); ValueError if they do not come to the size walked: the source
+        changed, and the frame cannot be completed.
+
+        A batch sent by groups of its records is decompressed for its first group and kept
+        until its last (Kafka converts and holds the whole batch), not decompressed again
+        for each: one inflating to 32 MiB was decompressed 128 times."""
+        start, _, skip, take, size = group
+        if take < 0:
+            converted = down_convert(data, self.magic)
+        else:
+            if self.needs_read(group):
+                self._batch = None  # the one before goes before this one comes
+                if skip:
+                    raise ValueError("a batch's groups are converted in order, from its first")
+                header = read_header(data, 0)
+                self._batch = (start, header, _records_of(data, header), 0, 0)
+            _, header, records, _, position = self._batch
+            converted, position = _convert_records(header, records, self.magic, position, take)
+            done = skip + take >= header.records_count
+            self._batch = None if done else (start, header, records, skip + take, position)
         if len(converted) != size:
             raise ValueError(f"{len(converted)} bytes converted where {size} were declared")
         return converted
 
 
+async def walked(source, magic: int, turn: Callable[[], Awaitable[None]]) -> LazyDownConversion:
+    """`source`'s conversion, sized: `turn` gives the event loop a turn before each piece the
+    walk reads, and a piece not in the page cache is read in a thread (`_reader`)."""
+    lazy = LazyDownConversion(source, magic)
+    read = _reader(source)
+    walk = lazy.walk()
+    try:
+        request = next(walk)
+        while True:
+            await turn()
+            request = walk.send(await read(*request))
+    except StopIteration:
+        return lazy
+
+
 async def down_converted(source, magic: int, turn: Callable[[], Awaitable[None]]) -> "bytes | LazyDownConversion":
     """What a Fetch v0-3 response carries for `source`: converted at once when short, else
-    lazily; `turn` gives the event loop a turn between the pieces the walk reads."""
-    lazy = LazyDownConversion(source, magic)
-    for _ in lazy.walk():
-        await turn()
+    lazily (see `walked`)."""
+    lazy = await walked(source, magic, turn)
     if len(lazy) >= EAGER_BYTES:
         return lazy
     read = _reader(source)
-    return b"".join(lazy.convert(read(group[0], group[1] - group[0]), group) for group in lazy.groups)
+    return b"".join([lazy.convert(await read(group[0], group[1] - group[0]), group) for group in lazy.groups])

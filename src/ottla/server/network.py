@@ -8,7 +8,6 @@ proceed concurrently. Protocol violations close only the offending connection.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -51,9 +50,6 @@ _connection_ids = itertools.count(1)
 # ListOffsets naming 2,000 topics took 50 ms to decode on the loop.
 _DECODE_ON_LOOP_BYTES = 16 * 1024
 _PRODUCE_KEY = b"\x00\x00"
-# Threads for fetched pages not in the page cache: their own, so lagging consumers waiting on
-# the disk never queue ahead of the default executor's decoding and coordinator syncs.
-_COLD_READS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ottla-cold-read")
 # A Produce naming more topic and partition entries than this is decoded in a worker thread.
 _PRODUCE_ENTRIES_ON_LOOP = 64
 # Responses with a top-level array longer than this are encoded in a worker thread: encoding
@@ -307,9 +303,11 @@ class Connection(asyncio.BufferedProtocol):
         for chunk in chunks:
             if isinstance(chunk, LazyDownConversion):
                 for group in chunk.groups:
-                    data = await self._records_slice(chunk.source, group[0], group[1] - group[0])
-                    if data is None:
-                        return
+                    data = None
+                    if chunk.needs_read(group):
+                        data = await self._records_slice(chunk.source, group[0], group[1] - group[0])
+                        if data is None:
+                            return
                     try:
                         converted = chunk.convert(data, group)
                     except (KafkaError, ValueError) as exc:
@@ -334,10 +332,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed or self.transport.is_closing():
             return None
         try:
-            piece = records.read_cached(start, length)
-            if piece is None:  # a lagging consumer's cold pages: the disk waits in a thread
-                piece = records.checked(await asyncio.get_running_loop().run_in_executor(
-                    _COLD_READS, records.detached_read(start, length)), length)
+            piece = await records.read_off_loop(start, length)
         except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
             self.close(f"response cut short: {exc}")
             return None
