@@ -370,13 +370,16 @@ async def handle(ctx, request):
     if total == 0 and not failed:
         encoded = await _encoded_if_empty(ctx, error, session_id, read, kept)
         if encoded is not None:
-            await _let_go(steps, *(outcomes for _, _, outcomes in read), keys, kept or ())
+            await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in grouped), keys,
+                          kept or ())
             return encoded
     hints = LeaderHints(broker.metadata, response_type)
     response = make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
                     responses=await _response_topics(response_type, read, kept, hints, steps),
                     node_endpoints=hints.node_endpoints())
-    await _let_go(steps, *(outcomes for _, _, outcomes in read), keys, kept or ())
+    # An incremental fetch's partitions (`fetch_sessions.CachedPartition`) are its own.
+    await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in grouped), keys,
+                  kept or ())
     return response
 
 
