@@ -415,9 +415,10 @@ async def _incremental(cache: FetchSessionCache, session: FetchSession, version:
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
     partitions = []  # what to read: the session as it is now (a pair each, so made in steps)
+    new, view = tuple.__new__, CachedPartition  # looked up once: a third of the view's cost
     for key, cached in session.partitions.items():
         await steps.one()
-        partitions.append((key, tuple.__new__(CachedPartition, cached)))
+        partitions.append((key, new(view, cached)))
     return IncrementalFetch(session, epoch), partitions
 
 
