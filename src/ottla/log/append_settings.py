@@ -117,7 +117,10 @@ def _validate_elsewhere(records, headers, now_ms: int, settings: AppendSettings,
     try:
         buf, headers = validate_produced(records, headers, now_ms, settings, partition)
     except KafkaError as exc:
-        return Validated(None, None, settings, records, exc)
+        # Without the frames of the walk: what they hold (an inflated batch) is freed here,
+        # not on the event loop.
+        exc.__context__ = None
+        return Validated(None, None, settings, records, exc.with_traceback(None))
     return Validated(buf, headers, settings, records)
 
 
