@@ -3,6 +3,7 @@ a `__consumer_offsets` / `__transaction_state` partition unloads it (NOT_COORDIN
 loads it again from the log when it leads it once more (a new leader epoch)."""
 
 import asyncio
+import threading
 from datetime import timedelta
 
 from ottla.config import BrokerConfig
@@ -201,3 +202,62 @@ def test_a_commit_too_large_for_one_batch_is_refused_as_kafka_does(tmp_path):
             await broker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_load_decodes_off_the_loop_while_requests_are_answered(tmp_path, monkeypatch):
+    """The survivors of a `__consumer_offsets` partition are decoded (100,000 offsets: 1.1 s of
+    CPU) while the loop answers other requests: the group's own OffsetFetch in the meantime
+    gets COORDINATOR_LOAD_IN_PROGRESS, and then every offset is back."""
+    from ottla.coordinator.group import loading
+
+    events: list[str] = []
+    answered = threading.Event()
+
+    async def scenario():
+        loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        decoding = asyncio.Event()
+        decode_one = loading.PartitionLoader._decode
+
+        def observed(loader, *args):
+            if not events:
+                events.append("decoding")
+                loop.call_soon_threadsafe(decoding.set)
+                if threading.get_ident() != loop_thread:  # on the loop nothing else could run
+                    answered.wait(60)
+            return decode_one(loader, *args)
+
+        broker = Broker(tmp_path, BrokerConfig(CONFIG), port=0)
+        await broker.start()
+        try:
+            groups = broker.groups.coordinator
+            g = groups.partition_for("g")
+            offsets = {("t", p): OffsetCommit(p + 1, -1, "") for p in range(3000)}
+            committed = asyncio.get_running_loop().create_future()
+            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                                  offsets=offsets, now_ms=now_ms(), on_complete=committed.set_result)
+            assert set((await committed).values()) == {E.none}
+            monkeypatch.setattr(loading.PartitionLoader, "_decode", observed)
+
+            async def other_client():
+                await decoding.wait()
+                error = groups.fetch_offsets(group_id="g", partitions=None).error
+                events.append(f"OffsetFetch answered {error.name}")
+                answered.set()
+
+            other = asyncio.ensure_future(other_client())
+            for leader, epoch in ((2, 1), (1, 2)):
+                broker.replicas.apply_partition_states([PartitionState(OFFSETS_TOPIC, g, leader, epoch, (1, 2), (1, 2))])
+            fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            while fetched.error == E.coordinator_load_in_progress:
+                await asyncio.sleep(0.01)
+                fetched = groups.fetch_offsets(group_id="g", partitions=None)
+            events.append("loaded")
+            await other
+            return fetched
+        finally:
+            await broker.stop()
+
+    fetched = asyncio.run(scenario())
+    assert events == ["decoding", "OffsetFetch answered coordinator_load_in_progress", "loaded"]
+    assert fetched.error == E.none and {tp: o.offset for tp, o in fetched.offsets.items()} == {
+        ("t", p): p + 1 for p in range(3000)}
