@@ -125,7 +125,8 @@ class ReplicaManager:
         return found
 
     def add_leadership_listener(self, listener: LeadershipListener) -> None:
-        """`listener(topic, partition, is_leader, leader_epoch)` after each role change."""
+        """`listener(topic, partition, is_leader, leader_epoch)` when this broker becomes a
+        partition's leader or stops leading it."""
         self._listeners.append(listener)
 
     def apply_partition_states(self, states: Iterable[PartitionState], now_ms: int = 0) -> dict[TopicPartition, ErrorCode]:
@@ -134,6 +135,7 @@ class ReplicaManager:
         Followers are handed to the fetchers, new leaders taken from them."""
         errors: dict[TopicPartition, ErrorCode] = {}
         now_ms = now_ms or int(time.time() * 1000)
+        followers: set[int] = set()  # of the partitions this broker starts leading (an epoch)
         for state in states:
             key = (state.topic, state.partition)
             if self.node_id not in state.replicas:
@@ -168,7 +170,15 @@ class ReplicaManager:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
                 self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
+            if partition.is_leader != was_leader:
+                # Only a new leader loads its coordinator state: a new epoch on the same leader
+                # (a follower left the ISR, a reassignment) keeps it, as Kafka's makeLeaders.
                 self._notify_leadership(partition)
+                if partition.is_leader:
+                    followers.update(partition.replicas)
+        followers.discard(self.node_id)
+        if followers:
+            self.delayed_fetches.complete_followers(followers)
         return errors
 
     async def apply_in_slices(self, states: list[PartitionState], now_ms: int,
