@@ -144,6 +144,16 @@ def test_markers_are_answered_once_the_high_watermark_passes_them(tmp_path):
     asyncio.run(scenario())
 
 
+async def _commit_offsets(groups, count: int) -> dict:
+    """Group "g" commits offsets of `count` partitions in one OffsetCommit; the offsets."""
+    offsets = {("t", p): OffsetCommit(p + 1, -1, "") for p in range(count)}
+    committed = asyncio.get_running_loop().create_future()
+    groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
+                          offsets=offsets, now_ms=now_ms(), on_complete=committed.set_result)
+    assert set((await committed).values()) == {E.none}
+    return offsets
+
+
 def test_a_long_partition_loads_in_steps_that_let_the_loop_run(tmp_path):
     """3,000 offset records: after one turn of the event loop the partition is still loading
     (the broker keeps serving meanwhile), and it ends with every offset back."""
@@ -152,12 +162,7 @@ def test_a_long_partition_loads_in_steps_that_let_the_loop_run(tmp_path):
         await broker.start()
         try:
             groups = broker.groups.coordinator
-            g = groups.partition_for("g")
-            offsets = {("t", p): OffsetCommit(p + 1, -1, "") for p in range(3000)}
-            committed = asyncio.get_running_loop().create_future()
-            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
-                                  offsets=offsets, now_ms=now_ms(), on_complete=committed.set_result)
-            assert set((await committed).values()) == {E.none}
+            g, offsets = groups.partition_for("g"), await _commit_offsets(groups, 3000)
             for leader, epoch in ((2, 1), (1, 2)):
                 broker.replicas.apply_partition_states([PartitionState(OFFSETS_TOPIC, g, leader, epoch, (1, 2), (1, 2))])
             await asyncio.sleep(0)
@@ -230,12 +235,7 @@ def test_a_load_decodes_off_the_loop_while_requests_are_answered(tmp_path, monke
         await broker.start()
         try:
             groups = broker.groups.coordinator
-            g = groups.partition_for("g")
-            offsets = {("t", p): OffsetCommit(p + 1, -1, "") for p in range(3000)}
-            committed = asyncio.get_running_loop().create_future()
-            groups.commit_offsets(group_id="g", member_id="", group_instance_id=None, generation_id=-1,
-                                  offsets=offsets, now_ms=now_ms(), on_complete=committed.set_result)
-            assert set((await committed).values()) == {E.none}
+            g, offsets = groups.partition_for("g"), await _commit_offsets(groups, 3000)
             monkeypatch.setattr(loading.PartitionLoader, "_decode", observed)
 
             async def other_client():

@@ -6,6 +6,7 @@ real handler; the other client is another Produce on the same loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from datetime import timedelta
 
@@ -38,6 +39,35 @@ def _request(topic: str, batch: bytes):
 
 def _context(broker, request):
     return RequestContext(broker, 0, 7, request.header, "c", "127.0.0.1")
+
+
+@contextlib.contextmanager
+def _broker(tmp_path, config=None):
+    broker = Broker(tmp_path, BrokerConfig(config or {}))
+    try:
+        yield broker
+    finally:
+        broker.replicas.close()
+        broker.logs.close()
+        broker.release_data_dir()
+
+
+def _stored(broker, topic: str) -> bytes:
+    log = broker.logs.get_log(topic, 0)
+    return bytes(log.read(0, 1 << 22, max_offset=log.log_end_offset).records)
+
+
+def _calls_on_the_loop_thread(monkeypatch, owner, name: str) -> list[bool]:
+    """Wraps `owner.name`: for each call, whether it ran on the event loop's thread
+    (`asyncio.run`'s, the main thread)."""
+    calls, original = [], getattr(owner, name)
+
+    def observed(*args):
+        calls.append(threading.current_thread() is threading.main_thread())
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, observed)
+    return calls
 
 
 def _answer(response):
@@ -81,18 +111,13 @@ def test_another_client_is_answered_while_a_bomb_inflates(tmp_path, monkeypatch)
             bystander_answered.set()
             return answer
 
-        broker = Broker(tmp_path, BrokerConfig({"message.max.bytes": MAX_MESSAGE_BYTES}))
-        try:
+        with _broker(tmp_path, {"message.max.bytes": MAX_MESSAGE_BYTES}) as broker:
             broker.create_topic("bombed", 1, {})
             broker.create_topic("other", 1, {})
             request = _request("bombed", bomb)
             other = asyncio.ensure_future(bystander())
             bombed = _answer(await produce.handle(_context(broker, request), request.body))
             return bombed, await other, broker.logs.get_log("bombed", 0).log_end_offset
-        finally:
-            broker.replicas.close()
-            broker.logs.close()
-            broker.release_data_dir()
 
     bombed, other, bombed_end = asyncio.run(scenario())
     assert bombed == ("message_too_large", -1)
@@ -107,31 +132,16 @@ def test_a_batch_recompressed_off_the_loop_is_appended_as_inline_and_its_retry_i
     producer's retry of the same batch answered as a duplicate with the same offset."""
     records = [Record(f"k{i}".encode(), f"v{i}".encode() * 10, (), 1_000 + i) for i in range(2_000)]
     batch = build_batch(records, compression=compression.LZ4, producer_id=7, producer_epoch=0, base_sequence=0)
-    rebuilt_on: list[bool] = []
+    rebuilt_on = _calls_on_the_loop_thread(monkeypatch, append_settings, "rebuild_batch")
 
     async def scenario():
-        loop_thread = threading.get_ident()
-        rebuild = append_settings.rebuild_batch
-
-        def observed(*args):
-            rebuilt_on.append(threading.get_ident() == loop_thread)
-            return rebuild(*args)
-
-        monkeypatch.setattr(append_settings, "rebuild_batch", observed)
-        broker = Broker(tmp_path, BrokerConfig({}))
-        try:
+        with _broker(tmp_path) as broker:
             broker.create_topic("t", 1, {"compression.type": "gzip"})
             answers = []
             for _ in range(2):
                 request = _request("t", batch)
                 answers.append(_answer(await produce.handle(_context(broker, request), request.body)))
-            log = broker.logs.get_log("t", 0)
-            stored = bytes(log.read(0, 1 << 22, max_offset=log.log_end_offset).records)
-            return answers, stored
-        finally:
-            broker.replicas.close()
-            broker.logs.close()
-            broker.release_data_dir()
+            return answers, _stored(broker, "t")
 
     answers, stored = asyncio.run(scenario())
     assert answers == [("none", 0), ("none", 0)]
@@ -147,19 +157,10 @@ def test_a_compressed_v1_message_set_is_up_converted_off_the_loop(tmp_path, monk
     """Produce v2 carries message format v1; a compressed wrapper may inflate to the bound too."""
     schema = request_schema(0, 2)
     message_set = _legacy_set(1, compression.GZIP)
-    converted_on: list[bool] = []
+    converted_on = _calls_on_the_loop_thread(monkeypatch, produce, "up_convert")
 
     async def scenario():
-        loop_thread = threading.get_ident()
-        convert = produce.up_convert
-
-        def observed(*args):
-            converted_on.append(threading.get_ident() == loop_thread)
-            return convert(*args)
-
-        monkeypatch.setattr(produce, "up_convert", observed)
-        broker = Broker(tmp_path, BrokerConfig({}))
-        try:
+        with _broker(tmp_path) as broker:
             broker.create_topic("t", 1, {})
             request = decode_request(encode_request(make(schema, acks=1, timeout=timedelta(seconds=30), topic_data=(
                 make(nested(schema, "TopicProduceData"), name="t", partition_data=(
@@ -167,12 +168,7 @@ def test_a_compressed_v1_message_set_is_up_converted_off_the_loop(tmp_path, monk
                 {0: (0, 13)})
             answer = _answer(await produce.handle(RequestContext(broker, 0, 2, request.header, "c", "127.0.0.1"),
                                                   request.body))
-            log = broker.logs.get_log("t", 0)
-            return answer, bytes(log.read(0, 1 << 20, max_offset=log.log_end_offset).records)
-        finally:
-            broker.replicas.close()
-            broker.logs.close()
-            broker.release_data_dir()
+            return answer, _stored(broker, "t")
 
     answer, stored = asyncio.run(scenario())
     assert answer == ("none", 0)
