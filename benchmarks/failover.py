@@ -33,6 +33,7 @@ acknowledgements of that partition from the SIGTERM until a second after the bro
 A round with a gap over `--gap-threshold` prints every broker's log lines around the gap.
 
     PYTHONPATH=src python benchmarks/failover.py [--bounces 6] [--sigterms 0] [--session-timeout-ms 6000]
+        [--client-trace PREFIX]  # the rdkafka and kafka-python clients' debug lines, timestamped
 """
 
 from __future__ import annotations
@@ -110,14 +111,17 @@ class Client:
 class RdKafka(Client):
     METADATA = re.compile(r"Topic (\S+) \[(\d+)\] Leader (-?\d+)")
 
-    def __init__(self, name: str, bootstrap: str, extra: dict, window: int = 5):
+    def __init__(self, name: str, bootstrap: str, extra: dict, window: int = 5, trace: str | None = None):
         super().__init__(name, window)
         logger = logging.getLogger(f"rdkafka.{name}")
         logger.propagate = False
         logger.setLevel(logging.DEBUG)
         logger.addHandler(_Sink(self))
+        if trace:  # every debug line, timestamped, for a step-by-step look at a round
+            logger.addHandler(_file_handler(trace))
         self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                  "debug": "metadata", "logger": logger, **extra})
+                                  "debug": "metadata,broker,topic,msg,protocol" if trace else "metadata",
+                                  "logger": logger, **extra})
 
     def saw(self, message: str) -> None:
         for topic, partition, leader in self.METADATA.findall(message):
@@ -133,6 +137,12 @@ class RdKafka(Client):
                                           on_delivery=lambda err, _m, p=p, s=time.time(): self.acked(p, s, err))
             self.producer.poll(0.005)
         self.producer.flush(60)
+
+
+def _file_handler(path: str) -> logging.Handler:
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    return handler
 
 
 class _Sink(logging.Handler):
@@ -262,7 +272,14 @@ def main() -> None:
     parser.add_argument("--gap-threshold", type=float, default=0.8,
                         help="a SIGTERM round with a longer gap prints the brokers' logs around it")
     parser.add_argument("--root", help="keep the cluster's files (the brokers' logs) here")
+    parser.add_argument("--client-trace", metavar="PREFIX",
+                        help="log the `rdkafka` client's debug lines (broker,topic,msg,protocol) to PREFIX-rdkafka.log "
+                             "and kafka-python's to PREFIX-kafka-python.log")
     args = parser.parse_args()
+    if args.client_trace:
+        kafka_logger = logging.getLogger("kafka")
+        kafka_logger.setLevel(logging.DEBUG)
+        kafka_logger.addHandler(_file_handler(f"{args.client_trace}-kafka-python.log"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the cluster's processes are stopped on the way out
     with cluster(brokers=3, config=CONFIG, session_timeout_ms=args.session_timeout_ms, log_level="debug",
                  root=args.root) as handle:
@@ -271,7 +288,8 @@ def main() -> None:
                                       replica_assignment=[[1, 2, 3], [2, 3, 1], [3, 1, 2]],
                                       config={"min.insync.replicas": "2"})])[TOPIC].result(60)
         elect_preferred(handle.bootstrap)
-        clients: list[Client] = [RdKafka("rdkafka", handle.bootstrap, {}),
+        trace = f"{args.client_trace}-rdkafka.log" if args.client_trace else None
+        clients: list[Client] = [RdKafka("rdkafka", handle.bootstrap, {}, trace=trace),
                                  RdKafka("rdkafka-backoff100", handle.bootstrap, {"retry.backoff.max.ms": 100}),
                                  RdKafka("rdkafka-50", handle.bootstrap, {}, window=50),
                                  KafkaPython("kafka-python", handle.bootstrap)]
