@@ -29,8 +29,10 @@ then the broker is started again and the next bounce waits for every ISR to be f
 
 `--sigterms N` then SIGTERMs a leader N times (controlled shutdown; brokers 1, 2, 3 in turn,
 each leading its partition after a preferred election): per client, the longest gap between
-acknowledgements of that partition from the SIGTERM until a second after the broker exited.
-A round with a gap over `--gap-threshold` prints every broker's log lines around the gap.
+acknowledgements of that partition from the SIGTERM until a second after the broker exited,
+and on the surviving followers the time from each LeaderAndIsr telling them to follow a
+partition to its truncation (from then on fetched again). A round with a gap over
+`--gap-threshold` prints every broker's log lines around the gap.
 
     PYTHONPATH=src python benchmarks/failover.py [--bounces 6] [--sigterms 0] [--session-timeout-ms 6000]
         [--client-trace PREFIX]  # the rdkafka and kafka-python clients' debug lines, timestamped
@@ -224,7 +226,27 @@ def timeline(handle, killed_at: float, dead: int, partition: int, clients: list[
     return {k: (None if v is None else v - killed_at) for k, v in row.items()}
 
 
-def sigterm_round(handle, target: int, clients: list[Client], threshold: float) -> list[tuple[float, float]]:
+def refollow_waits(handle, target: int, since: float, until: float) -> list[float]:
+    """On the surviving brokers, for each partition a LeaderAndIsr told them to follow (from
+    `since` to `until`), the time until it was truncated: from then on it is fetched again,
+    and acks=all on it waits for nothing else. A retry or a LeaderAndIsr held behind the
+    fetcher's long poll of its other partitions shows here as ~replica.fetch.wait.max.ms."""
+    waits = []
+    for broker_id, lines in broker_lines(handle, since).items():
+        if broker_id == target:
+            continue
+        followed: dict[str, float] = {}
+        for at, text in lines:
+            m = re.match(r"following (\S+) from broker", text)
+            if m and at <= until:
+                followed[m.group(1)] = at
+            m = re.match(r"(\S+) truncated to", text)
+            if m and m.group(1) in followed:
+                waits.append(at - followed.pop(m.group(1)))
+    return waits
+
+
+def sigterm_round(handle, target: int, clients: list[Client], threshold: float) -> tuple[list, list[float]]:
     """SIGTERM of `target` (controlled shutdown), then it starts again. Per client, the longest
     gap between acknowledgements of the partition it led, from the SIGTERM until a second
     after it exited; a gap over `threshold` prints every broker's log lines around it."""
@@ -234,6 +256,7 @@ def sigterm_round(handle, target: int, clients: list[Client], threshold: float) 
     time.sleep(1.0)
     until = time.time()
     gaps = [c.longest_gap(partition, signalled, until) for c in clients]
+    waits = refollow_waits(handle, target, signalled, until)
     if max(g for g, _ in gaps) > threshold:
         begin = min(at for g, at in gaps if g > threshold)
         end = begin + max(g for g, _ in gaps)
@@ -244,7 +267,7 @@ def sigterm_round(handle, target: int, clients: list[Client], threshold: float) 
                 if begin - 0.3 <= at <= end + 0.1 and not text.startswith(("Sending", "Received", "Read")):
                     print(f"  [{broker_id}] +{at - signalled:.3f} {text[:220]}")
     handle.brokers[target].start()
-    return gaps
+    return gaps, waits
 
 
 def elect_preferred(bootstrap: str) -> None:
@@ -295,7 +318,7 @@ def main() -> None:
                                  KafkaPython("kafka-python", handle.bootstrap)]
         for client in clients:
             client.start()
-        rows, shutdowns = [], []
+        rows, shutdowns, refollows = [], [], []
         try:
             for bounce in range(args.bounces):
                 elect_preferred(handle.bootstrap)
@@ -322,10 +345,12 @@ def main() -> None:
                 elect_preferred(handle.bootstrap)
                 target = n % 3 + 1
                 time.sleep(2)
-                gaps = sigterm_round(handle, target, clients, args.gap_threshold)
+                gaps, waits = sigterm_round(handle, target, clients, args.gap_threshold)
                 shutdowns.append(gaps)
+                refollows.extend(waits)
                 progress(f"SIGTERM {n + 1} of broker {target}: longest gaps "
-                         + ", ".join(f"{c.name} {g * 1000:.0f} ms" for c, (g, _) in zip(clients, gaps)))
+                         + ", ".join(f"{c.name} {g * 1000:.0f} ms" for c, (g, _) in zip(clients, gaps))
+                         + f"; LeaderAndIsr to truncated on the followers, max {max(waits, default=0) * 1000:.0f} ms")
         finally:
             for client in clients:
                 client.stop()
@@ -338,6 +363,12 @@ def main() -> None:
             gaps = sorted(r[i][0] for r in shutdowns)
             print(f"| {client.name} | {statistics.median(gaps) * 1000:.0f} ms | {gaps[-1] * 1000:.0f} ms "
                   f"| {sum(g > 1 for g in gaps)} |")
+        if refollows:
+            refollows.sort()
+            print(f"\nA partition the followers were told to follow, LeaderAndIsr to truncated ({len(refollows)}): "
+                  f"median {statistics.median(refollows) * 1000:.0f} ms, "
+                  f"p90 {refollows[int(len(refollows) * 0.9)] * 1000:.0f} ms, max {refollows[-1] * 1000:.0f} ms, "
+                  f"{sum(w > 0.3 for w in refollows)} over 300 ms")
     if not rows:
         return
     columns = list(rows[0][3])
