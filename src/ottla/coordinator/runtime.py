@@ -17,7 +17,7 @@ from ..errors import ErrorCode
 TopicPartition = tuple[str, int]
 # (error, base offset of the appended batch or -1)
 OnDurable = Callable[[ErrorCode, int], None]
-# (partition, leader epoch): the coordinator epoch of a partition is its leader epoch.
+# (partition, leader epoch): the coordinator epoch of a partition is the leader epoch it was won at.
 OnLeadership = Callable[[int, int], None]
 
 

@@ -33,7 +33,7 @@ from ..errors import ErrorCode, KafkaError
 from .batch import HEADER_SIZE, BatchHeader
 from .compression import NONE, decompress_bounded
 
-__all__ = ["check_records", "inflate_limit", "INFLATE_FACTOR"]
+__all__ = ["check_records", "inflate_limit", "key_value_sizes", "INFLATE_FACTOR"]
 
 # A produced batch may inflate to this many times max.message.bytes (1 MiB by default: 32 MiB).
 INFLATE_FACTOR = 32
@@ -215,6 +215,43 @@ def _fast_walk(data, expected: int) -> bool:
             return False
         p = p + size
     return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+
+
+def key_value_sizes(data, count: int):
+    """The key and value sizes of `count` records (decompressed, `data`) as two numpy arrays
+    (a null counts 0), for Fetch v0-3's down-conversion to size its messages; None unless
+    there are many records and all of the shape `_fast_walk` reads (the caller walks them).
+    The same chain and varints, from stored batches the validator already accepted."""
+    if count < _FAST_FROM or not count <= len(data) // _MIN_RECORD:
+        return None
+    import numpy as np
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    record_start = _record_starts(data, buf, count)
+    if record_start is None:
+        return None
+    record_end = np.append(record_start[1:], len(data))
+    zigzag, p = _varints(buf, record_start)
+    if p is None or not (zigzag == 2 * (record_end - p)).all():
+        return None
+    _, p = _varints(buf, p + 1)  # attributes skipped, then the timestamp delta
+    if p is None:
+        return None
+    _, p = _varints(buf, p)  # offset delta
+    if p is None:
+        return None
+    sizes = []
+    for _ in (0, 1):  # key and value: -1 is null, no other negative size
+        zigzag, p = _varints(buf, p)
+        if p is None:
+            return None
+        size = zigzag >> 1
+        if ((zigzag & 1) * size).any():
+            return None
+        p = p + size
+        sizes.append(size)
+    # Positions only move forward: the header count inside its record means every field was.
+    return (sizes[0], sizes[1]) if (p < record_end).all() else None
 
 
 # The chain of record lengths reads two bytes at each record's start: one struct call and one

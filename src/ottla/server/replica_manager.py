@@ -117,7 +117,8 @@ class ReplicaManager:
         return found
 
     def add_leadership_listener(self, listener: LeadershipListener) -> None:
-        """`listener(topic, partition, is_leader, leader_epoch)` after each role change."""
+        """`listener(topic, partition, is_leader, leader_epoch)` when this broker becomes a
+        partition's leader or stops leading it."""
         self._listeners.append(listener)
 
     def apply_partition_states(self, states: Iterable[PartitionState], now_ms: int = 0) -> dict[TopicPartition, ErrorCode]:
@@ -161,6 +162,9 @@ class ReplicaManager:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
                 self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
+            if partition.is_leader != was_leader:
+                # Only a new leader loads its coordinator state: a new epoch on the same leader
+                # (a follower left the ISR, a reassignment) keeps it, as Kafka's makeLeaders.
                 self._notify_leadership(partition)
                 if partition.is_leader:
                     followers.update(partition.replicas)

@@ -95,8 +95,6 @@ class GroupService:
             self._arm(deadline)
 
     def _on_elected(self, partition: int, leader_epoch: int) -> None:
-        if partition in self._loaded:
-            return  # a new leader epoch of a partition already loaded here
         self._loaded.add(partition)
         if self._loop is None:
             self.coordinator.load_partition(partition, self._clock())

@@ -129,7 +129,8 @@ class MarkerSender:
 
 class TransactionService:
     """Creates `__transaction_state`, loads the partitions this broker leads and runs the
-    coordinator's timer. The coordinator epoch of a partition is its leader epoch."""
+    coordinator's timer. The coordinator epoch of a partition is the leader epoch at which this
+    broker became its leader (a later epoch on the same leader keeps it, as in Kafka)."""
 
     def __init__(self, runtime: CoordinatorRuntime, channel: MarkerChannel, config: Mapping[str, Any],
                  next_producer_id: Callable[[], int], clock: Callable[[], int]):
@@ -158,7 +159,6 @@ class TransactionService:
         self._timer = asyncio.get_running_loop().create_task(self._run_timer())
 
     def _on_elected(self, partition: int, leader_epoch: int) -> None:
-        # A new leader epoch reloads: the coordinator epoch must follow it.
         self._loaded.add(partition)
         self.coordinator.load_partition(partition, leader_epoch, self._clock())
 
