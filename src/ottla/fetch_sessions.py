@@ -14,7 +14,8 @@ a session, applying an incremental request, answering one) give the event loop a
 few hundred partitions through the caller's `steps` (`server/steps.py`; issue 11: creating a
 session of 200,000 partitions held the loop for 160 ms of CPU, 0.5 s with the collections it
 caused). Kafka takes each session's lock for those walks; here `FetchSession.lock` keeps a
-second request on the session from getting in between two steps of one.
+second request on the session from getting in between two steps of one. A session the cache
+lets go of (closed, evicted) is emptied in steps too (`release_retired`).
 
 Pure: no sockets, no clock. Callers pass the time (`now_ms`) and the request's partitions as
 objects with Kafka's field names (`fetch_offset`, `partition_max_bytes`,
@@ -47,6 +48,7 @@ from typing import Any, Hashable, Iterable
 from .errors import ErrorCode
 
 __all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
+           "release_retired",
            "PARTITIONS_PER_SLOT",
            "SESSIONLESS",
            "INVALID_SESSION_ID", "INITIAL_EPOCH", "FINAL_EPOCH", "EVICTION_MS"]
@@ -122,7 +124,7 @@ class FetchSession:
     (Kafka's `session.synchronized`): those walks take several turns of the loop."""
 
     __slots__ = ("id", "privileged", "uses_topic_ids", "creation_ms", "last_used_ms", "epoch", "partitions",
-                 "cached_size", "lock")
+                 "cached_size", "lock", "users")
 
     def __init__(self, session_id: int, privileged: bool, uses_topic_ids: bool, partitions: dict[Key, CachedPartition],
                  now_ms: int):
@@ -134,6 +136,7 @@ class FetchSession:
         self.partitions = partitions
         self.cached_size = -1  # the size the cache last accounted for; -1: not in the cache
         self.lock = asyncio.Lock()
+        self.users = 0  # requests between their context and its answer (`IncrementalFetch`)
 
     async def update(self, fetch_data: dict[Key, Any], forgotten: Iterable[Key], steps) -> tuple[int, int, int]:
         """Apply an incremental request: add or update the partitions it names, then drop the
@@ -171,6 +174,7 @@ class FetchSessionCache:
         self._evictable_by_privileged: list[tuple[bool, int, int]] = []
         self.total_partitions = 0
         self.evictions = 0
+        self.retired: list[FetchSession] = []  # removed, to be emptied in steps (`release_retired`)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -230,6 +234,7 @@ class FetchSessionCache:
             _discard(self._evictable_by_privileged, key)
             self.total_partitions -= session.cached_size
         session.cached_size = -1
+        self.retired.append(session)
         return session
 
     def touch(self, session: FetchSession, now_ms: int) -> None:
@@ -331,11 +336,15 @@ class IncrementalFetch:
     def __init__(self, session: FetchSession, request_epoch: int):
         self.session = session
         self._expected_epoch = next_epoch(request_epoch)
+        session.users += 1
 
     async def finish(self, outcomes, now_ms: int, steps) -> tuple[ErrorCode, int, list[Key]]:
         session = self.session
-        async with session.lock:
-            return await self._answer(session, outcomes, steps)
+        try:
+            async with session.lock:
+                return await self._answer(session, outcomes, steps)
+        finally:
+            session.users -= 1
 
     async def _answer(self, session: FetchSession, outcomes, steps) -> tuple[ErrorCode, int, list[Key]]:
         if session.epoch != self._expected_epoch:  # another request on the session got in meanwhile
@@ -397,6 +406,23 @@ async def _incremental(cache: FetchSessionCache, session: FetchSession, version:
         await steps.one()
         partitions.append(item)
     return IncrementalFetch(session, epoch), partitions
+
+
+async def release_retired(cache: FetchSessionCache, steps) -> None:
+    """Empties the sessions the cache let go of (closed, evicted, grown past the budget) a
+    step at a time: freed at once, one of 200,000 partitions held the loop 15-25 ms, and one
+    session may hold the whole budget (`PARTITIONS_PER_SLOT` a slot). A session a request is
+    still answering from goes with that request instead; one a request is still walking (its
+    lock held: copying the partitions to read) is emptied after."""
+    while cache.retired:
+        session = cache.retired.pop()
+        async with session.lock:
+            if session.users:
+                continue
+            partitions = session.partitions
+            while partitions:
+                await steps.one()
+                partitions.popitem()
 
 
 class FetchSessionHandler:

@@ -17,6 +17,7 @@ from kio.serial import entity_reader
 
 from ottla.config import BrokerConfig
 from ottla.errors import ErrorCode
+from ottla.fetch_sessions import PARTITIONS_PER_SLOT
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.server import steps
 from ottla.server.broker import Broker
@@ -26,10 +27,10 @@ from tests.loop_turns import most_objects_between_turns, seen_between_turns
 ANSWERED = 30.0  # seconds: a guard against a fetch that is never answered, not a speed assertion
 
 
-def _fetch(session_id: int, epoch: int, partitions=(), offsets=None, forget=()) -> fetch11.FetchRequest:
+def _fetch(session_id: int, epoch: int, partitions=(), offsets=None, forget=(), replica_id=-1) -> fetch11.FetchRequest:
     offsets = offsets or {}
     return fetch11.FetchRequest(
-        replica_id=-1, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+        replica_id=replica_id, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=0,
         session_id=session_id, session_epoch=epoch, rack_id="",
         forgotten_topics_data=(fetch11.ForgottenTopic(topic="x", partitions=tuple(forget)),) if forget else (),
         topics=(fetch11.FetchTopic(topic="x", partitions=tuple(fetch11.FetchPartition(
@@ -51,9 +52,9 @@ def _answered(response) -> list[tuple]:
             for t in response.responses for p in t.partitions]
 
 
-def _with_broker(tmp_path, partitions: int, scenario):
+def _with_broker(tmp_path, partitions: int, scenario, config=None):
     async def run():
-        broker = Broker(tmp_path, BrokerConfig({}))
+        broker = Broker(tmp_path, BrokerConfig(config or {}))
         try:
             broker.create_topic("x", partitions, {})
             return await scenario(broker)
@@ -63,29 +64,41 @@ def _with_broker(tmp_path, partitions: int, scenario):
     return asyncio.run(run())
 
 
-def test_a_session_of_many_partitions_is_made_and_used_in_steps(tmp_path):
-    """20,000 partitions, all but partition 0 unknown. Counted in objects made or freed
-    between two turns of the loop: the session's 20,000 cached partitions were made in one
-    step, and an incremental fetch freed its 20,000 outcomes in one."""
+def test_a_session_of_many_partitions_is_made_used_and_let_go_of_in_steps(tmp_path):
+    """20,000 partitions, all but partition 0 unknown, and a cache with room for 20,000.
+    Counted in objects made or freed between two turns of the loop: on the old code the
+    session's 20,000 cached partitions were made in one step, an incremental fetch freed its
+    20,000 outcomes in one, and closing or evicting the session freed it in one."""
     partitions = 20_000
 
     async def scenario(broker):
-        request = _fetch(0, 0, range(partitions))  # kept: the network frees it, not the handler
-        blocks, created = await seen_between_turns(_handle(broker, request), sys.getallocatedblocks)
-        made = most_objects_between_turns(blocks)
-        request = _fetch(created.session_id, 1)
-        blocks, again = await seen_between_turns(_handle(broker, request), sys.getallocatedblocks)
-        return created, made, again, most_objects_between_turns(blocks)
+        most = {}
 
-    created, made, again, used = _with_broker(tmp_path, 1, scenario)
+        async def measured(name, request):  # the request is kept: the network frees it, not the handler
+            blocks, response = await seen_between_turns(_handle(broker, request), sys.getallocatedblocks)
+            most[name] = most_objects_between_turns(blocks)
+            return response
+
+        created = await measured("create", _fetch(0, 0, range(partitions)))
+        again = await measured("incremental", _fetch(created.session_id, 1))
+        await measured("close", _fetch(created.session_id, -1, (0,)))
+        closed = broker.fetch_sessions.get(created.session_id)
+        recreated = await measured("create again", _fetch(0, 0, range(partitions)))
+        follower = await measured("evict", _fetch(0, 0, (0,), replica_id=1))
+        evicted = broker.fetch_sessions.get(recreated.session_id)
+        return created, again, closed, follower, evicted, most
+
+    created, again, closed, follower, evicted, most = _with_broker(
+        tmp_path, 1, scenario, {"max.incremental.fetch.session.cache.slots": partitions // PARTITIONS_PER_SLOT})
     assert created.error_code == ErrorCode.none and created.session_id != 0
     assert [p for _, p, *_ in _answered(created)] == list(range(partitions))
     assert again.error_code == ErrorCode.none and again.session_id == created.session_id
     # Partition 0 has nothing new; the unknown ones are named again with their error.
     assert [(p, error) for _, p, error, *_ in _answered(again)] == [
         (p, ErrorCode.unknown_topic_or_partition) for p in range(1, partitions)]
+    assert closed is None and evicted is None and follower.session_id != 0
     # A step handles ENTRIES_PER_STEP partitions: a few objects each, far from 20,000.
-    assert made < partitions // 4 and used < partitions // 4, (made, used)
+    assert all(made < partitions // 4 for made in most.values()), most
 
 
 def _session_life(tmp_path, partitions: int, looked: list):

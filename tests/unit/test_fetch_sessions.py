@@ -10,7 +10,7 @@ from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
                                   PARTITIONS_PER_SLOT,
                                   SESSIONLESS, FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch,
-                                  SessionError, next_epoch)
+                                  SessionError, next_epoch, release_retired)
 from ottla.fetch_sessions import new_context as _new_context
 from ottla.server.steps import ENTRIES_PER_STEP, Steps
 
@@ -202,6 +202,29 @@ def test_a_request_on_a_session_waits_while_another_walks_it():
     assert waited
     assert error == ErrorCode.none and kept == [("t", p) for p in range(size)]
     assert isinstance(second, IncrementalFetch) and session.epoch == 3 and ("u", 0) in session.partitions
+
+
+def test_a_session_closed_while_a_request_copies_it_is_emptied_after():
+    """A full fetch closes the session while an incremental request on it is copying its
+    partitions in steps: the session is emptied (`release_retired`) only once that request
+    has its copy, and that request reads every partition, as Kafka's would."""
+    size = 2 * ENTRIES_PER_STEP
+
+    async def scenario():
+        cache = FetchSessionCache(10)
+        context, parts = await _new_context(cache, V12, INVALID_SESSION_ID, INITIAL_EPOCH, False,
+                                            {("t", p): wanted(0) for p in range(size)}, [], 0, Steps())
+        _, session_id, _ = await context.finish([(key, outcome(10)) for key, _ in parts], 0, Steps())
+        copying = asyncio.ensure_future(_new_context(cache, V12, session_id, 1, False, {}, [], 0, Steps()))
+        await asyncio.sleep(0)  # its copy has begun
+        closing, _ = await _new_context(cache, V12, session_id, FINAL_EPOCH, False, {("t", 0): wanted(0)}, [], 0,
+                                        Steps())
+        await release_retired(cache, Steps())
+        return closing, await copying, cache
+
+    closing, (incremental, parts), cache = asyncio.run(scenario())
+    assert closing is SESSIONLESS and len(cache) == 0
+    assert isinstance(incremental, IncrementalFetch) and [key for key, _ in parts] == [("t", p) for p in range(size)]
 
 
 def test_epochs_wrap_to_1():

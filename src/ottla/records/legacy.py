@@ -282,6 +282,7 @@ class LazyDownConversion:
             if offset == 0:
                 break
             position += offset
+            data = None  # not held while others walk: a walk holds one piece only while it runs
             yield
         if position > group_start:
             self._add(group_start, position, 0, -1, group_size)

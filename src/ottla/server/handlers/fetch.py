@@ -34,7 +34,7 @@ import time
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
-from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, new_context
+from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, new_context, release_retired
 from ...log.file_records import RecordsGone
 from ...protocol.build import make, nested
 from ...protocol.codec import EncodedBody, encode_item
@@ -328,6 +328,7 @@ async def handle(ctx, request):
     context, partitions = await new_context(
         broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
         getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted, forgotten, now_ms(), steps)
+    await release_retired(broker.fetch_sessions, steps)  # the session a full fetch closed, one grown too big
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
     grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
@@ -362,6 +363,7 @@ async def handle(ctx, request):
             break
     outcomes = [pair for _, _, topic_outcomes in read for pair in topic_outcomes]
     error, session_id, kept = await context.finish(outcomes, now_ms(), steps)
+    await release_retired(broker.fetch_sessions, steps)  # those evicted for a new one
     # None: all of them (a set of 200,000 keys took a step of 50-100 ms).
     kept = None if len(kept) == len(outcomes) else await _key_set(kept, steps)
     outcomes = None
