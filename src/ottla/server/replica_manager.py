@@ -170,12 +170,12 @@ class ReplicaManager:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
                 self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
+                if partition.is_leader:
+                    followers.update(partition.replicas)
             if partition.is_leader != was_leader:
                 # Only a new leader loads its coordinator state: a new epoch on the same leader
                 # (a follower left the ISR, a reassignment) keeps it, as Kafka's makeLeaders.
                 self._notify_leadership(partition)
-                if partition.is_leader:
-                    followers.update(partition.replicas)
         followers.discard(self.node_id)
         if followers:
             self.delayed_fetches.complete_followers(followers)
