@@ -34,7 +34,9 @@ naming 3 partitions and forgetting 2, the full fetch that closes it (epoch -1 na
 a follower's session of one partition evicting it (`max.incremental.fetch.session.cache.slots`
 N / 1,000: the cache's partition budget is full): each one's
 longest step (the loop thread's CPU, garbage collections left out as the broker leaves them
-out) and how many partitions its response names.
+out) and how many partitions its response names. With --alive K, then K such sessions made one
+after the other and left alive: a full collection's CPU (`gc.collect()`, median of 3) with
+0, 1 and K of them alive (each session's partitions tracked by the collector or not).
 
 --many N: on a broker of its own, one topic of one partition, then Fetch v11, ListOffsets v5,
 OffsetForLeaderEpoch v3 and DeleteRecords v1 each naming N partitions of it (all but one
@@ -44,7 +46,7 @@ sends ApiVersions one after the other (its longest round trip: how long the othe
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --many 200000
-    .venv/bin/python benchmarks/loop_holds.py --topics 0 --session 200000
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --session 200000 --alive 5
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -289,6 +292,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="with --long-poll: how long they poll")
     parser.add_argument("--many", type=int, default=0, help="partitions named by one request, on a broker of its own")
     parser.add_argument("--session", type=int, default=0, help="partitions of one fetch session, in process")
+    parser.add_argument("--alive", type=int, default=0, help="with --session: sessions left alive, full collections timed")
     args = parser.parse_args()
     rows = []
     if args.topics:
@@ -302,7 +306,7 @@ def main() -> int:
     if args.many:
         rows += _many_partitions(args.many)
     if args.session:
-        rows += _session_life(args.session)
+        rows += _session_life(args.session, args.alive)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -387,12 +391,11 @@ def _session_fetch(count: int, session_id: int, epoch: int, replica_id: int = -1
             for p in range(count))),) if count else ())
 
 
-def _session_life(count: int) -> list[tuple[str, str]]:
+def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
     """The fetch session's phases (`--session`), each one's longest step in process."""
     import asyncio
     import gc
     import tempfile
-    from types import SimpleNamespace
 
     from kio.schema.fetch.v11.response import FetchResponse
     from kio.serial import entity_reader
@@ -434,6 +437,8 @@ def _session_life(count: int) -> list[tuple[str, str]]:
             session = (await phase(broker, f"create a session of {count} again", _session_fetch(count, 0, 0))).session_id
             await phase(broker, "a follower's session evicts it", _session_fetch(1, 0, 0, replica_id=1))
             assert broker.fetch_sessions.get(session) is None
+            if alive:
+                await _collections_with_sessions(broker, count, alive, rows)
         finally:
             broker.logs.close()
             broker.release_data_dir()
@@ -443,6 +448,33 @@ def _session_life(count: int) -> list[tuple[str, str]]:
     gc.callbacks.remove(pauses)
     rows.append(("garbage collections meanwhile (left out of the steps above)", pauses.summary()))
     return rows
+
+
+async def _collections_with_sessions(broker, count: int, alive: int, rows: list) -> None:
+    """A full collection's CPU (median of 3) with 0, 1 and `alive` sessions of `count` alive."""
+    import gc
+    import statistics
+
+    from kio.schema.fetch.v11.response import FetchResponse
+
+    from ottla.server.handlers import fetch
+
+    context = SimpleNamespace(broker=broker, api_version=11, response_type=FetchResponse)
+    cache = broker.fetch_sessions  # room for them all
+    cache.max_entries += alive
+    cache.max_partitions += alive * count
+    for made in range(alive + 1):
+        if made in (0, 1, alive):
+            gc.collect()
+            took = []
+            for _ in range(3):
+                started = time.thread_time()
+                gc.collect()
+                took.append((time.thread_time() - started) * 1000)
+            rows.append((f"full collection, {made} session(s) of {count} alive: CPU (ms), median of 3",
+                         f"{statistics.median(took):.1f} ({len(gc.get_objects()):,} objects tracked)"))
+        if made < alive:
+            assert (await fetch.handle(context, _session_fetch(count, 0, 0))).session_id
 
 
 def _wide_delete(partitions: int) -> list[tuple[str, str]]:

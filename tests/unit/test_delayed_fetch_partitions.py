@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 from types import SimpleNamespace
 
+import pytest
 from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.fetch.v12.response import FetchResponse
 
@@ -123,14 +124,17 @@ def test_a_delayed_fetch_is_answered_when_this_broker_stops_leading_a_partition(
     broker.logs.close()
 
 
-def test_a_followers_waiting_fetch_is_answered_when_this_broker_starts_leading_another_partition_it_replicates(tmp_path):
+@pytest.mark.parametrize("leader_before", [1, 0], ids=["new leader", "new epoch of its leadership"])
+def test_a_followers_waiting_fetch_is_answered_when_this_broker_starts_leading_another_partition_it_replicates(
+        tmp_path, leader_before):
     """The follower has to ask for that partition (truncation, then a fetch in the new epoch) and
     sends one request at a time: without the completion its fetch of the others waited out its
     max_wait (an hour here; 500 ms by default, which after a controlled shutdown held acks=all
-    on the handed-over partition). A consumer's fetch and another follower's keep waiting."""
+    on the handed-over partition). A consumer's fetch and another follower's keep waiting. The
+    same when this broker led the partition already and a new epoch of it starts."""
     broker = _broker(tmp_path)
     broker.create_topic("n", 1, {})
-    broker.replicas.apply_partition_states([PartitionState("n", 0, 1, 1, (0, 1), (0, 1))])
+    broker.replicas.apply_partition_states([PartitionState("n", 0, leader_before, 1, (0, 1), (0, 1))])
 
     async def scenario():
         follower = _start(broker, _request({p: 0 for p in range(PARTITIONS)}, replica_id=1))

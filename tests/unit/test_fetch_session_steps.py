@@ -17,7 +17,7 @@ from kio.serial import entity_reader
 
 from ottla.config import BrokerConfig
 from ottla.errors import ErrorCode
-from ottla.fetch_sessions import PARTITIONS_PER_SLOT
+from ottla.fetch_sessions import PARTITIONS_PER_SLOT, CachedPartition
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.server import steps
 from ottla.server.broker import Broker
@@ -123,7 +123,7 @@ def _session_life(tmp_path, partitions: int, looked: list):
             broker.replicas.append("x", p, build_batch([Record(None, b"v%d" % p)]), now_ms=int(time.time() * 1000))
 
         def told():
-            return sum(cached.high_watermark == 1 for cached in session.partitions.values())
+            return sum(CachedPartition(*cached).high_watermark == 1 for cached in session.partitions.values())
         seen, answered = await seen_between_turns(_handle(broker, _fetch(created.session_id, 1)), told)
         looked.extend(seen)
         record(answered)

@@ -88,6 +88,12 @@ def _wrapper_codec(data) -> int:
     return data[_PREFIX.size - 1] & _CODEC_MASK if len(data) >= _PREFIX.size else NONE
 
 
+def converts_inline(data, inline: int) -> bool:
+    """Whether up-converting `data` is little work: uncompressed, at most `inline` bytes (every
+    message becomes a record object; a wrapper may inflate to 32 x max.message.bytes)."""
+    return _wrapper_codec(data) == NONE and len(data) <= inline
+
+
 def up_convert(data, now_ms: int, inflate_limit: int) -> bytes:
     """One v2 batch holding the records of a v0/v1 message set (Produce v0-2).
 

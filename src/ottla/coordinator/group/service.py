@@ -107,7 +107,7 @@ class GroupService:
             self._loads.pop(partition, None)
             loader.finish(self._clock())
 
-        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded)
+        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded, loader.decode)
 
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:

@@ -332,7 +332,10 @@ async def handle(ctx, request):
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
     grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
-    if isinstance(partitions, list):  # an incremental fetch's copy of its session
+    # An incremental fetch's copy of its session: its partitions (`fetch_sessions.CachedPartition`
+    # views) are its own, let go of in steps once answered.
+    viewed = grouped if isinstance(partitions, list) else ()
+    if isinstance(partitions, list):
         await _let_go(steps, partitions)
     if not isinstance(context, FullFetch):  # which makes its session of `wanted`
         await _let_go(steps, wanted)
@@ -370,13 +373,15 @@ async def handle(ctx, request):
     if total == 0 and not failed:
         encoded = await _encoded_if_empty(ctx, error, session_id, read, kept)
         if encoded is not None:
-            await _let_go(steps, *(outcomes for _, _, outcomes in read), keys, kept or ())
+            await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in viewed), keys,
+                          kept or ())
             return encoded
     hints = LeaderHints(broker.metadata, response_type)
     response = make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
                     responses=await _response_topics(response_type, read, kept, hints, steps),
                     node_endpoints=hints.node_endpoints())
-    await _let_go(steps, *(outcomes for _, _, outcomes in read), keys, kept or ())
+    await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in viewed), keys,
+                  kept or ())
     return response
 
 
