@@ -202,6 +202,14 @@ def test_two_requests_racing_on_one_session():
     assert second.finish(read(second, {}), 0)[0] == ErrorCode.none
 
 
+async def _session_of(cache, size: int) -> int:
+    """A new session of partitions 0..size-1 of `t`, all answered at offset 10: its id."""
+    context, parts = await _new_context(cache, V12, INVALID_SESSION_ID, INITIAL_EPOCH, False,
+                                        {("t", p): wanted(0) for p in range(size)}, [], 0, Steps())
+    _, session_id, _ = await context.finish([(key, outcome(10)) for key, _ in parts], 0, Steps())
+    return session_id
+
+
 def test_a_request_on_a_session_waits_while_another_walks_it():
     """Kafka's session lock: the answer to one request is worked out in steps, and a request on
     the session that arrives meanwhile (with the epoch that answer will tell) waits for it
@@ -210,9 +218,7 @@ def test_a_request_on_a_session_waits_while_another_walks_it():
 
     async def scenario():
         cache = FetchSessionCache(10)
-        context, parts = await _new_context(cache, V12, INVALID_SESSION_ID, INITIAL_EPOCH, False,
-                                            {("t", p): wanted(0) for p in range(size)}, [], 0, Steps())
-        _, session_id, _ = await context.finish([(key, outcome(10)) for key, _ in parts], 0, Steps())
+        session_id = await _session_of(cache, size)
         first, parts = await _new_context(cache, V12, session_id, 1, False, {}, [], 0, Steps())
         answering = asyncio.ensure_future(first.finish([(key, outcome(11)) for key, _ in parts], 0, Steps()))
         await asyncio.sleep(0)  # its walk has begun
@@ -236,9 +242,7 @@ def test_a_session_closed_while_a_request_copies_it_is_emptied_after():
 
     async def scenario():
         cache = FetchSessionCache(10)
-        context, parts = await _new_context(cache, V12, INVALID_SESSION_ID, INITIAL_EPOCH, False,
-                                            {("t", p): wanted(0) for p in range(size)}, [], 0, Steps())
-        _, session_id, _ = await context.finish([(key, outcome(10)) for key, _ in parts], 0, Steps())
+        session_id = await _session_of(cache, size)
         copying = asyncio.ensure_future(_new_context(cache, V12, session_id, 1, False, {}, [], 0, Steps()))
         await asyncio.sleep(0)  # its copy has begun
         closing, _ = await _new_context(cache, V12, session_id, FINAL_EPOCH, False, {("t", 0): wanted(0)}, [], 0,

@@ -11,6 +11,7 @@ never comes within the test's guard (`ANSWERED`, against a hang, not a speed ass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ottla.config import BrokerConfig
 from ottla.records.records import Record, build_batch
@@ -31,16 +32,31 @@ def _states(leader_epochs: dict[int, int]) -> list[PartitionState]:
             for p, epoch in leader_epochs.items()]
 
 
+@contextlib.asynccontextmanager
+async def _leader_and_follower(tmp_path):
+    """A started leader and a follower whose fetcher long-polls for two minutes, both with
+    topic `t` of two partitions."""
+    leader = Broker(tmp_path / "leader", BrokerConfig({"node.id": LEADER}), port=0)
+    follower = Broker(tmp_path / "follower",
+                      BrokerConfig({"node.id": FOLLOWER, "replica.fetch.wait.max.ms": LONG_POLL_MS}))
+    manager = ReplicaFetcherManager(follower, InterBrokerClient("test"))
+    await leader.start()
+    try:
+        leader.create_topic("t", 2, {})
+        follower.create_topic("t", 2, {})
+        yield leader, follower, manager
+    finally:
+        await manager.stop()
+        await manager.client.close()
+        await leader.stop()
+        follower.replicas.close()
+        follower.logs.close()
+        follower.release_data_dir()
+
+
 def test_a_partition_retrying_an_unknown_leader_epoch_is_not_held_behind_the_others_long_poll(tmp_path):
     async def scenario():
-        leader = Broker(tmp_path / "leader", BrokerConfig({"node.id": LEADER}), port=0)
-        follower = Broker(tmp_path / "follower",
-                          BrokerConfig({"node.id": FOLLOWER, "replica.fetch.wait.max.ms": LONG_POLL_MS}))
-        manager = ReplicaFetcherManager(follower, InterBrokerClient("test"))
-        await leader.start()
-        try:
-            leader.create_topic("t", 2, {})
-            follower.create_topic("t", 2, {})
+        async with _leader_and_follower(tmp_path) as (leader, follower, manager):
             leader.replicas.apply_partition_states(_states({0: 1, 1: 1}))
             manager.learn_endpoints({LEADER: (leader.host, leader.port)})
             follower.replicas.fetchers = manager
@@ -61,27 +77,13 @@ def test_a_partition_retrying_an_unknown_leader_epoch_is_not_held_behind_the_oth
                 while copied.log_end_offset < 1:
                     await asyncio.sleep(0.005)
             assert retrying.phase is FetchPhase.FETCHING
-        finally:
-            await manager.stop()
-            await manager.client.close()
-            await leader.stop()
-            follower.replicas.close()
-            follower.logs.close()
-            follower.release_data_dir()
 
     asyncio.run(scenario())
 
 
 def test_a_fenced_partition_whose_leader_and_isr_comes_is_not_held_behind_the_others_long_poll(tmp_path):
     async def scenario():
-        leader = Broker(tmp_path / "leader", BrokerConfig({"node.id": LEADER}), port=0)
-        follower = Broker(tmp_path / "follower",
-                          BrokerConfig({"node.id": FOLLOWER, "replica.fetch.wait.max.ms": LONG_POLL_MS}))
-        manager = ReplicaFetcherManager(follower, InterBrokerClient("test"))
-        await leader.start()
-        try:
-            leader.create_topic("t", 2, {})
-            follower.create_topic("t", 2, {})
+        async with _leader_and_follower(tmp_path) as (leader, follower, manager):
             # The controller moved partition 1 to epoch 2 (an ISR change bumps it); the leader
             # applied it, the follower not yet: its fetch is fenced, partition 0's long-polls.
             leader.replicas.apply_partition_states(_states({0: 1, 1: 2}))
@@ -100,12 +102,5 @@ def test_a_fenced_partition_whose_leader_and_isr_comes_is_not_held_behind_the_ot
             async with asyncio.timeout(ANSWERED):
                 while copied.log_end_offset < 1:
                     await asyncio.sleep(0.005)
-        finally:
-            await manager.stop()
-            await manager.client.close()
-            await leader.stop()
-            follower.replicas.close()
-            follower.logs.close()
-            follower.release_data_dir()
 
     asyncio.run(scenario())

@@ -224,15 +224,27 @@ def _fast_walk(data, expected: int) -> bool:
     zigzag, p = _varints(buf, p)  # offset deltas 0, 1, 2, ...
     if p is None or not (zigzag == np.arange(0, 2 * expected, 2)).all():
         return False
-    for _ in (0, 1):  # key and value: -1 is null, no other negative size
+    walked = _key_and_value(buf, p)
+    if walked is None:
+        return False
+    p = walked[2]
+    return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+
+
+def _key_and_value(buf, p):
+    """The key and value sizes of records whose keys start at `p` (numpy arrays; a null counts
+    0) and where their headers start, or None when a size is negative other than -1 (null)."""
+    sizes = []
+    for _ in (0, 1):
         zigzag, p = _varints(buf, p)
         if p is None:
-            return False
+            return None
         size = zigzag >> 1
         if ((zigzag & 1) * size).any():
-            return False
+            return None
         p = p + size
-    return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+        sizes.append(size)
+    return sizes[0], sizes[1], p
 
 
 def key_value_sizes(data, count: int):
@@ -258,18 +270,12 @@ def key_value_sizes(data, count: int):
     _, p = _varints(buf, p)  # offset delta
     if p is None:
         return None
-    sizes = []
-    for _ in (0, 1):  # key and value: -1 is null, no other negative size
-        zigzag, p = _varints(buf, p)
-        if p is None:
-            return None
-        size = zigzag >> 1
-        if ((zigzag & 1) * size).any():
-            return None
-        p = p + size
-        sizes.append(size)
+    walked = _key_and_value(buf, p)
+    if walked is None:
+        return None
+    key_sizes, value_sizes, p = walked
     # Positions only move forward: the header count inside its record means every field was.
-    return (sizes[0], sizes[1]) if (p < record_end).all() else None
+    return (key_sizes, value_sizes) if (p < record_end).all() else None
 
 
 # The chain of record lengths reads two bytes at each record's start: one struct call and one
