@@ -78,7 +78,7 @@ def record_set(history):
 ONE = [Record(b"k", b"v", (), 1)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 # A producer's transaction aborted, then its next one committed: the ABORT marker ends the skipping.
 @example(history=[("txn", 1, ONE, "uncompressed"), ("end", 1, False), ("txn", 1, ONE, "lz4"), ("end", 1, True)],
          cut=(0, 200), torn=0)

@@ -6,8 +6,8 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ottla.spark.fetch import DataLossError, read_columns
-from ottla.spark.options import parse_read_options
+from ottla.spark.fetch import read_columns
+from ottla.spark.options import DataLossError, parse_read_options
 
 
 def test_deleted_offsets_fail_the_read_or_are_skipped(kafka):

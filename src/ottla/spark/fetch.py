@@ -23,9 +23,9 @@ from kio.schema.errors import ErrorCode
 from ..admin_client import FETCH, LIST_OFFSETS, AdminProtocolClient, BrokerError, ProtocolClientError
 from ..protocol.build import make
 from .columns import FetchedColumns, decode_record_set
-from .options import ReadOptions
+from .options import DataLossError, ReadOptions
 
-__all__ = ["DataLossError", "read_columns"]
+__all__ = ["read_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,6 @@ _SOCKET_TIMEOUT_MS = 60_000
 _RETRY_BACKOFF_MS = 100
 _EARLIEST = -2  # ListOffsets timestamp: the log start
 _CLIENTS: dict[tuple, AdminProtocolClient] = {}  # kept by a Python worker between tasks
-
-
-class DataLossError(RuntimeError):
-    """Offsets the query must read are gone (deleted by retention, or the topic was recreated)."""
 
 
 class _OffsetsLost(Exception):

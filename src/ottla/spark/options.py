@@ -24,6 +24,10 @@ class OptionError(ValueError):
     """An option the user must fix; the message says which and why."""
 
 
+class DataLossError(RuntimeError):
+    """Offsets the query must read are gone (deleted by retention, or the topic was recreated)."""
+
+
 @dataclass(frozen=True)
 class Subscription:
     """Which topic-partitions to read: exactly one of Spark's `subscribe`, `subscribePattern`, `assign`."""

@@ -29,8 +29,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from .fetch import DataLossError, read_columns
-from .options import EARLIEST, LATEST, OptionError, ReadOptions, TopicPartitionOffsets
+from .options import EARLIEST, LATEST, DataLossError, OptionError, ReadOptions, TopicPartitionOffsets
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +169,10 @@ def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], o
 
 def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> Iterator:
     """Yield Arrow record batches of the records of one offset range, one per Fetch answer."""
+    # Imported here, on the executors: numba's import (columns.py) costs 0.2-0.5 s of CPU, which the
+    # driver's Python processes (planning, the streaming source, commits) would pay for nothing.
+    from .fetch import read_columns
+
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     headers_type = arrow_schema.field("headers").type if options.include_headers else None
     timestamp_type = arrow_schema.field("timestamp").type
