@@ -18,7 +18,7 @@ def test_deleted_offsets_fail_the_read_or_are_skipped(kafka):
     assert producer.flush(30) == 0
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     deleted = admin.delete_records([TopicPartition("deleted", 0, 4)])
-    assert next(iter(deleted.values())).result(30).offset == 4
+    assert next(iter(deleted.values())).result(30).low_watermark == 4
 
     def read(fail_on_data_loss: str) -> list[int]:
         options = parse_read_options({"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": "deleted",
