@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from ottla.errors import KafkaError
 from ottla.records.batch import set_base_offset
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch
+from ottla.spark import columns as columns_module
 from ottla.spark.columns import decode_record_set
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -78,7 +79,16 @@ def record_set(history):
 ONE = [Record(b"k", b"v", (), 1)]
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.fixture(params=["compiled", "python"], autouse=True)
+def decoder(request):
+    """Every test runs against both decoders: the compiled loops and, for small answers, records.py's."""
+    saved = columns_module.COMPILED_FROM_BYTES
+    columns_module.COMPILED_FROM_BYTES = 0 if request.param == "compiled" else 1 << 62
+    yield request.param
+    columns_module.COMPILED_FROM_BYTES = saved
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # A producer's transaction aborted, then its next one committed: the ABORT marker ends the skipping.
 @example(history=[("txn", 1, ONE, "uncompressed"), ("end", 1, False), ("txn", 1, ONE, "lz4"), ("end", 1, True)],
          cut=(0, 200), torn=0)

@@ -7,7 +7,9 @@ by two numba-compiled loops, batch headers first (the reader decides in Python, 
 control batches, aborted transactions, offsets outside the range), then the records of the kept batches
 into numpy arrays (offset, timestamp, where each key, value and header list starts and how long it is);
 keys and values are then gathered into contiguous Arrow binary buffers. The varint walk is serial, which
-is why it is compiled (numba, cached on disk: a worker pays its load once, not a compilation).
+is why it is compiled (kernels.py: numba, cached on disk, so a worker pays its load once, not a
+compilation). Small answers (under `COMPILED_FROM_BYTES`) take the broker's record-by-record decoder
+instead: a small micro-batch on a fresh Python worker would otherwise pay 0.5 s of CPU to load numba.
 
 Record layout (records.py has the slow, object-per-record path the broker uses): length varint |
 attributes i8 | timestamp_delta varlong | offset_delta varint | key_length varint | key |
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import pyarrow as pa
 
@@ -27,150 +28,14 @@ from ..records.batch import COMPRESSION_MASK, CONTROL_BIT, HEADER_SIZE, TIMESTAM
     read_header
 from ..records.compression import NONE, decompress
 from ..records.control import parse_control_batch
+from ..records.records import decode_batch
 
 __all__ = ["FetchedColumns", "decode_record_set"]
 
-# Rows of `_scan_batches`' answer, one column per whole batch (contiguous rows: what numba compiled for).
-_POS, _SIZE, _BASE, _ATTRIBUTES, _LAST_DELTA, _FIRST_TS, _MAX_TS, _PRODUCER, _COUNT, _MAGIC = range(10)
-# Rows of `_walk_records`' answer, one column per record.
-_OFFSET, _TIMESTAMP, _KEY_POS, _KEY_LEN, _VALUE_POS, _VALUE_LEN, _HEADERS_POS, _HEADER_COUNT, _END = range(9)
-_CORRUPT = -1
-
-
-@numba.njit(cache=True, inline="always")
-def _big_endian(buf, position, width):
-    value = np.int64(0)
-    for i in range(width):
-        value = (value << 8) | np.int64(buf[position + i])
-    if width == 4 and value >= 2**31:
-        value -= 2**32
-    elif width == 2 and value >= 2**15:
-        value -= 2**16
-    return value
-
-
-@numba.njit(cache=True)
-def _scan_batches(buf):
-    """The header fields of every whole batch in a record set; a torn last batch (a Fetch answer cut at
-    its byte limit) is left out, as Kafka's consumers do."""
-    end = len(buf)
-    count = 0
-    position = 0
-    while end - position >= HEADER_SIZE:
-        size = _big_endian(buf, position + 8, 4) + 12
-        if size < HEADER_SIZE or position + size > end:
-            break
-        count += 1
-        position += size
-    out = np.empty((10, count), np.int64)
-    position = 0
-    for row in range(count):
-        out[_POS, row] = position
-        out[_SIZE, row] = _big_endian(buf, position + 8, 4) + 12
-        out[_BASE, row] = _big_endian(buf, position, 8)
-        out[_MAGIC, row] = buf[position + 16]
-        out[_ATTRIBUTES, row] = _big_endian(buf, position + 21, 2)
-        out[_LAST_DELTA, row] = _big_endian(buf, position + 23, 4)
-        out[_FIRST_TS, row] = _big_endian(buf, position + 27, 8)
-        out[_MAX_TS, row] = _big_endian(buf, position + 35, 8)
-        out[_PRODUCER, row] = _big_endian(buf, position + 43, 8)
-        out[_COUNT, row] = _big_endian(buf, position + 57, 4)
-        position += out[_SIZE, row]
-    return out
-
-
-@numba.njit(cache=True, inline="always")
-def _varint(buf, position, end):
-    """A zigzag varint at `position`: (value, next position), or (0, -1) when it runs past `end`."""
-    raw = np.int64(0)
-    shift = 0
-    while True:
-        if position >= end or shift > 63:
-            return np.int64(0), np.int64(-1)
-        byte = np.int64(buf[position])
-        position += 1
-        raw |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            break
-        shift += 7
-    return ((raw >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(raw & 1), np.int64(position)
-
-
-@numba.njit(cache=True)
-def _walk_records(buf, starts, ends, counts, base_offsets, first_timestamps, max_timestamps, log_append):
-    """One column per record of the batches whose records section is buf[starts[i]:ends[i]]; None when a
-    record is malformed (a length running past its record or batch, bytes left over)."""
-    out = np.empty((9, counts.sum()), np.int64)
-    row = 0
-    for b in range(len(starts)):
-        position, end = np.int64(starts[b]), np.int64(ends[b])
-        for _ in range(counts[b]):
-            length, position = _varint(buf, position, end)
-            if position < 0 or length < 1 or position + length > end:
-                return None
-            record_end = position + length
-            timestamp_delta, position = _varint(buf, position + 1, record_end)  # + 1: attributes
-            if position < 0:
-                return None
-            offset_delta, position = _varint(buf, position, record_end)
-            if position < 0:
-                return None
-            key_length, position = _varint(buf, position, record_end)
-            if position < 0 or position + max(key_length, 0) > record_end:
-                return None
-            out[_KEY_POS, row], out[_KEY_LEN, row] = position, key_length
-            value_length, position = _varint(buf, position + max(key_length, 0), record_end)
-            if position < 0 or position + max(value_length, 0) > record_end:
-                return None
-            out[_VALUE_POS, row], out[_VALUE_LEN, row] = position, value_length
-            header_count, position = _varint(buf, position + max(value_length, 0), record_end)
-            if position < 0 or header_count < 0 or (header_count == 0 and position != record_end):
-                return None
-            out[_HEADERS_POS, row], out[_HEADER_COUNT, row], out[_END, row] = position, header_count, record_end
-            out[_OFFSET, row] = base_offsets[b] + offset_delta
-            out[_TIMESTAMP, row] = max_timestamps[b] if log_append[b] else first_timestamps[b] + timestamp_delta
-            row += 1
-            position = record_end
-        if position != end:
-            return None
-    return out
-
-
-@numba.njit(cache=True)
-def _walk_headers(buf, positions, counts, ends):
-    """(key pos, key length, value pos, value length) of every header of the records whose header lists
-    start at `positions` and end at `ends`; None when one is malformed or has a null key."""
-    out = np.empty((4, counts.sum()), np.int64)
-    row = 0
-    for r in range(len(positions)):
-        position, end = np.int64(positions[r]), np.int64(ends[r])
-        for _ in range(counts[r]):
-            for field in range(2):
-                length, position = _varint(buf, position, end)
-                if position < 0 or position + max(length, 0) > end or (field == 0 and length < 0):
-                    return None
-                out[2 * field, row], out[2 * field + 1, row] = position, length
-                position += max(length, 0)
-            row += 1
-        if position != end:
-            return None
-    return out
-
-
-@numba.njit(cache=True)
-def _gather(buf, positions, lengths):
-    """Arrow offsets (int32) and data of the byte strings buf[positions[i]:+lengths[i]] (null: -1)."""
-    offsets = np.empty(len(positions) + 1, np.int32)
-    total = 0
-    for i in range(len(positions)):
-        offsets[i] = total
-        total += max(lengths[i], 0)
-    offsets[len(positions)] = total
-    data = np.empty(total, np.uint8)
-    for i in range(len(positions)):
-        data[offsets[i]:offsets[i + 1]] = buf[positions[i]:positions[i] + max(lengths[i], 0)]
-    return offsets, data
-
+# Answers smaller than this are decoded record by record with the broker's own decoder (records.py), at
+# about 3 us per 100-byte record: 128 KiB is about 1,000 of them, 3 ms, against the 0.5 s of CPU that
+# loading the compiled loops costs a Python worker the first time (kernels.py).
+COMPILED_FROM_BYTES = 128 * 1024
 
 @dataclass
 class FetchedColumns:
@@ -194,64 +59,102 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     """The records of a Fetch answer's record set at offsets [start, end). Control batches are skipped;
     with `aborted` (read_committed: the answer's (producer id, first offset) list) so are the batches of
     aborted transactions. `headers_type`: build the headers column with it (else none)."""
+    if len(records) < COMPILED_FROM_BYTES:
+        return _decoded_in_python(records, start, end, aborted, headers_type)
+    from . import kernels as k
+
     buf = np.frombuffer(records, np.uint8)
-    batches = _scan_batches(buf)
+    batches = k.scan_batches(buf)
     if not batches.shape[1]:
         return _empty(start, headers_type)
-    if (batches[_MAGIC] != 2).any():
+    if (batches[k.MAGIC] != 2).any():
         raise KafkaError(ErrorCode.corrupt_message, "the Spark source reads record batches v2 only")
-    last_offsets = batches[_BASE] + batches[_LAST_DELTA]
+    last_offsets = batches[k.BASE] + batches[k.LAST_DELTA]
     next_offset = max(start, int(last_offsets[-1]) + 1)
-    attributes = batches[_ATTRIBUTES]
-    keep = ((attributes & CONTROL_BIT) == 0) & (last_offsets >= start) & (batches[_BASE] < end)
+    attributes = batches[k.ATTRIBUTES]
+    keep = ((attributes & CONTROL_BIT) == 0) & (last_offsets >= start) & (batches[k.BASE] < end)
     if aborted:
-        keep &= ~_aborted(records, batches, last_offsets, aborted)
+        keep &= ~np.array(_aborted(records, batches[k.PRODUCER].tolist(), attributes.tolist(),
+                                   batches[k.POS].tolist(), last_offsets.tolist(), aborted), bool)
     if not keep.any():
         return _empty(next_offset, headers_type)
     batches = np.ascontiguousarray(batches[:, keep])  # one layout: numba compiles one version per layout
-    starts, ends = batches[_POS] + HEADER_SIZE, batches[_POS] + batches[_SIZE]
-    codecs = batches[_ATTRIBUTES] & COMPRESSION_MASK
+    starts, ends = batches[k.POS] + HEADER_SIZE, batches[k.POS] + batches[k.SIZE]
+    codecs = batches[k.ATTRIBUTES] & COMPRESSION_MASK
     if codecs.any():
         buf, starts, ends = _inflated(records, starts, ends, codecs)
-    log_append = (batches[_ATTRIBUTES] & TIMESTAMP_TYPE_BIT) != 0
-    rows = _walk_records(buf, starts, ends, batches[_COUNT], batches[_BASE], batches[_FIRST_TS], batches[_MAX_TS],
-                         log_append)
+    log_append = (batches[k.ATTRIBUTES] & TIMESTAMP_TYPE_BIT) != 0
+    rows = k.walk_records(buf, starts, ends, batches[k.COUNT], batches[k.BASE], batches[k.FIRST_TS],
+                          batches[k.MAX_TS], log_append)
     if rows is None:
         raise KafkaError(ErrorCode.corrupt_message, f"malformed record in a batch at offsets {start}..{end}")
-    log_append = np.repeat(log_append, batches[_COUNT])
+    log_append = np.repeat(log_append, batches[k.COUNT])
     if not rows.shape[1]:  # batches emptied by compaction
         return _empty(next_offset, headers_type)
-    if rows[_OFFSET, 0] < start or rows[_OFFSET, -1] >= end:  # only the first and last batch can cross the range
-        inside = (rows[_OFFSET] >= start) & (rows[_OFFSET] < end)
+    if rows[k.OFFSET, 0] < start or rows[k.OFFSET, -1] >= end:  # only the first and last batch can cross the range
+        inside = (rows[k.OFFSET] >= start) & (rows[k.OFFSET] < end)
         rows, log_append = rows[:, inside].copy(), log_append[inside]
     return FetchedColumns(
-        offsets=rows[_OFFSET],
-        timestamps=rows[_TIMESTAMP],
+        offsets=rows[k.OFFSET],
+        timestamps=rows[k.TIMESTAMP],
         log_append_time=log_append,
-        keys=_binary(buf, rows[_KEY_POS], rows[_KEY_LEN], pa.binary()),
-        values=_binary(buf, rows[_VALUE_POS], rows[_VALUE_LEN], pa.binary()),
+        keys=_binary(buf, rows[k.KEY_POS], rows[k.KEY_LEN], pa.binary()),
+        values=_binary(buf, rows[k.VALUE_POS], rows[k.VALUE_LEN], pa.binary()),
         headers=None if headers_type is None else _headers(buf, rows, headers_type),
         next_offset=next_offset,
     )
 
 
-def _aborted(records, batches, last_offsets, aborted: list[tuple[int, int]]) -> np.ndarray:
-    """Batches of aborted transactions, as Kafka's consumer finds them: a producer's transactional batches
-    from its aborted transaction's first offset on, until that producer's ABORT marker."""
+def _decoded_in_python(records, start: int, end: int, aborted, headers_type) -> FetchedColumns:
+    """`decode_record_set` for a small answer: the same batches kept, their records decoded one by one."""
+    headers, position = [], 0
+    while len(records) - position >= HEADER_SIZE:  # whole batches only, as `kernels.scan_batches`
+        header = read_header(records, position)
+        if header.size < HEADER_SIZE or position + header.size > len(records):
+            break
+        if header.magic != 2:
+            raise KafkaError(ErrorCode.corrupt_message, "the Spark source reads record batches v2 only")
+        headers.append(header)
+        position += header.size
+    if not headers:
+        return _empty(start, headers_type)
+    next_offset = max(start, headers[-1].last_offset + 1)
+    skipped = _aborted(records, [h.producer_id for h in headers], [h.attributes for h in headers],
+                       [h.position for h in headers], [h.last_offset for h in headers], aborted) if aborted else ()
+    kept = [(h, r) for i, h in enumerate(headers)
+            if not h.is_control and h.last_offset >= start and h.base_offset < end and not (skipped and skipped[i])
+            for r in decode_batch(records, h) if start <= r.offset < end]
+    if not kept:
+        return _empty(next_offset, headers_type)
+    return FetchedColumns(
+        offsets=np.array([r.offset for _, r in kept], np.int64),
+        timestamps=np.array([r.timestamp for _, r in kept], np.int64),
+        log_append_time=np.array([h.timestamp_type == 1 for h, _ in kept], bool),
+        keys=pa.array([r.key for _, r in kept], pa.binary()),
+        values=pa.array([r.value for _, r in kept], pa.binary()),
+        headers=None if headers_type is None else pa.array(
+            [[{"key": name, "value": value} for name, value in r.headers] for _, r in kept], headers_type),
+        next_offset=next_offset,
+    )
+
+
+def _aborted(records, producers, attributes, positions, last_offsets, aborted: list[tuple[int, int]]) -> list:
+    """Which batches belong to aborted transactions, as Kafka's consumer finds them: a producer's
+    transactional batches from its aborted transaction's first offset on, until that producer's ABORT
+    marker. One entry per batch; the batches are given by their fields, in order."""
     pending = sorted(aborted, key=lambda txn: txn[1], reverse=True)
     aborting: set[int] = set()
-    out = np.zeros(batches.shape[1], bool)
-    for i, producer_id in enumerate(batches[_PRODUCER].tolist()):
+    out = [False] * len(producers)
+    for i, producer_id in enumerate(producers):
         if producer_id < 0:
             continue
         while pending and pending[-1][1] <= last_offsets[i]:
             aborting.add(pending.pop()[0])
-        attributes = int(batches[_ATTRIBUTES, i])
-        if attributes & CONTROL_BIT:
-            marker = parse_control_batch(records, read_header(records, int(batches[_POS, i])))
+        if attributes[i] & CONTROL_BIT:
+            marker = parse_control_batch(records, read_header(records, positions[i]))
             if marker is not None and not marker.commit:
                 aborting.discard(producer_id)
-        elif attributes & TRANSACTIONAL_BIT and producer_id in aborting:
+        elif attributes[i] & TRANSACTIONAL_BIT and producer_id in aborting:
             out[i] = True
     return out
 
@@ -269,7 +172,9 @@ def _inflated(records, starts, ends, codecs):
 
 
 def _binary(buf, positions, lengths, kind: pa.DataType) -> pa.Array:
-    offsets, data = _gather(buf, positions, lengths)
+    from .kernels import gather
+
+    offsets, data = gather(buf, positions, lengths)
     valid = lengths >= 0
     nulls = len(valid) - int(np.count_nonzero(valid))
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
@@ -277,8 +182,10 @@ def _binary(buf, positions, lengths, kind: pa.DataType) -> pa.Array:
 
 
 def _headers(buf, rows, headers_type: pa.DataType) -> pa.Array:
-    counts = rows[_HEADER_COUNT]
-    headers = _walk_headers(buf, rows[_HEADERS_POS], counts, rows[_END])
+    from . import kernels as k
+
+    counts = rows[k.HEADER_COUNT]
+    headers = k.walk_headers(buf, rows[k.HEADERS_POS], counts, rows[k.END])
     if headers is None:
         raise KafkaError(ErrorCode.corrupt_message, "malformed record header")
     entry = headers_type.value_type
