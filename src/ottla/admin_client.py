@@ -6,7 +6,9 @@ message classes; this module only frames requests, picks versions both sides spe
 ApiVersions) and routes each request to the broker that must answer it: every broker for
 ListTransactions, the transaction coordinator for DescribeTransactions, the partition
 leader for DescribeProducers, WriteTxnMarkers and DescribeLogDirs (whose Ottla-only tag
-carries compacted partitions' dirty ratios, which no Kafka API has).
+carries compacted partitions' dirty ratios, which no Kafka API has). The Spark source's read
+tasks send Fetch and ListOffsets through it too (spark/fetch.py): librdkafka hands out records
+one object each, never the record batches.
 """
 
 from __future__ import annotations
