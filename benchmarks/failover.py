@@ -29,10 +29,13 @@ then the broker is started again and the next bounce waits for every ISR to be f
 
 `--sigterms N` then SIGTERMs a leader N times (controlled shutdown; brokers 1, 2, 3 in turn,
 each leading its partition after a preferred election): per client, the longest gap between
-acknowledgements of that partition from the SIGTERM until a second after the broker exited.
-A round with a gap over `--gap-threshold` prints every broker's log lines around the gap.
+acknowledgements of that partition from the SIGTERM until a second after the broker exited,
+and on the surviving followers the time from each LeaderAndIsr telling them to follow a
+partition to its truncation (from then on fetched again). A round with a gap over
+`--gap-threshold` prints every broker's log lines around the gap.
 
     PYTHONPATH=src python benchmarks/failover.py [--bounces 6] [--sigterms 0] [--session-timeout-ms 6000]
+        [--client-trace PREFIX]  # the rdkafka and kafka-python clients' debug lines, timestamped
 """
 
 from __future__ import annotations
@@ -110,14 +113,17 @@ class Client:
 class RdKafka(Client):
     METADATA = re.compile(r"Topic (\S+) \[(\d+)\] Leader (-?\d+)")
 
-    def __init__(self, name: str, bootstrap: str, extra: dict, window: int = 5):
+    def __init__(self, name: str, bootstrap: str, extra: dict, window: int = 5, trace: str | None = None):
         super().__init__(name, window)
         logger = logging.getLogger(f"rdkafka.{name}")
         logger.propagate = False
         logger.setLevel(logging.DEBUG)
         logger.addHandler(_Sink(self))
+        if trace:  # every debug line, timestamped, for a step-by-step look at a round
+            logger.addHandler(_file_handler(trace))
         self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                  "debug": "metadata", "logger": logger, **extra})
+                                  "debug": "metadata,broker,topic,msg,protocol" if trace else "metadata",
+                                  "logger": logger, **extra})
 
     def saw(self, message: str) -> None:
         for topic, partition, leader in self.METADATA.findall(message):
@@ -133,6 +139,12 @@ class RdKafka(Client):
                                           on_delivery=lambda err, _m, p=p, s=time.time(): self.acked(p, s, err))
             self.producer.poll(0.005)
         self.producer.flush(60)
+
+
+def _file_handler(path: str) -> logging.Handler:
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    return handler
 
 
 class _Sink(logging.Handler):
@@ -214,7 +226,27 @@ def timeline(handle, killed_at: float, dead: int, partition: int, clients: list[
     return {k: (None if v is None else v - killed_at) for k, v in row.items()}
 
 
-def sigterm_round(handle, target: int, clients: list[Client], threshold: float) -> list[tuple[float, float]]:
+def refollow_waits(handle, target: int, since: float, until: float) -> list[float]:
+    """On the surviving brokers, for each partition a LeaderAndIsr told them to follow (from
+    `since` to `until`), the time until it was truncated: from then on it is fetched again,
+    and acks=all on it waits for nothing else. A retry or a LeaderAndIsr held behind the
+    fetcher's long poll of its other partitions shows here as ~replica.fetch.wait.max.ms."""
+    waits = []
+    for broker_id, lines in broker_lines(handle, since).items():
+        if broker_id == target:
+            continue
+        followed: dict[str, float] = {}
+        for at, text in lines:
+            m = re.match(r"following (\S+) from broker", text)
+            if m and at <= until:
+                followed[m.group(1)] = at
+            m = re.match(r"(\S+) truncated to", text)
+            if m and m.group(1) in followed:
+                waits.append(at - followed.pop(m.group(1)))
+    return waits
+
+
+def sigterm_round(handle, target: int, clients: list[Client], threshold: float) -> tuple[list, list[float]]:
     """SIGTERM of `target` (controlled shutdown), then it starts again. Per client, the longest
     gap between acknowledgements of the partition it led, from the SIGTERM until a second
     after it exited; a gap over `threshold` prints every broker's log lines around it."""
@@ -224,6 +256,7 @@ def sigterm_round(handle, target: int, clients: list[Client], threshold: float) 
     time.sleep(1.0)
     until = time.time()
     gaps = [c.longest_gap(partition, signalled, until) for c in clients]
+    waits = refollow_waits(handle, target, signalled, until)
     if max(g for g, _ in gaps) > threshold:
         begin = min(at for g, at in gaps if g > threshold)
         end = begin + max(g for g, _ in gaps)
@@ -234,7 +267,7 @@ def sigterm_round(handle, target: int, clients: list[Client], threshold: float) 
                 if begin - 0.3 <= at <= end + 0.1 and not text.startswith(("Sending", "Received", "Read")):
                     print(f"  [{broker_id}] +{at - signalled:.3f} {text[:220]}")
     handle.brokers[target].start()
-    return gaps
+    return gaps, waits
 
 
 def elect_preferred(bootstrap: str) -> None:
@@ -262,7 +295,14 @@ def main() -> None:
     parser.add_argument("--gap-threshold", type=float, default=0.8,
                         help="a SIGTERM round with a longer gap prints the brokers' logs around it")
     parser.add_argument("--root", help="keep the cluster's files (the brokers' logs) here")
+    parser.add_argument("--client-trace", metavar="PREFIX",
+                        help="log the `rdkafka` client's debug lines (broker,topic,msg,protocol) to PREFIX-rdkafka.log "
+                             "and kafka-python's to PREFIX-kafka-python.log")
     args = parser.parse_args()
+    if args.client_trace:
+        kafka_logger = logging.getLogger("kafka")
+        kafka_logger.setLevel(logging.DEBUG)
+        kafka_logger.addHandler(_file_handler(f"{args.client_trace}-kafka-python.log"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the cluster's processes are stopped on the way out
     with cluster(brokers=3, config=CONFIG, session_timeout_ms=args.session_timeout_ms, log_level="debug",
                  root=args.root) as handle:
@@ -271,13 +311,14 @@ def main() -> None:
                                       replica_assignment=[[1, 2, 3], [2, 3, 1], [3, 1, 2]],
                                       config={"min.insync.replicas": "2"})])[TOPIC].result(60)
         elect_preferred(handle.bootstrap)
-        clients: list[Client] = [RdKafka("rdkafka", handle.bootstrap, {}),
+        trace = f"{args.client_trace}-rdkafka.log" if args.client_trace else None
+        clients: list[Client] = [RdKafka("rdkafka", handle.bootstrap, {}, trace=trace),
                                  RdKafka("rdkafka-backoff100", handle.bootstrap, {"retry.backoff.max.ms": 100}),
                                  RdKafka("rdkafka-50", handle.bootstrap, {}, window=50),
                                  KafkaPython("kafka-python", handle.bootstrap)]
         for client in clients:
             client.start()
-        rows, shutdowns = [], []
+        rows, shutdowns, refollows = [], [], []
         try:
             for bounce in range(args.bounces):
                 elect_preferred(handle.bootstrap)
@@ -304,10 +345,12 @@ def main() -> None:
                 elect_preferred(handle.bootstrap)
                 target = n % 3 + 1
                 time.sleep(2)
-                gaps = sigterm_round(handle, target, clients, args.gap_threshold)
+                gaps, waits = sigterm_round(handle, target, clients, args.gap_threshold)
                 shutdowns.append(gaps)
+                refollows.extend(waits)
                 progress(f"SIGTERM {n + 1} of broker {target}: longest gaps "
-                         + ", ".join(f"{c.name} {g * 1000:.0f} ms" for c, (g, _) in zip(clients, gaps)))
+                         + ", ".join(f"{c.name} {g * 1000:.0f} ms" for c, (g, _) in zip(clients, gaps))
+                         + f"; LeaderAndIsr to truncated on the followers, max {max(waits, default=0) * 1000:.0f} ms")
         finally:
             for client in clients:
                 client.stop()
@@ -320,6 +363,12 @@ def main() -> None:
             gaps = sorted(r[i][0] for r in shutdowns)
             print(f"| {client.name} | {statistics.median(gaps) * 1000:.0f} ms | {gaps[-1] * 1000:.0f} ms "
                   f"| {sum(g > 1 for g in gaps)} |")
+        if refollows:
+            refollows.sort()
+            print(f"\nA partition the followers were told to follow, LeaderAndIsr to truncated ({len(refollows)}): "
+                  f"median {statistics.median(refollows) * 1000:.0f} ms, "
+                  f"p90 {refollows[int(len(refollows) * 0.9)] * 1000:.0f} ms, max {refollows[-1] * 1000:.0f} ms, "
+                  f"{sum(w > 0.3 for w in refollows)} over 300 ms")
     if not rows:
         return
     columns = list(rows[0][3])

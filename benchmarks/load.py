@@ -1,10 +1,11 @@
 """Hostile load (issue 11): thousands of idle connections, consumers that never read their
 responses, fetches asking for gigabytes, and a bystander producer measuring its latency.
 
-    .venv/bin/python benchmarks/load.py --idle 5000 --stuck 200 --fill-mb 8
+    .venv/bin/python benchmarks/load.py --idle 5000 --stuck 200 --stuck-old 50 --fill-mb 8
 
 Each stuck consumer sends one Fetch (v11, max_bytes and partition_max_bytes 2^31-1, from
-offset 0 of a topic holding --fill-mb MB) and never reads. Prints the broker's RSS before,
+offset 0 of a topic holding --fill-mb MB) and never reads; each of --stuck-old sends the same
+as Fetch v3 (message format v1: the broker down-converts what it sends). Prints the broker's RSS before,
 at its peak and after, the bystander's acks=all produce latency percentiles before and
 during the load, and the broker's own account of its event loop (worst lag, longest steps
 and garbage collections, logged at shutdown).
@@ -30,6 +31,9 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic  # noqa: E402
 
+from ottla.protocol.legacy.fetch.v3.request import FetchPartition as OldFetchPartition  # noqa: E402
+from ottla.protocol.legacy.fetch.v3.request import FetchRequest as OldFetchRequest  # noqa: E402
+from ottla.protocol.legacy.fetch.v3.request import FetchTopic as OldFetchTopic  # noqa: E402
 from ottla.testing import broker  # noqa: E402
 from ottla.testing.fuzz import encode  # noqa: E402
 
@@ -67,7 +71,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--idle", type=int, default=5000)
     parser.add_argument("--stuck", type=int, default=200)
+    parser.add_argument("--stuck-old", type=int, default=0, help="stuck consumers sending Fetch v3")
     parser.add_argument("--fill-mb", type=int, default=8)
+    parser.add_argument("--value-bytes", type=int, default=10_000, help="of each record in the fetched partition")
+    parser.add_argument("--compression", default="none", help="the filling producer's compression.type")
     parser.add_argument("--seconds", type=float, default=20.0, help="bystander measurement per phase")
     parser.add_argument("--config", action="append", default=[], help="broker config KEY=VALUE")
     args = parser.parse_args()
@@ -78,9 +85,10 @@ def main() -> int:
         admin = AdminClient({"bootstrap.servers": handle.bootstrap})
         for future in admin.create_topics([NewTopic("load", 1, 1), NewTopic("bystander", 1, 1)]).values():
             future.result(60)
-        producer = Producer({"bootstrap.servers": handle.bootstrap, "linger.ms": 20})
-        value = b"v" * 10_000
-        for _ in range(args.fill_mb * 100):
+        producer = Producer({"bootstrap.servers": handle.bootstrap, "linger.ms": 20,
+                             "compression.type": args.compression})
+        value = b"v" * args.value_bytes
+        for _ in range(args.fill_mb * 1_000_000 // args.value_bytes):
             producer.produce("load", value)
             producer.poll(0)
         producer.flush(120)
@@ -97,12 +105,16 @@ def main() -> int:
             FetchTopic(topic="load", partitions=(FetchPartition(partition=0, fetch_offset=0,
                                                                 partition_max_bytes=2**31 - 1),)),),
             forgotten_topics_data=()), 1)
+        old_fetch = encode(OldFetchRequest(replica_id=-1, max_wait=timedelta(milliseconds=500), min_bytes=1,
+                                           max_bytes=2**31 - 1, topics=(OldFetchTopic(topic="load", partitions=(
+                                               OldFetchPartition(partition=0, fetch_offset=0,
+                                                                 partition_max_bytes=2**31 - 1),)),)), 1)
         stuck = []
-        for _ in range(args.stuck):
+        for request in [fetch] * args.stuck + [old_fetch] * args.stuck_old:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(address)
-            sock.sendall(fetch)
+            sock.sendall(request)
             stuck.append(sock)
         progress(f"{len(stuck)} stuck consumers sent their fetch")
         peak = [0]
@@ -129,6 +141,7 @@ def main() -> int:
         rows = [
             ("idle connections", args.idle),
             ("stuck consumers (fetch 2 GiB, never read)", args.stuck),
+            ("stuck consumers sending Fetch v3 (down-converted)", args.stuck_old),
             ("data in the fetched partition (MB)", args.fill_mb),
             ("broker alive", alive),
             ("RSS before (MiB)", rss_before >> 20),

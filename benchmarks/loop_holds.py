@@ -27,6 +27,17 @@ consumers connected), from the broker's timestamped notes of each new worst.
 --wide N: on a broker of its own, one topic of N partitions, a record in each, then
 DeleteTopics of it: its round trip and longest single step (the partitions' directories go).
 
+--session N: in process (a broker object, the Fetch handler called as the network calls it),
+the life of one consumer's fetch session (KIP-227) of N partitions of one topic (all but one
+unknown): the Fetch v11 that creates it (epoch 0), an incremental one naming nothing, one
+naming 3 partitions and forgetting 2, the full fetch that closes it (epoch -1 naming it), and
+a follower's session of one partition evicting it (`max.incremental.fetch.session.cache.slots`
+N / 1,000: the cache's partition budget is full): each one's
+longest step (the loop thread's CPU, garbage collections left out as the broker leaves them
+out) and how many partitions its response names. With --alive K, then K such sessions made one
+after the other and left alive: a full collection's CPU (`gc.collect()`, median of 3) with
+0, 1 and K of them alive (each session's partitions tracked by the collector or not).
+
 --many N: on a broker of its own, one topic of one partition, then Fetch v11, ListOffsets v5,
 OffsetForLeaderEpoch v3 and DeleteRecords v1 each naming N partitions of it (all but one
 unknown), one at a time: each one's round trip and longest single step, while another client
@@ -35,6 +46,7 @@ sends ApiVersions one after the other (its longest round trip: how long the othe
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --storm 5000 --close --rounds 5
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --many 200000
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --session 200000 --alive 5
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -278,6 +291,8 @@ def main() -> int:
     parser.add_argument("--long-poll", type=int, default=0, help="consumers long-polling together, on a broker of their own")
     parser.add_argument("--seconds", type=float, default=20.0, help="with --long-poll: how long they poll")
     parser.add_argument("--many", type=int, default=0, help="partitions named by one request, on a broker of its own")
+    parser.add_argument("--session", type=int, default=0, help="partitions of one fetch session, in process")
+    parser.add_argument("--alive", type=int, default=0, help="with --session: sessions left alive, full collections timed")
     args = parser.parse_args()
     rows = []
     if args.topics:
@@ -290,6 +305,8 @@ def main() -> int:
         rows += _long_poll(args.long_poll, args.seconds)
     if args.many:
         rows += _many_partitions(args.many)
+    if args.session:
+        rows += _session_life(args.session, args.alive)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -360,6 +377,104 @@ def _many_partitions(count: int) -> list[tuple[str, str]]:
     rows.append(("worst event-loop lag over the run: wall / loop's own CPU (ms)", " / ".join(lag[-1])))
     rows.append(("longest garbage collections", collections))
     return rows
+
+
+def _session_fetch(count: int, session_id: int, epoch: int, replica_id: int = -1, forget=()):
+    from kio.schema.fetch.v11 import request as fetch11
+
+    return fetch11.FetchRequest(
+        replica_id=replica_id, max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=50 << 20,
+        isolation_level=0, session_id=session_id, session_epoch=epoch, rack_id="",
+        forgotten_topics_data=(fetch11.ForgottenTopic(topic="x", partitions=tuple(forget)),) if forget else (),
+        topics=(fetch11.FetchTopic(topic="x", partitions=tuple(fetch11.FetchPartition(
+            partition=p, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)
+            for p in range(count))),) if count else ())
+
+
+def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
+    """The fetch session's phases (`--session`), each one's longest step in process."""
+    import asyncio
+    import gc
+    import tempfile
+
+    from kio.schema.fetch.v11.response import FetchResponse
+    from kio.serial import entity_reader
+
+    from ottla.config import BrokerConfig
+    from ottla.fetch_sessions import PARTITIONS_PER_SLOT
+    from ottla.server import loop_lag
+    from ottla.server.broker import Broker
+    from ottla.server.handlers import fetch
+
+    pauses = loop_lag.GcPauses()
+    gc.callbacks.append(pauses)
+    rows = []
+
+    async def phase(broker, name, request):
+        owner = SimpleNamespace(what=name)
+        timed = loop_lag.timed(fetch.handle(SimpleNamespace(broker=broker, api_version=11,
+                                                            response_type=FetchResponse), request), owner)
+        started = time.thread_time()
+        response = await timed
+        if isinstance(response, bytes):  # an answer with nothing in it, encoded once (`EncodedBody`)
+            response, _ = entity_reader(FetchResponse)(response, 0)
+        named = sum(len(t.partitions) for t in response.responses)
+        rows.append((f"{name}: longest step / whole, loop CPU (ms); partitions answered",
+                     f"{timed.longest * 1000:.0f} / {(time.thread_time() - started) * 1000:.0f}; {named}"))
+        return response
+
+    async def life(data_dir):
+        broker = Broker(data_dir, BrokerConfig({"max.incremental.fetch.session.cache.slots": -(-count // PARTITIONS_PER_SLOT)}))
+        try:
+            broker.create_topic("x", 1, {})
+            created = await phase(broker, f"create a session of {count}", _session_fetch(count, 0, 0))
+            session = created.session_id
+            assert session, "no session created"
+            await phase(broker, "incremental, naming nothing", _session_fetch(0, session, 1))
+            await phase(broker, "incremental, naming 3, forgetting 2", _session_fetch(3, session, 2, forget=(5, 6)))
+            await phase(broker, "close it (epoch -1 naming it)", _session_fetch(1, session, -1))
+            assert broker.fetch_sessions.get(session) is None
+            session = (await phase(broker, f"create a session of {count} again", _session_fetch(count, 0, 0))).session_id
+            await phase(broker, "a follower's session evicts it", _session_fetch(1, 0, 0, replica_id=1))
+            assert broker.fetch_sessions.get(session) is None
+            if alive:
+                await _collections_with_sessions(broker, count, alive, rows)
+        finally:
+            broker.logs.close()
+            broker.release_data_dir()
+
+    with tempfile.TemporaryDirectory(prefix="loop-holds-") as data_dir:
+        asyncio.run(life(data_dir))
+    gc.callbacks.remove(pauses)
+    rows.append(("garbage collections meanwhile (left out of the steps above)", pauses.summary()))
+    return rows
+
+
+async def _collections_with_sessions(broker, count: int, alive: int, rows: list) -> None:
+    """A full collection's CPU (median of 3) with 0, 1 and `alive` sessions of `count` alive."""
+    import gc
+    import statistics
+
+    from kio.schema.fetch.v11.response import FetchResponse
+
+    from ottla.server.handlers import fetch
+
+    context = SimpleNamespace(broker=broker, api_version=11, response_type=FetchResponse)
+    cache = broker.fetch_sessions  # room for them all
+    cache.max_entries += alive
+    cache.max_partitions += alive * count
+    for made in range(alive + 1):
+        if made in (0, 1, alive):
+            gc.collect()
+            took = []
+            for _ in range(3):
+                started = time.thread_time()
+                gc.collect()
+                took.append((time.thread_time() - started) * 1000)
+            rows.append((f"full collection, {made} session(s) of {count} alive: CPU (ms), median of 3",
+                         f"{statistics.median(took):.1f} ({len(gc.get_objects()):,} objects tracked)"))
+        if made < alive:
+            assert (await fetch.handle(context, _session_fetch(count, 0, 0))).session_id
 
 
 def _wide_delete(partitions: int) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyspark.sql.worker.plan_data_source_read  # noqa: F401  (a Spark Python worker's heap)
 import pyspark.sql.worker.write_into_data_source  # noqa: F401
 import pyspark.worker  # noqa: F401
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import ottla.testing
@@ -108,6 +108,7 @@ def main() -> int:
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     with ottla.testing.broker() as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        watermarks = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "spark-workers"})
         for run in range(1, args.runs + 1):
             topic = f"workers-{run}"
             admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
@@ -119,16 +120,13 @@ def main() -> int:
             main_thread, cpu, wall, broker_s = measured(broker.pid, lambda: write_own(broker.bootstrap, own, batches))
             print(f"| {run} | sink: own producer, `_send_batch` + flush | {cpu / n * 1e6:.2f} | "
                   f"{main_thread / n * 1e6:.2f} | {wall:.2f} | {broker_s:.2f} |", flush=True)
-            consumer = source._kept_consumer(parse_read_options({"kafka.bootstrap.servers": broker.bootstrap,
-                                                                 "subscribe": topic}))
-            ranges = [OffsetRange(topic, p, *consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30))
+            ranges = [OffsetRange(topic, p, *watermarks.get_watermark_offsets(TopicPartition(topic, p), timeout=30))
                       for p in range(PARTITIONS)]
             rows, cpu, wall, broker_s = measured(broker.pid, lambda: read(broker.bootstrap, topic, ranges))
             if rows != n:
                 raise RuntimeError(f"read {rows} records of {n}")
             print(f"| {run} | source: `read_range` | {cpu / n * 1e6:.2f} | | {wall:.2f} | {broker_s:.2f} |", flush=True)
-        for consumer in source._CONSUMERS.values():
-            consumer.close()
+        watermarks.close()
     print(f"\n- {n:,} records of {args.size} bytes; {os.cpu_count()} CPUs; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after")
     print(f"- command: python benchmarks/spark_workers.py {' '.join(sys.argv[1:])}".rstrip())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import socket
 import struct
+import termios
 
 from ottla.protocol.schemas import response_schema
 from kio.serial import entity_reader, entity_writer
@@ -59,3 +61,29 @@ def is_closed(sock: socket.socket, timeout: float = 10.0) -> bool:
         return True
     except socket.timeout:
         return False
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes waiting in `sock` that the test has not read (a consumer that never reads)."""
+    return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def stuck_consumers(host: str, port: int, requests: bytes, count: int) -> list[socket.socket]:
+    """`count` connections with a 4 KiB receive buffer that each send `requests` and never read."""
+    stuck = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, port))
+        sock.sendall(requests)
+        stuck.append(sock)
+    return stuck
+
+
+def process_memory(pid: int, field: str) -> int:
+    """A process's VmRSS or VmHWM, in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for process {pid}")

@@ -6,7 +6,9 @@ message classes; this module only frames requests, picks versions both sides spe
 ApiVersions) and routes each request to the broker that must answer it: every broker for
 ListTransactions, the transaction coordinator for DescribeTransactions, the partition
 leader for DescribeProducers, WriteTxnMarkers and DescribeLogDirs (whose Ottla-only tag
-carries compacted partitions' dirty ratios, which no Kafka API has).
+carries compacted partitions' dirty ratios, which no Kafka API has). The Spark source's read
+tasks send Fetch and ListOffsets through it too (spark/fetch.py): librdkafka hands out records
+one object each, never the record batches.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ __all__ = [
 
 _SIZE = struct.Struct(">i")
 
+FETCH = 1
+LIST_OFFSETS = 2
 API_VERSIONS = 18
 METADATA = 3
 FIND_COORDINATOR = 10
@@ -55,6 +59,8 @@ LIST_TRANSACTIONS = 66
 
 # Versions this client knows how to build and read, per API.
 CLIENT_VERSIONS = {
+    FETCH: (4, 12),  # read_committed and aborted transactions (v4) up to the last with topic names (v12)
+    LIST_OFFSETS: (1, 7),
     METADATA: (1, 12),
     FIND_COORDINATOR: (1, 6),
     WRITE_TXN_MARKERS: (1, 2),
@@ -278,6 +284,7 @@ class AdminProtocolClient:
         self._client_id = client_id
         self._connections: dict[str, BrokerConnection] = {}
         self._nodes: dict[int, Node] = {}
+        self._leaders: dict[tuple[str, int], int] = {}
 
     def __enter__(self) -> "AdminProtocolClient":
         return self
@@ -364,6 +371,14 @@ class AdminProtocolClient:
                     raise BrokerError(ErrorCode.leader_not_available, f"{topic}-{partition}")
                 return info.leader
         raise ProtocolClientError(f"topic {topic!r} has no partition {partition}")
+
+    def leader_connection(self, topic: str, partition: int) -> BrokerConnection:
+        """The connection to a partition's leader, looked up once per client: a reader that finds the
+        leader moved drops its client (the Spark source's `fetch.py`)."""
+        leader = self._leaders.get((topic, partition))
+        if leader is None:
+            leader = self._leaders[(topic, partition)] = self._leader(topic, partition)
+        return self._node_connection(leader)
 
     def find_transaction_coordinator(self, transactional_id: str) -> Node:
         def build(module):

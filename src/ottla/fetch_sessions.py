@@ -9,6 +9,14 @@ position. Kafka's `FetchSession.scala` (`FetchSessionCache`, `FetchManager`, the
 is the model; one cache, not the shards of Kafka 3.8+ (KAFKA-9401), since one event loop
 serves every request.
 
+A session may hold hundreds of thousands of partitions, so the walks over all of them (making
+a session, applying an incremental request, answering one) give the event loop a turn every
+few hundred partitions through the caller's `steps` (`server/steps.py`; issue 11: creating a
+session of 200,000 partitions held the loop for 160 ms of CPU, 0.5 s with the collections it
+caused). Kafka takes each session's lock for those walks; here `FetchSession.lock` keeps a
+second request on the session from getting in between two steps of one. A session the cache
+lets go of (closed, evicted) is emptied in steps too (`release_retired`).
+
 Pure: no sockets, no clock. Callers pass the time (`now_ms`) and the request's partitions as
 objects with Kafka's field names (`fetch_offset`, `partition_max_bytes`,
 `current_leader_epoch`, `last_fetched_epoch`, `log_start_offset`), keyed by (topic, partition)
@@ -32,13 +40,15 @@ a full request.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from bisect import bisect_left, insort
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, NamedTuple
 
 from .errors import ErrorCode
 
 __all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
+           "release_retired",
            "PARTITIONS_PER_SLOT",
            "SESSIONLESS",
            "INVALID_SESSION_ID", "INITIAL_EPOCH", "FINAL_EPOCH", "EVICTION_MS"]
@@ -64,58 +74,70 @@ def next_epoch(epoch: int) -> int:
     return 1 if epoch == MAX_EPOCH else epoch + 1
 
 
-class CachedPartition:
+class CachedPartition(NamedTuple):
     """One partition of a session: the request's last parameters, which an incremental request
     that leaves the partition out reuses, and what the last response told the fetcher (high
-    watermark, log start offset), which decides whether the next response must name it."""
+    watermark, log start offset), which decides whether the next response must name it.
 
-    __slots__ = ("partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch", "last_fetched_epoch",
-                 "log_start_offset", "high_watermark", "leader_log_start_offset")
+    A session keeps them as plain tuples of ints (`_cached`), which the cyclic collector stops
+    tracking after their first collection: as objects, a live session of 200,000 partitions
+    added 200,000 objects to every full collection's walk (issue 11, docs/performance.md). An
+    incremental request reads them through this view of the same tuple."""
 
-    def __init__(self, partition: int, request: Any):
-        self.partition = partition
-        self.high_watermark = -1  # unknown: the first response always names the partition
-        self.leader_log_start_offset = -1
-        self.update_request(request)
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+    current_leader_epoch: int
+    last_fetched_epoch: int
+    log_start_offset: int  # the fetcher's (a follower's)
+    high_watermark: int  # -1: unknown, the first response always names the partition
+    leader_log_start_offset: int
 
-    def update_request(self, request: Any) -> None:
-        self.fetch_offset = request.fetch_offset
-        self.partition_max_bytes = request.partition_max_bytes
-        self.current_leader_epoch = getattr(request, "current_leader_epoch", -1)  # v9+
-        self.last_fetched_epoch = getattr(request, "last_fetched_epoch", -1)  # v12+
-        self.log_start_offset = getattr(request, "log_start_offset", -1)  # the fetcher's (a follower's)
 
-    def must_respond(self, outcome: Any, update: bool = True) -> bool:
-        """Whether an incremental response must carry this partition's `outcome` (attributes
-        `error`, `high_watermark`, `log_start_offset`, `records`, `diverging`); with `update`,
-        remember what the fetcher is told. An error also forgets the high watermark, so the
-        partition is named again once the error clears."""
-        respond = len(outcome.records) > 0 or outcome.diverging is not None
-        if outcome.high_watermark != self.high_watermark:
-            respond = True
-            if update:
-                self.high_watermark = outcome.high_watermark
-        if outcome.log_start_offset != self.leader_log_start_offset:
-            respond = True
-            if update:
-                self.leader_log_start_offset = outcome.log_start_offset
-        if outcome.error != ErrorCode.none:
-            respond = True
-            if update:
-                self.high_watermark = -1
-        return respond
+_HIGH_WATERMARK = CachedPartition._fields.index("high_watermark")
+_LEADER_LOG_START = CachedPartition._fields.index("leader_log_start_offset")
+
+
+def _cached(partition: int, request: Any, high_watermark: int = -1, leader_log_start_offset: int = -1) -> tuple:
+    """A session's entry for `partition` (the fields of `CachedPartition`) from a request's parameters."""
+    return (partition, request.fetch_offset, request.partition_max_bytes,
+            getattr(request, "current_leader_epoch", -1),  # v9+
+            getattr(request, "last_fetched_epoch", -1),  # v12+
+            getattr(request, "log_start_offset", -1), high_watermark, leader_log_start_offset)
+
+
+def _told(cached: tuple, outcome: Any) -> tuple[bool, tuple]:
+    """Whether an incremental response must carry this partition's `outcome` (attributes
+    `error`, `high_watermark`, `log_start_offset`, `records`, `diverging`), and the entry
+    remembering what the fetcher is told (`cached` itself if that did not change). An error
+    also forgets the high watermark, so the partition is named again once the error clears."""
+    respond = len(outcome.records) > 0 or outcome.diverging is not None
+    high_watermark, leader_log_start = cached[_HIGH_WATERMARK], cached[_LEADER_LOG_START]
+    if outcome.high_watermark != high_watermark:
+        respond = True
+        high_watermark = outcome.high_watermark
+    if outcome.log_start_offset != leader_log_start:
+        respond = True
+        leader_log_start = outcome.log_start_offset
+    if outcome.error != ErrorCode.none:
+        respond = True
+        high_watermark = -1
+    if high_watermark != cached[_HIGH_WATERMARK] or leader_log_start != cached[_LEADER_LOG_START]:
+        cached = cached[:_HIGH_WATERMARK] + (high_watermark, leader_log_start)
+    return respond, cached
 
 
 class FetchSession:
     """One fetcher's session: its partitions in fetch order (a dict keeps insertion order;
     a partition that returned records moves to the end, so the others get the response's
     byte budget first next time), the epoch its next request must carry, and the times and
-    size the cache orders sessions by."""
+    size the cache orders sessions by. `lock` is held while a request updates or answers it
+    (Kafka's `session.synchronized`): those walks take several turns of the loop."""
 
     __slots__ = ("id", "privileged", "uses_topic_ids", "creation_ms", "last_used_ms", "epoch", "partitions",
-                 "cached_size")
+                 "cached_size", "lock", "users")
 
-    def __init__(self, session_id: int, privileged: bool, uses_topic_ids: bool, partitions: dict[Key, CachedPartition],
+    def __init__(self, session_id: int, privileged: bool, uses_topic_ids: bool, partitions: dict[Key, tuple],
                  now_ms: int):
         self.id = session_id
         self.privileged = privileged
@@ -124,20 +146,24 @@ class FetchSession:
         self.epoch = next_epoch(INITIAL_EPOCH)
         self.partitions = partitions
         self.cached_size = -1  # the size the cache last accounted for; -1: not in the cache
+        self.lock = asyncio.Lock()
+        self.users = 0  # requests between their context and its answer (`IncrementalFetch`)
 
-    def update(self, fetch_data: dict[Key, Any], forgotten: Iterable[Key]) -> tuple[int, int, int]:
+    async def update(self, fetch_data: dict[Key, Any], forgotten: Iterable[Key], steps) -> tuple[int, int, int]:
         """Apply an incremental request: add or update the partitions it names, then drop the
-        forgotten ones. Returns how many were (added, updated, removed)."""
+        forgotten ones, in `steps`. Returns how many were (added, updated, removed)."""
         added = updated = removed = 0
         for key, request in fetch_data.items():
+            await steps.one()
             cached = self.partitions.get(key)
             if cached is None:
-                self.partitions[key] = CachedPartition(key[1], request)
+                self.partitions[key] = _cached(key[1], request)
                 added += 1
             else:
-                cached.update_request(request)
+                self.partitions[key] = _cached(key[1], request, cached[_HIGH_WATERMARK], cached[_LEADER_LOG_START])
                 updated += 1
         for key in forgotten:
+            await steps.one()
             if self.partitions.pop(key, None) is not None:
                 removed += 1
         return added, updated, removed
@@ -159,6 +185,7 @@ class FetchSessionCache:
         self._evictable_by_privileged: list[tuple[bool, int, int]] = []
         self.total_partitions = 0
         self.evictions = 0
+        self.retired: list[FetchSession] = []  # removed, to be emptied in steps (`release_retired`)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -173,7 +200,7 @@ class FetchSessionCache:
                 return session_id
 
     def maybe_create(self, now_ms: int, privileged: bool, uses_topic_ids: bool,
-                     partitions: dict[Key, CachedPartition]) -> int:
+                     partitions: dict[Key, tuple]) -> int:
         """A new session for these partitions if there is room or something may be evicted
         for it; its id, else INVALID_SESSION_ID (the fetcher keeps sending full requests)."""
         size = len(partitions)
@@ -218,6 +245,7 @@ class FetchSessionCache:
             _discard(self._evictable_by_privileged, key)
             self.total_partitions -= session.cached_size
         session.cached_size = -1
+        self.retired.append(session)
         return session
 
     def touch(self, session: FetchSession, now_ms: int) -> None:
@@ -248,8 +276,8 @@ def _discard(ordered: list, item) -> None:
 
 # The fetch contexts (Kafka's FetchContext subclasses): how one request's response is trimmed
 # and numbered. `new_context` returns one with the partitions to read, [(key, request
-# parameters)] in order; `finish(outcomes, now_ms)` takes [(key, outcome)] in that order and
-# returns (top-level error, response session id, the keys the response names). Contexts that
+# parameters)] in order; `await finish(outcomes, now_ms, steps)` takes [(key, outcome)] in that
+# order and returns (top-level error, response session id, the keys the response names). Contexts that
 # need no state are shared, so a waiting fetch holds no object for them (a full garbage
 # collection walks every waiting fetch's objects).
 
@@ -261,7 +289,7 @@ class SessionError:
     def __init__(self, error: ErrorCode):
         self.error = error
 
-    def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
+    async def finish(self, outcomes, now_ms: int, steps) -> tuple[ErrorCode, int, list[Key]]:
         return self.error, INVALID_SESSION_ID, []
 
 
@@ -276,7 +304,7 @@ class Sessionless:
 
     __slots__ = ()
 
-    def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
+    async def finish(self, outcomes, now_ms: int, steps) -> tuple[ErrorCode, int, list[Key]]:
         return ErrorCode.none, INVALID_SESSION_ID, [key for key, _ in outcomes]
 
 
@@ -295,13 +323,16 @@ class FullFetch:
         self._uses_topic_ids = uses_topic_ids
         self._privileged = privileged
 
-    def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
-        cached = {}
-        for key, outcome in outcomes:
-            partition = cached[key] = CachedPartition(key[1], self._requests[key])
-            partition.high_watermark = outcome.high_watermark
-            partition.leader_log_start_offset = outcome.log_start_offset
-        session_id = self._cache.maybe_create(now_ms, self._privileged, self._uses_topic_ids, cached)
+    async def finish(self, outcomes, now_ms: int, steps) -> tuple[ErrorCode, int, list[Key]]:
+        cache = self._cache
+        session_id = INVALID_SESSION_ID
+        if cache.max_entries > 0 and len(outcomes) <= cache.max_partitions:  # else it could never be made
+            cached = {}
+            for key, outcome in outcomes:
+                await steps.one()
+                # Popped: the request's keys go a step at a time, not all when the context goes.
+                cached[key] = _cached(key[1], self._requests.pop(key), outcome.high_watermark, outcome.log_start_offset)
+            session_id = cache.maybe_create(now_ms, self._privileged, self._uses_topic_ids, cached)
         return ErrorCode.none, session_id, [key for key, _ in outcomes]
 
 
@@ -314,25 +345,38 @@ class IncrementalFetch:
     def __init__(self, session: FetchSession, request_epoch: int):
         self.session = session
         self._expected_epoch = next_epoch(request_epoch)
+        session.users += 1
 
-    def finish(self, outcomes, now_ms: int) -> tuple[ErrorCode, int, list[Key]]:
+    async def finish(self, outcomes, now_ms: int, steps) -> tuple[ErrorCode, int, list[Key]]:
         session = self.session
+        try:
+            async with session.lock:
+                return await self._answer(session, outcomes, steps)
+        finally:
+            session.users -= 1
+
+    async def _answer(self, session: FetchSession, outcomes, steps) -> tuple[ErrorCode, int, list[Key]]:
         if session.epoch != self._expected_epoch:  # another request on the session got in meanwhile
             return ErrorCode.invalid_fetch_session_epoch, session.id, []
         kept = []
+        partitions = session.partitions
         for key, outcome in outcomes:
-            cached = session.partitions.get(key)
+            await steps.one()
+            cached = partitions.get(key)
             if cached is None:  # forgotten by a request that got in meanwhile
                 continue
-            if cached.must_respond(outcome):
+            respond, told = _told(cached, outcome)
+            if told is not cached:
+                partitions[key] = told
+            if respond:
                 kept.append(key)
                 if len(outcome.records) > 0:
-                    session.partitions[key] = session.partitions.pop(key)
+                    partitions[key] = partitions.pop(key)
         return ErrorCode.none, session.id, kept
 
 
-def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: int, privileged: bool,
-                fetch_data: dict[Key, Any], forgotten: Iterable[Key], now_ms: int):
+async def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: int, privileged: bool,
+                      fetch_data: dict[Key, Any], forgotten: Iterable[Key], now_ms: int, steps):
     """Kafka's FetchManager.newContext: what a Fetch with this session id and epoch means, as
     (context, the partitions to read)."""
     if version < FIRST_VERSION:
@@ -346,11 +390,22 @@ def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: 
     session = cache.get(session_id)
     if session is None:
         return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
+    async with session.lock:
+        return await _incremental(cache, session, version, epoch, fetch_data, forgotten, now_ms, steps)
+
+
+async def _incremental(cache: FetchSessionCache, session: FetchSession, version: int, epoch: int,
+                       fetch_data: dict[Key, Any], forgotten: Iterable[Key], now_ms: int, steps):
+    """An incremental request on `session`, whose lock it holds: checked, applied, numbered."""
+    if cache.get(session.id) is not session:  # closed or evicted while this waited for the lock
+        return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
     if session.epoch != epoch:
         return _SESSION_ERRORS[ErrorCode.invalid_fetch_session_epoch], ()
     if session.uses_topic_ids != (version >= TOPIC_ID_VERSION):
         return _SESSION_ERRORS[ErrorCode.fetch_session_topic_id_error], ()
-    session.update(fetch_data, forgotten)
+    await session.update(fetch_data, forgotten, steps)
+    if cache.get(session.id) is not session:  # closed or evicted between two steps of the update
+        return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
     if cache.total_partitions - max(session.cached_size, 0) + len(session.partitions) > cache.max_partitions:
         cache.remove(session)  # grown past the cache's partition budget
         return _SESSION_ERRORS[ErrorCode.fetch_session_id_not_found], ()
@@ -359,7 +414,29 @@ def new_context(cache: FetchSessionCache, version: int, session_id: int, epoch: 
         return SESSIONLESS, fetch_data.items()
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
-    return IncrementalFetch(session, epoch), list(session.partitions.items())
+    partitions = []  # what to read: the session as it is now (a pair each, so made in steps)
+    new, view = tuple.__new__, CachedPartition  # looked up once: a third of the view's cost
+    for key, cached in session.partitions.items():
+        await steps.one()
+        partitions.append((key, new(view, cached)))
+    return IncrementalFetch(session, epoch), partitions
+
+
+async def release_retired(cache: FetchSessionCache, steps) -> None:
+    """Empties the sessions the cache let go of (closed, evicted, grown past the budget) a
+    step at a time: freed at once, one of 200,000 partitions held the loop 15-25 ms, and one
+    session may hold the whole budget (`PARTITIONS_PER_SLOT` a slot). A session a request is
+    still answering from goes with that request instead; one a request is still walking (its
+    lock held: copying the partitions to read) is emptied after."""
+    while cache.retired:
+        session = cache.retired.pop()
+        async with session.lock:
+            if session.users:
+                continue
+            partitions = session.partitions
+            while partitions:
+                await steps.one()
+                partitions.popitem()
 
 
 class FetchSessionHandler:

@@ -146,15 +146,19 @@ def test_unknown_topic_is_reported(cli):
         assert (result.returncode, result.err) == (1, "ottla: topic 'ghost' does not exist\n"), command
 
 
-def test_broker_down_is_reported_quickly():
+def test_broker_down_is_reported_without_waiting_out_the_timeout():
+    """Nothing listens: each command says so from its own first connection attempt and exits 1,
+    where librdkafka would retry until --timeout and then name its own attempt ("Connect to
+    ipv4#... failed: ..."). With a --timeout far past the run's limit, a command that waited
+    it out would be cut off and fail; the time is printed, not asserted."""
     address = f"127.0.0.1:{free_port()}"
     for command in (["topics", "list"], ["topics", "create", "t"], ["produce", "t"], ["consume", "t"],
                     ["groups", "list"], ["transactions", "list"], ["producers", "describe", "t"]):
         started = time.monotonic()
-        result = run_cli(address, *command, input=b"record\n")
+        result = run_cli(address, *command, "--timeout", "3600", input=b"record\n", timeout=120)
+        print(f"{' '.join(command)}: exit {result.returncode} after {time.monotonic() - started:.2f} s")
         assert result.returncode == 1, command
-        assert result.err == f"ottla: cannot reach broker at {address} (Connection refused)\n"
-        assert time.monotonic() - started < 5
+        assert result.err == f"ottla: cannot reach broker at {address} (Connection refused)\n", command
 
 
 @pytest.mark.parametrize("command, message", [

@@ -6,13 +6,14 @@ and in order, and once the old leader is back and caught up the three logs are t
 batch by batch. A follower cut off by a TCP proxy leaves the ISR after
 replica.lag.time.max.ms and rejoins once the cut ends; with both followers cut off acks=all
 gets NOT_ENOUGH_REPLICAS, and records appended as the cut began, which only the leader has,
-are answered NOT_ENOUGH_REPLICAS_AFTER_APPEND, never acknowledged.
+are answered NOT_ENOUGH_REPLICAS_AFTER_APPEND, never acknowledged (to either client library).
 
 Then, on the same cluster: ten kill -9 bounces of partition leaders (the controller among
-them) under a steady producer on three partitions, with the same checks per partition; a
-follower whose newest segment lost its tail at restart rejoins and is repaired from the
-leader; and after an unclean election, consumers of both client libraries detect through
-their leader epochs (KIP-320) that records they read are gone, instead of reading on past it.
+them) under steady idempotent producers of both client libraries on three partitions, with
+the same checks per partition and producer; a follower whose newest segment lost its tail at
+restart rejoins and is repaired from the leader; and after an unclean election, consumers of
+both client libraries detect through their leader epochs (KIP-320) that records they read
+are gone, instead of reading on past it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from confluent_kafka import KafkaError as CKafkaError
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import LogTruncationError
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import LogTruncationError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError
 
 from ottla.testing import cluster
 from ottla.testing.zookeeper import free_port
@@ -175,6 +176,10 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
             assert producer.stop() == 0
         assert producer.errors == []
 
+        # kafka-python too, with its metadata ready before the cut.
+        kp_waiting = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, retries=0,
+                                   linger_ms=0, request_timeout_ms=60000)
+        assert kp_waiting.partitions_for(topic) == {0}
         # Both followers cut off: the ISR shrinks to the leader, below min.insync.replicas.
         proxy.drop_responses(1.0, api_key=FETCH)
         # Sent as the cut begins: the leader appends them (its ISR has three members still) and
@@ -186,6 +191,7 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
         for i in range(5):
             waiting.produce(topic, b"cut-%d" % i, on_delivery=lambda err, msg: waited.append(err))
         waiting.poll(0)
+        kp_waited = [kp_waiting.send(topic, b"kp-cut-%d" % i) for i in range(5)]
         one = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 0})
 
         def shrunk():  # acks=1 keeps the leader's log growing, so the followers fall behind
@@ -193,10 +199,16 @@ def test_cut_off_followers_leave_the_isr_and_rejoin_and_acks_all_needs_min_insyn
             one.flush(10)
             return isr() == (3,)
         wait_for(shrunk, what="the ISR down to the leader")
+        kp_waiting.flush(60)
+        assert all(isinstance(f.exception, (NotEnoughReplicasAfterAppendError, NotEnoughReplicasError))
+                   for f in kp_waited), [f.exception or f.value for f in kp_waited]
         assert waiting.flush(60) == 0
         assert len(waited) == 5 and all(e is not None for e in waited), waited
         assert {e.code() for e in waited} <= {CKafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                                              CKafkaError.NOT_ENOUGH_REPLICAS}, waited
+        with pytest.raises(NotEnoughReplicasError):
+            kp_waiting.send(topic, b"lonely-kp").get(60)
+        kp_waiting.close()
         strict = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
                            "retries": 0, "message.timeout.ms": 30000})
         outcome = []
@@ -246,6 +258,52 @@ class SpreadProducer(SteadyProducer):
         return next((at for n, at in self.acks[partition] if sent[n] > moment), None)
 
 
+class KafkaPythonSpreadProducer:
+    """kafka-python's idempotent acks=all producer beside the SpreadProducer, on the same
+    partitions: partition p gets kp-0, kp-1, ... of its own, at most 20 in flight each (a pure
+    Python client: a slower pace leaves the CPU to the brokers)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int):
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
+                                      linger_ms=5, delivery_timeout_ms=120000, retry_backoff_ms=100)
+        self.topic = topic
+        self.sent = [0] * partitions
+        self.acks: list[list[int]] = [[] for _ in range(partitions)]
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _failed(self, partition: int, n: int, exc: Exception) -> None:
+        self.errors.append(f"{partition}: kp-{n}: {exc!r}")
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for p, acks in enumerate(self.acks):
+                    if self.sent[p] - len(acks) < 20 and not self.errors:
+                        future = self.producer.send(self.topic, b"kp-%d" % self.sent[p], partition=p)
+                        future.add_callback(lambda _, p=p, n=self.sent[p]: self.acks[p].append(n))
+                        future.add_errback(self._failed, p, self.sent[p])
+                        self.sent[p] += 1
+                time.sleep(0.02)
+        except Exception as e:  # the producer gave up: reported with the errors
+            self.errors.append(repr(e))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.producer.flush(120)
+        self.producer.close()
+
+    def __exit__(self, *exc):
+        if not self._stop.is_set():
+            self.stop()
+
+
 def leaders_and_controller(bootstrap: str, topic: str) -> tuple[dict[int, int], int]:
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return {p: info.leader for p, info in metadata.topics[topic].partitions.items()}, metadata.controller_id
@@ -275,11 +333,13 @@ BOUNCES = 10
 def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
     """kill -9 of a partition's leader, again and again, every third time the controller's own
     partition; each round first moves leadership back to the preferred replicas (ElectLeaders),
-    so that every broker leads one partition and the target is always a leader."""
+    so that every broker leads one partition and the target is always a leader. kafka-python's
+    idempotent producer writes the same partitions meanwhile, checked the same way."""
     topic, partitions = "bounced", 3
     create_replicated(three, topic, partitions)
     killed, failovers = [], []
-    with SpreadProducer(three.bootstrap, topic, partitions) as producer:
+    with SpreadProducer(three.bootstrap, topic, partitions) as producer, \
+            KafkaPythonSpreadProducer(three.bootstrap, topic, partitions) as kp_producer:
         for round_ in range(BOUNCES):
             wait_for(lambda: all_in_sync(three, topic, partitions), what="every replica in sync")
             wait_for(lambda: elect_preferred(three.bootstrap, topic, partitions), what="a preferred election")
@@ -288,8 +348,8 @@ def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
             others = sorted(set(three.brokers) - {controller})
             target = controller if round_ % 3 == 0 else others[round_ % 2]
             partition = next(p for p, leader in leaders.items() if leader == target)
-            wait_for(lambda: all(len(a) >= 20 * (round_ + 1) for a in producer.acks),
-                     what="records acknowledged on every partition")
+            wait_for(lambda: all(len(a) >= 20 * (round_ + 1) for a in producer.acks + kp_producer.acks),
+                     what="records of both producers acknowledged on every partition")
             three.brokers[target].kill()
             at_kill, wall = time.monotonic(), time.time()
             survivors = ",".join(h.bootstrap for i, h in three.brokers.items() if i != target)
@@ -307,7 +367,10 @@ def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
             three.brokers[target].start()
         wait_for(lambda: all_in_sync(three, topic, partitions), what="every replica back in sync")
         assert producer.stop() == 0
-    assert producer.errors == []
+        kp_producer.stop()
+    assert (producer.errors, kp_producer.errors) == ([], [])
+    print(f"acknowledged per partition: confluent-kafka {[len(a) for a in producer.acks]}, "
+          f"kafka-python {[len(a) for a in kp_producer.acks]}")
     assert {b for b, _ in killed} == set(three.brokers) and sum(c for _, c in killed) >= 2
     for what, times in (("new leader in Metadata", sorted(e for e, _ in failovers)),
                         ("next acknowledged produce", sorted(a for _, a in failovers))):
@@ -320,14 +383,21 @@ def test_many_leader_bounces_lose_nothing_and_replicas_converge(three):
     consumer.assign(tps)
     high_watermarks = consumer.end_offsets(tps)
     values = {p: [] for p in range(partitions)}
+    kp_values = {p: [] for p in range(partitions)}
     for message in consumer:
-        values[message.partition].append(int(message.value))
+        if message.value.startswith(b"kp-"):
+            kp_values[message.partition].append(int(message.value[3:]))
+        else:
+            values[message.partition].append(int(message.value))
     consumer.close()
     for p in range(partitions):
         # Every record was acknowledged (flush left nothing, no errors): each partition holds
-        # exactly the numbers it was sent, each once, in order.
+        # exactly the numbers each producer sent it, each once, in order.
+        assert sorted(kp_producer.acks[p]) == list(range(kp_producer.sent[p]))
+        assert kp_values[p] == list(range(kp_producer.sent[p]))
         assert sorted(n for n, _ in producer.acks[p]) == list(range(len(producer.sent[p])))
-        assert values[p] == list(range(len(producer.sent[p]))) == list(range(high_watermarks[tps[p]]))
+        assert values[p] == list(range(len(producer.sent[p])))
+        assert len(values[p]) + len(kp_values[p]) == high_watermarks[tps[p]]
         logs = {i: segment_batches(h.data_dir, topic, high_watermarks[tps[p]], p) for i, h in three.brokers.items()}
         reference = logs[1]
         last = reference[-1]

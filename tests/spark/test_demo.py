@@ -44,6 +44,22 @@ def test_demo_runs_end_to_end_and_finds_exact_output():
 
 
 @pytest.mark.timeout(900)
+def test_demo_on_three_brokers_survives_the_kill_of_an_input_leader():
+    """`python -m ottla.demo --brokers 3` (issue 13): replication factor 3, the leader of an input
+    partition killed with kill -9 mid-run, and still every committed payment exactly once."""
+    code, output = _demo("--brokers", "3")
+    assert code == 0, output
+    assert re.search(r">>> kill -9 broker \d+ \(pid \d+\), leader of payments-\d", output), output
+    assert re.search(r"new leaders [\d.]+s after the kill", output), output
+    assert "replication factor 3, min.insync.replicas=2" in output, output
+    for name in ("duplicates", "missing", "aborted records that leaked", "wrong values", "unexpected records"):
+        assert _count(output, name) == 0, output
+    records_in = _count(output, "records in (committed payments)")
+    assert _count(output, "records out (enriched, read_committed)") == records_in > 2000
+    assert "EXACT:" in output
+
+
+@pytest.mark.timeout(900)
 def test_demo_fails_when_the_sink_is_only_at_least_once():
     """The control experiment: the query is killed after part of a micro-batch reached the output, so a
     sink without transactions writes those records again when the batch is replayed."""

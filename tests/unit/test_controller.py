@@ -68,6 +68,21 @@ def test_leader_broker_dies_leadership_moves_within_the_isr_with_a_new_epoch():
     assert sim.brokers[1].metadata[("t", 0)].offline_replicas == (2,)
 
 
+def test_follower_broker_dies_the_leader_stays_at_a_new_epoch():
+    """As Kafka's ZooKeeper controller: the follower leaves the ISR under the next leader epoch
+    and the leader gets that epoch in a LeaderAndIsr, still leading. Its coordinators keep what
+    they loaded then (replica_manager.py: only a new leader loads)."""
+    sim = Sim()
+    sim.create_topic("t", partitions=1, assignment={0: (2, 3, 1)})
+    before = sim.state("t")
+    follower = next(b for b in (3, 1) if b != sim.controller().broker_id)
+    sim.kill(follower)
+    sim.pump()
+    state = sim.state("t")
+    assert (state.leader, state.leader_epoch) == (2, before.leader_epoch + 1) and follower not in state.isr
+    assert sim.brokers[2].roles[("t", 0)] == "leader" and sim.brokers[2].leader_epochs[("t", 0)] == state.leader_epoch
+
+
 def test_all_isr_gone_stays_offline_until_an_isr_member_returns():
     sim = Sim()
     sim.create_topic("t", partitions=1, assignment={0: (2, 3)})

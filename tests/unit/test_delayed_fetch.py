@@ -227,7 +227,7 @@ def test_a_followers_fetch_woken_with_many_consumers_completes_first():
         finished: list[str] = []
 
         async def wait(name, replica):
-            await fetches.wait([("t", 0)], 60, replica=replica)
+            await fetches.wait([("t", 0)], 60, replica_id=1 if replica else -1)
             finished.append(name)
 
         tasks = [asyncio.ensure_future(wait(f"consumer-{i}", False)) for i in range(6)]
@@ -238,6 +238,6 @@ def test_a_followers_fetch_woken_with_many_consumers_completes_first():
         fetches.notify(("t", 0))
         await asyncio.gather(*tasks)
         assert finished == ["follower"] + [f"consumer-{i}" for i in range(9)]
-        assert not fetches._replicas
+        assert not fetches._replicas and not fetches._by_replica
 
     asyncio.run(scenario())

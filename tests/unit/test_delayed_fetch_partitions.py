@@ -12,11 +12,13 @@ import time
 from datetime import timedelta
 from types import SimpleNamespace
 
+import pytest
 from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.fetch.v12.response import FetchResponse
 
 from ottla.config import BrokerConfig
 from ottla.errors import ErrorCode
+from ottla.protocol.codec import EncodedBody
 from ottla.records.records import Record, build_batch, decode_batch
 from ottla.server.broker import Broker
 from ottla.server.handlers import fetch
@@ -119,4 +121,38 @@ def test_a_delayed_fetch_is_answered_when_this_broker_stops_leading_a_partition(
     answers = _answers(asyncio.run(scenario()))
     assert answers[12][0] is ErrorCode.fenced_leader_epoch  # the fetch named epoch 1, the partition is at 2
     assert all(error is ErrorCode.none for p, (error, _, _) in answers.items() if p != 12)
+    broker.logs.close()
+
+
+@pytest.mark.parametrize("leader_before", [1, 0], ids=["new leader", "new epoch of its leadership"])
+def test_a_followers_waiting_fetch_is_answered_when_this_broker_starts_leading_another_partition_it_replicates(
+        tmp_path, leader_before):
+    """The follower has to ask for that partition (truncation, then a fetch in the new epoch) and
+    sends one request at a time: without the completion its fetch of the others waited out its
+    max_wait (an hour here; 500 ms by default, which after a controlled shutdown held acks=all
+    on the handed-over partition). A consumer's fetch and another follower's keep waiting. The
+    same when this broker led the partition already and a new epoch of it starts."""
+    broker = _broker(tmp_path)
+    broker.create_topic("n", 1, {})
+    broker.replicas.apply_partition_states([PartitionState("n", 0, leader_before, 1, (0, 1), (0, 1))])
+
+    async def scenario():
+        follower = _start(broker, _request({p: 0 for p in range(PARTITIONS)}, replica_id=1))
+        other = _start(broker, _request({0: 0}, replica_id=2))  # not a replica of n-0
+        consumer = _start(broker, _request({0: 0}, replica_id=-1))
+        for task in (follower, other, consumer):
+            await _waiting(broker, task, 0)
+        await asyncio.sleep(0.05)
+        assert not (follower.done() or other.done() or consumer.done())
+        broker.replicas.apply_partition_states([PartitionState("n", 0, 0, 2, (0, 1), (0, 1))])
+        answered = await asyncio.wait_for(follower, ANSWERED)
+        await asyncio.sleep(0.05)  # the other two would be answered in the same loop turns
+        still_waiting = not other.done() and not consumer.done()
+        other.cancel()
+        consumer.cancel()
+        return answered, still_waiting
+
+    answered, still_waiting = asyncio.run(scenario())
+    assert isinstance(answered, EncodedBody)  # answered with nothing in it and no error
+    assert still_waiting
     broker.logs.close()

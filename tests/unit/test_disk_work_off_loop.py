@@ -11,8 +11,11 @@ import shutil
 import socket
 import threading
 
+import pytest
+
 from ottla.config import BrokerConfig
 from ottla.log.file_records import FileRecords
+from ottla.records.legacy import LazyDownConversion, down_convert, down_converted
 from ottla.records.records import Record, build_batch
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
@@ -107,12 +110,8 @@ def test_deleting_a_partition_whose_directory_is_already_gone_is_not_an_error(tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path, monkeypatch):
-    """A fetch response's records stay in the segment until the socket takes them; pages the
-    page cache no longer holds (a consumer far behind) are read in a worker thread, those it
-    holds on the loop. The peer gets exactly the segment's bytes either way."""
-    loop_reads: list[int] = []
-    worker_reads: list[int] = []
+def draining_peer() -> tuple[socket.socket, bytearray, threading.Thread]:
+    """Our end of a socket pair, and what a thread reads from the other end until EOF."""
     ours, theirs = socket.socketpair()
     received = bytearray()
 
@@ -121,6 +120,22 @@ def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path,
             received.extend(chunk)
     reader = threading.Thread(target=drain)
     reader.start()
+    return ours, received, reader
+
+
+@pytest.mark.parametrize("old_format", [False, True])
+def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path, monkeypatch, old_format):
+    """A fetch response's records stay in the segment until the socket takes them; pages the
+    page cache no longer holds (a consumer far behind) are read in a worker thread, those it
+    holds on the loop. The peer gets exactly the segment's bytes either way. For Fetch v0-3
+    (`old_format`) the same holds of the walk that sizes the down-conversion and of the
+    conversion as the socket drains; the peer gets what converting at once makes."""
+    loop_reads: list[int] = []
+    worker_reads: list[int] = []
+    ours, received, reader = draining_peer()
+
+    async def turn():
+        await asyncio.sleep(0)
 
     async def scenario():
         broker = Broker(tmp_path, BrokerConfig({}))
@@ -134,6 +149,9 @@ def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path,
             log.flush()  # clean pages, which the kernel may drop
             records = log.read(0, 4 << 20, max_offset=log.log_end_offset, lazy=True).records
             assert isinstance(records, FileRecords) and len(records) > 1 << 20
+            expected = records.read(0, len(records))
+            if old_format:
+                expected = down_convert(expected, 1)
             with open(log.segments[0].log_path, "rb") as segment:
                 os.posix_fadvise(segment.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             _, connection = await asyncio.get_running_loop().connect_accepted_socket(lambda: Connection(broker), ours)
@@ -143,11 +161,15 @@ def test_a_lagging_consumers_cold_reads_wait_for_the_disk_off_the_loop(tmp_path,
                 (loop_reads if threading.get_ident() == loop_thread else worker_reads).append(length)
                 return real(fd, length, offset)
             monkeypatch.setattr(os, "pread", observed)
-            await connection._send([records])
+
+            async def send():  # as the Fetch handler and the connection do
+                response = await down_converted(records, 1, turn) if old_format else records
+                assert isinstance(response, LazyDownConversion if old_format else FileRecords)
+                await connection._send([response])
+            await send()
             cold = len(worker_reads)
-            await connection._send([records])  # now in the page cache: read on the loop, no thread
+            await send()  # now in the page cache: read on the loop, no thread
             monkeypatch.undo()
-            expected = records.read(0, len(records))
             connection.close()
             await asyncio.sleep(0)
             return cold, expected

@@ -25,6 +25,7 @@ from ottla.coordinator.transaction.log_format import (
     encode_value,
     TxnLogValue,
 )
+from ottla.coordinator.transaction.metadata import loaded_txns
 from ottla.coordinator.partitioning import partition_for
 from ottla.errors import ErrorCode
 
@@ -65,9 +66,9 @@ class FakeStore:
 
     def load(self, partition, on_loaded):
         if self.hold_loads:
-            self.held_loads.append(lambda: on_loaded(list(self.records[partition])))
+            self.held_loads.append(lambda: on_loaded(loaded_txns(self.records[partition])))
         else:
-            on_loaded(list(self.records[partition]))
+            on_loaded(loaded_txns(self.records[partition]))
 
     def history(self, transactional_id):
         """Every value written for the id, in order (None for a tombstone)."""

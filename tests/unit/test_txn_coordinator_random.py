@@ -20,6 +20,7 @@ import pytest
 from ottla.config import BrokerConfig
 from ottla.coordinator.transaction import TransactionCoordinator, TxnState
 from ottla.coordinator.transaction.log_format import decode_key, decode_value
+from ottla.coordinator.transaction.metadata import loaded_txns
 from ottla.errors import ErrorCode
 
 E = ErrorCode
@@ -53,7 +54,7 @@ class Log:
             on_durable(E.none)
 
     def load(self, partition, on_loaded):
-        on_loaded(list(self.records.get(partition, [])))
+        on_loaded(loaded_txns(self.records.get(partition, [])))
 
     def _entries(self):
         for p, records in self.records.items():

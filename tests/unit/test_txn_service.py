@@ -26,6 +26,7 @@ from kio.schema.write_txn_markers.v1.request import (
 )
 
 from ottla.config import BrokerConfig
+from ottla.coordinator.group.records import OFFSETS_TOPIC
 from ottla.coordinator.transaction import TRANSACTION_STATE_TOPIC, partition_for
 from ottla.coordinator.transaction.service import TransactionService
 from ottla.errors import ErrorCode
@@ -39,6 +40,7 @@ from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 from ottla.server.context import RequestContext
 from ottla.server.coordinator_runtime import BrokerMarkerChannel
+from ottla.server.metadata_cache import PartitionState
 from ottla.server.handlers import (
     add_offsets_to_txn,
     add_partitions_to_txn,
@@ -343,6 +345,46 @@ def test_acls_are_checked_in_kafkas_terms(tmp_path):
         assert markers.markers[0].topics[0].partitions[0].error_code is E.cluster_authorization_failed
         assert node.control_batches("t", 0) == []
         node.broker.transactions.stop()
+    run(scenario())
+
+
+def test_a_new_leader_epoch_on_the_same_leader_keeps_the_coordinators_loaded(tmp_path):
+    """The controller bumps the leader epoch of a partition whose follower died (it leaves the
+    ISR) or that is reassigned, its leader staying. As in Kafka, a coordinator loads a partition
+    on becoming its leader, not on each new epoch: no COORDINATOR_LOAD_IN_PROGRESS, and an open
+    transaction goes on. Losing the leadership and taking it back does load again."""
+    async def scenario():
+        node = await started_node(tmp_path)
+        await node.broker.groups.start()
+        await coordinators_loaded(node.broker)
+        me, dead_follower, new_leader = node.broker.node_id, 90, 91
+
+        def next_epoch(leader: int, isr: tuple[int, ...]) -> None:
+            """LeaderAndIsr at the next epoch for every partition of both internal topics."""
+            replicas = node.broker.replicas
+            assert replicas.apply_partition_states([
+                PartitionState(topic, index, leader, partition.leader_epoch + 1, (me, dead_follower, new_leader), isr)
+                for (topic, index), partition in sorted(replicas.partitions.items())
+                if topic in (TRANSACTION_STATE_TOPIC, OFFSETS_TOPIC)])
+
+        def loading() -> tuple[ErrorCode, ErrorCode]:
+            return (node.broker.transactions.coordinator.list_transactions(0).error,
+                    node.broker.groups.coordinator.list_groups().error)
+
+        init = await node.init()
+        assert await node.add(init.producer_id, 0, [("t", 0)]) == {("t", 0): E.none}
+        next_epoch(me, isr=(me,))
+        assert loading() == (E.none, E.none)
+        assert await node.end(init.producer_id, 0, commit=True) is E.none
+        await settle()
+        assert node.control_batches("t", 0) == [(0, init.producer_id, 0, COMMIT_KEY)]
+
+        next_epoch(new_leader, isr=(me, new_leader))
+        next_epoch(me, isr=(me, new_leader))
+        assert loading() == (E.coordinator_load_in_progress, E.coordinator_load_in_progress)
+        await coordinators_loaded(node.broker)
+        node.broker.transactions.stop()
+        node.broker.groups.stop()
     run(scenario())
 
 

@@ -17,7 +17,7 @@ from ..errors import ErrorCode
 TopicPartition = tuple[str, int]
 # (error, base offset of the appended batch or -1)
 OnDurable = Callable[[ErrorCode, int], None]
-# (partition, leader epoch): the coordinator epoch of a partition is its leader epoch.
+# (partition, leader epoch): the coordinator epoch of a partition is the leader epoch it was won at.
 OnLeadership = Callable[[int, int], None]
 
 
@@ -44,11 +44,13 @@ class CoordinatorRuntime(Protocol):
         (opaque bytes, a bounded size each): what a load replays, in one go."""
 
     def load(self, topic: str, partition: int, replay: Callable[[bytes], None],
-             on_loaded: Callable[[], None]) -> Callable[[], None]:
-        """`read` in steps: hand each record set to `replay`, yielding to the event loop between
-        them so a long partition does not stall the broker, then call `on_loaded`. Returns a
-        function that cancels the load (the partition was given up before it finished); a load
-        that fails is logged and never calls `on_loaded`."""
+             on_loaded: Callable[[], None], prepare: Callable[[], None] | None = None) -> Callable[[], None]:
+        """`read` off the event loop: hand each record set to `replay`, then call `prepare`, both
+        in a worker thread, in order (so they may touch only what the load owns, never state
+        requests see; `prepare` of an empty partition runs at once), then `on_loaded` on the
+        event loop. Returns a function that cancels the
+        load (the partition was given up before it finished); a load that fails is logged and
+        never calls `on_loaded`."""
 
     def close(self, topic: str) -> None:
         """Make what `topic` holds durable and answer its waiting appends; from now on its

@@ -14,10 +14,14 @@ closed mid-frame, as Kafka closes it when its FileRecords was truncated during t
 The connection reads on the event loop only what the page cache holds (`read_cached`, a
 `RWF_NOWAIT` read that fails rather than wait for the disk); a lagging consumer's cold
 pages are read in a worker thread (`detached_read`), so the disk's latency is not the loop's.
+`read_off_loop` does both, for the connection sending records and for the Fetch v0-3 walk
+that sizes their down-conversion.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import os
 from typing import TYPE_CHECKING, Callable
@@ -29,6 +33,9 @@ __all__ = ["FileRecords", "RecordsGone", "LAZY_MIN_BYTES"]
 
 # Slices shorter than this are read at once: not worth a deferred read.
 LAZY_MIN_BYTES = 64 * 1024
+# Threads for fetched pages not in the page cache: their own, so lagging consumers waiting on
+# the disk never queue ahead of the default executor's decoding and coordinator syncs.
+_COLD_READS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ottla-cold-read")
 
 
 class RecordsGone(Exception):
@@ -67,6 +74,14 @@ class FileRecords:
                 return None
             raise RecordsGone(f"cannot read {self.segment.log_path}: {exc}") from None
         return data if read == length else None  # partly cached (or cut short: `read` tells)
+
+    async def read_off_loop(self, start: int, length: int) -> bytes | bytearray:
+        """`read` on the event loop if the page cache holds it, else in a cold-read thread."""
+        data = self.read_cached(start, length)
+        if data is None:  # a lagging consumer's cold pages: the disk waits in a thread
+            data = self.checked(await asyncio.get_running_loop().run_in_executor(
+                _COLD_READS, self.detached_read(start, length)), length)
+        return data
 
     def detached_read(self, start: int, length: int) -> Callable[[], bytes]:
         """`read` for a worker thread: it reads a duplicate of the descriptor, which the loop

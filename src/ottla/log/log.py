@@ -33,7 +33,7 @@ from ..records.batch import (
     set_log_append_time,
     set_partition_leader_epoch,
 )
-from .append_settings import AppendSettings, validate_produced
+from .append_settings import AppendSettings, Validated, validate
 from .disk_worker import DiskWorker
 from .file_records import FileRecords
 from .leader_epoch import EpochEndOffset
@@ -237,12 +237,18 @@ class Log:
 
     # -- append --------------------------------------------------------------------------
 
+    def validate(self, records, now_ms: int, inline: int | None = None) -> Validated:
+        """A produced record set checked as `append` checks it, appending nothing; with `inline`,
+        ValidateElsewhere for a batch that is more work than that (`append_settings.validate`)."""
+        return validate(records, now_ms, self._settings, self.directory.name, inline)
+
     def append(
-        self, records: bytes | bytearray, *, now_ms: int, origin: str = "client", leader_epoch: int = 0
+        self, records: bytes | bytearray | Validated, *, now_ms: int, origin: str = "client", leader_epoch: int = 0
     ) -> AppendResult:
         """Validate, assign offsets, write. Raises KafkaError with the code the producer must see.
 
-        origin "client": a produce request (exactly one batch, Kafka's LogValidator rules);
+        origin "client": a produce request (exactly one batch, Kafka's LogValidator rules), or
+        what `validate` made of one;
         "coordinator": batches the broker writes itself (transaction markers, internal topics);
         "replication": batches that already carry their offsets, which must continue the log.
         """
@@ -250,12 +256,12 @@ class Log:
             raise ValueError(f"unknown append origin {origin!r}")
         buf = records
         settings = self._settings
-        from_client = origin == "client"
-        # Kafka checks max.message.bytes on every leader append, the coordinators' included (an
-        # OffsetCommit too large for one batch is INVALID_COMMIT_OFFSET_SIZE); not on replication.
-        headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if origin != "replication" else None)
-        if from_client:
-            buf, headers = validate_produced(buf, headers, now_ms, settings, self.directory.name)
+        if origin == "client":  # records may come checked already (`validate`)
+            buf, headers = validate(records, now_ms, settings, self.directory.name)[:2]
+        else:
+            # Kafka checks max.message.bytes on every leader append, the coordinators' included (an
+            # OffsetCommit too large for one batch is INVALID_COMMIT_OFFSET_SIZE); not on replication.
+            headers = parse_batches(buf, max_batch_bytes=settings.max_message_bytes if origin != "replication" else None)
 
         log_append_time = now_ms if settings.log_append_time else -1
         if origin != "replication" and log_append_time < 0 and len(headers) == 1:

@@ -39,6 +39,7 @@ __all__ = [
     "keys_present",
     "encode_varint",
     "decode_varint",
+    "decode_bytes",
 ]
 
 Header = tuple[str, "bytes | None"]
@@ -187,7 +188,7 @@ def decode_batch(buf, header: BatchHeader | None = None) -> list[Record]:
         ) from None
 
 
-def _decode_bytes(data, position: int) -> tuple[bytes | None, int]:
+def decode_bytes(data, position: int) -> tuple[bytes | None, int]:
     length, position = decode_varint(data, position)
     if length < 0:
         return None, position
@@ -209,15 +210,15 @@ def _decode_records(data: bytes, header: BatchHeader) -> list[Record]:
         position += 1  # attributes
         timestamp_delta, position = decode_varint(data, position)
         offset_delta, position = decode_varint(data, position)
-        key, position = _decode_bytes(data, position)
-        value, position = _decode_bytes(data, position)
+        key, position = decode_bytes(data, position)
+        value, position = decode_bytes(data, position)
         header_count, position = decode_varint(data, position)
         if header_count < 0:  # Kafka: "Found invalid number of record headers"
             raise ValueError("negative header count")
         headers = []
         for _ in range(header_count):
-            name, position = _decode_bytes(data, position)
-            header_value, position = _decode_bytes(data, position)
+            name, position = decode_bytes(data, position)
+            header_value, position = decode_bytes(data, position)
             if name is None:
                 raise ValueError("null header key")
             headers.append((name.decode(), header_value))

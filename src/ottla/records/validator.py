@@ -18,6 +18,10 @@ walk, which alone decides errors.
 Decompression is bounded: the inflated records may take at most `INFLATE_FACTOR` times the
 topic's `max.message.bytes`, inflated straight into a buffer of that size at most, so a small
 gzip bomb costs neither the memory nor the time of its full size (MESSAGE_TOO_LARGE).
+A caller on the event loop passes `inline`, the most record bytes it will walk itself: a batch
+whose records take more (inflated) raises `BeyondInline` after at most that much inflation,
+and the caller validates it again in a worker thread with no such bound (the codecs release
+the GIL while they inflate; the walk in Python holds it in switch-interval slices).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..errors import ErrorCode, KafkaError
 from .batch import HEADER_SIZE, BatchHeader
 from .compression import NONE, decompress_bounded
 
-__all__ = ["check_records", "inflate_limit", "INFLATE_FACTOR"]
+__all__ = ["BeyondInline", "check_records", "inflate_limit", "key_value_sizes", "INFLATE_FACTOR"]
 
 # A produced batch may inflate to this many times max.message.bytes (1 MiB by default: 32 MiB).
 INFLATE_FACTOR = 32
@@ -49,19 +53,33 @@ def inflate_limit(max_message_bytes: int) -> int:
     return max(max_message_bytes, 1 << 20) * INFLATE_FACTOR
 
 
+class BeyondInline(Exception):
+    """The batch's records take more bytes than the caller's `inline` bound: validate it where
+    that may take long (a worker thread)."""
+
+
 def _invalid(header: BatchHeader, why: str) -> KafkaError:
     return KafkaError(ErrorCode.invalid_record, f"batch at base offset {header.base_offset}: {why}")
 
 
-def check_records(buf, header: BatchHeader, limit: int) -> None:
-    """Raise KafkaError unless the batch's records parse and match its header's count."""
+def check_records(buf, header: BatchHeader, limit: int, inline: int | None = None) -> None:
+    """Raise KafkaError unless the batch's records parse and match its header's count;
+    BeyondInline if they take more than `inline` bytes (inflated: found after inflating that much)."""
     start = header.position + HEADER_SIZE
     end = header.position + header.size
+    bound = limit if inline is None else min(limit, inline)
     with memoryview(buf) as view:
         if header.compression == NONE:
+            if inline is not None and end - start > inline:
+                raise BeyondInline()
             data = view[start:end].toreadonly()
         else:
-            data = memoryview(decompress_bounded(header.compression, view[start:end], limit)).toreadonly()
+            try:
+                data = memoryview(decompress_bounded(header.compression, view[start:end], bound)).toreadonly()
+            except KafkaError as exc:
+                if bound < limit and exc.code == ErrorCode.message_too_large:
+                    raise BeyondInline() from None
+                raise
     if header.records_count >= _FAST_FROM and _fast_walk(data, header.records_count):
         return
     try:
@@ -206,15 +224,58 @@ def _fast_walk(data, expected: int) -> bool:
     zigzag, p = _varints(buf, p)  # offset deltas 0, 1, 2, ...
     if p is None or not (zigzag == np.arange(0, 2 * expected, 2)).all():
         return False
-    for _ in (0, 1):  # key and value: -1 is null, no other negative size
+    walked = _key_and_value(buf, p)
+    if walked is None:
+        return False
+    p = walked[2]
+    return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+
+
+def _key_and_value(buf, p):
+    """The key and value sizes of records whose keys start at `p` (numpy arrays; a null counts
+    0) and where their headers start, or None when a size is negative other than -1 (null)."""
+    sizes = []
+    for _ in (0, 1):
         zigzag, p = _varints(buf, p)
         if p is None:
-            return False
+            return None
         size = zigzag >> 1
         if ((zigzag & 1) * size).any():
-            return False
+            return None
         p = p + size
-    return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+        sizes.append(size)
+    return sizes[0], sizes[1], p
+
+
+def key_value_sizes(data, count: int):
+    """The key and value sizes of `count` records (decompressed, `data`) as two numpy arrays
+    (a null counts 0), for Fetch v0-3's down-conversion to size its messages; None unless
+    there are many records and all of the shape `_fast_walk` reads (the caller walks them).
+    The same chain and varints, from stored batches the validator already accepted."""
+    if count < _FAST_FROM or not count <= len(data) // _MIN_RECORD:
+        return None
+    import numpy as np
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    record_start = _record_starts(data, buf, count)
+    if record_start is None:
+        return None
+    record_end = np.append(record_start[1:], len(data))
+    zigzag, p = _varints(buf, record_start)
+    if p is None or not (zigzag == 2 * (record_end - p)).all():
+        return None
+    _, p = _varints(buf, p + 1)  # attributes skipped, then the timestamp delta
+    if p is None:
+        return None
+    _, p = _varints(buf, p)  # offset delta
+    if p is None:
+        return None
+    walked = _key_and_value(buf, p)
+    if walked is None:
+        return None
+    key_sizes, value_sizes, p = walked
+    # Positions only move forward: the header count inside its record means every field was.
+    return (key_sizes, value_sizes) if (p < record_end).all() else None
 
 
 # The chain of record lengths reads two bytes at each record's start: one struct call and one

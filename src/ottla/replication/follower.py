@@ -98,6 +98,7 @@ class FollowerFetchState:
         self.phase = FetchPhase.TRUNCATING
         self.delayed_until_ms = 0
         self._unknown_epoch_answers = 0
+        self._fenced_waits = 0
         if self.latest_epoch() is None:
             self.phase = FetchPhase.FETCHING  # an empty log has nothing to truncate
 
@@ -110,6 +111,19 @@ class FollowerFetchState:
 
     def ready(self, now_ms: int) -> bool:
         return self.phase is not FetchPhase.FENCED and now_ms >= self.delayed_until_ms
+
+    def next_request_due_ms(self, now_ms: int) -> int:
+        """When this partition wants its next request (0: now), for a fetcher deciding how long
+        a fetch of its other partitions may long-poll. Fenced, it waits for the LeaderAndIsr
+        of its leader's new epoch, which the controller sent with the leader's and which
+        usually follows the fenced answer within milliseconds: expected after
+        UNKNOWN_EPOCH_FIRST_RETRY_MS, then twice as late each time it is not there, up to
+        replica.fetch.backoff.ms."""
+        if self.phase is FetchPhase.FENCED and self.delayed_until_ms <= now_ms:
+            self.delayed_until_ms = now_ms + min(self.backoff_ms,
+                                                 UNKNOWN_EPOCH_FIRST_RETRY_MS << min(self._fenced_waits, 16))
+            self._fenced_waits += 1
+        return self.delayed_until_ms
 
     def _back_off(self, now_ms: int) -> None:
         self.delayed_until_ms = now_ms + self.backoff_ms

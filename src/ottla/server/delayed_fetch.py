@@ -49,6 +49,7 @@ class DelayedFetches:
         self._due: deque[tuple[asyncio.Future, bool]] = deque()
         self._replica_due: deque[tuple[asyncio.Future, bool]] = deque()  # followers': before `_due`
         self._replicas: set[asyncio.Future] = set()
+        self._by_replica: dict[int, dict[asyncio.Future, None]] = {}  # followers' fetches by broker id
         self._draining = False
         # The `notified` sets of the fetches that asked for one (`wait`).
         self._notified: dict[asyncio.Future, set[TopicPartition]] = {}
@@ -61,19 +62,21 @@ class DelayedFetches:
         return len(self._watchers.get(key, ()))
 
     async def wait(self, keys: Iterable[TopicPartition], timeout_s: float,
-                   notified: set[TopicPartition] | None = None, replica: bool = False) -> bool:
-        """Until any of `keys` may have more to read (True) or `timeout_s` has passed (False).
-        `notified`, if given, collects the keys notified meanwhile: only they can read
-        differently (a follower's fetch re-reads those, `handlers/fetch.py`). A `replica`
-        (follower's) fetch is completed before any consumer's."""
+                   notified: set[TopicPartition] | None = None, replica_id: int = -1) -> bool:
+        """Until any of `keys` may have more to read (True) or `timeout_s` has passed or
+        `complete_followers` ended the wait (False). `notified`, if given, collects the keys
+        notified meanwhile: only they can read differently (a follower's fetch re-reads those,
+        `handlers/fetch.py`). A follower's fetch (`replica_id` >= 0) is completed before any
+        consumer's."""
         loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         for key in keys:
             self._watchers.setdefault(key, {})[future] = None
         if notified is not None:
             self._notified[future] = notified
-        if replica:
+        if replica_id >= 0:
             self._replicas.add(future)
+            self._by_replica.setdefault(replica_id, {})[future] = None
         tick = math.ceil((loop.time() + timeout_s) / self.tick_s)
         entry = self._ticks.get(tick)
         if entry is None:
@@ -84,6 +87,12 @@ class DelayedFetches:
         finally:  # also when cancelled (its connection closed)
             self._notified.pop(future, None)
             self._replicas.discard(future)
+            if replica_id >= 0:
+                fetches = self._by_replica.get(replica_id)
+                if fetches is not None:
+                    fetches.pop(future, None)
+                    if not fetches:
+                        del self._by_replica[replica_id]
             for key in keys:
                 waiters = self._watchers.get(key)
                 if waiters is not None:
@@ -120,6 +129,19 @@ class DelayedFetches:
                 if notified is not None:
                     notified.add(key)
             self._queue(waiters, True)
+
+    def complete_followers(self, replica_ids: Iterable[int]) -> None:
+        """Answer now the waiting fetches of these followers, with whatever they have (as at
+        their max_wait). This broker just became leader of a partition they replicate, or
+        started a new leader epoch of one: they have to send a request for it (truncation, a
+        fetch in the new epoch) and a fetcher sends one request at a time, so a long poll of
+        their other partitions held that back, up to replica.fetch.wait.max.ms, and acks=all on
+        the partition with it (Kafka completes the delayed requests of the partitions whose
+        role changed; here those fetches do not name the partition yet)."""
+        for replica_id in replica_ids:
+            fetches = self._by_replica.get(replica_id)
+            if fetches:
+                self._queue(list(fetches), False)
 
     def _expire(self, tick: int) -> None:
         entry = self._ticks.pop(tick, None)

@@ -8,7 +8,6 @@ proceed concurrently. Protocol violations close only the offending connection.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
+from ..errors import KafkaError
 from ..log.file_records import FileRecords, RecordsGone
 from ..protocol.codec import (
     API_VERSIONS_KEY,
@@ -31,6 +31,7 @@ from ..protocol.codec import (
     encode_response,
 )
 from ..protocol.shape import produce_entries
+from ..records.legacy import LazyDownConversion
 from .context import CloseConnection, RequestContext
 from .handlers import controlled_shutdown, leader_and_isr, stop_replica, update_metadata
 from .loop_lag import timed
@@ -49,9 +50,6 @@ _connection_ids = itertools.count(1)
 # ListOffsets naming 2,000 topics took 50 ms to decode on the loop.
 _DECODE_ON_LOOP_BYTES = 16 * 1024
 _PRODUCE_KEY = b"\x00\x00"
-# Threads for fetched pages not in the page cache: their own, so lagging consumers waiting on
-# the disk never queue ahead of the default executor's decoding and coordinator syncs.
-_COLD_READS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ottla-cold-read")
 # A Produce naming more topic and partition entries than this is decoded in a worker thread.
 _PRODUCE_ENTRIES_ON_LOOP = 64
 # Responses with a top-level array longer than this are encoded in a worker thread: encoding
@@ -299,32 +297,58 @@ class Connection(asyncio.BufferedProtocol):
         the sent part off its front after every send: a fetch response of tens of MB handed to
         it whole is copied and moved again for every few hundred KB the socket takes. Fetched
         records kept in their file (FileRecords) are read a slice at a time, only once the
-        socket took the previous one, so an unread response holds one slice of memory.
+        socket took the previous one, so an unread response holds one slice of memory; records
+        down-converted for Fetch v0-3 (LazyDownConversion) are converted a group at a time.
         """
         for chunk in chunks:
-            in_file = isinstance(chunk, FileRecords)
-            view = chunk if in_file else memoryview(chunk)
-            for start in range(0, len(view), _WRITE_SLICE_BYTES):
-                if self.closed or self.transport.is_closing():
-                    return  # the peer is gone: connection_lost has only been scheduled yet
-                if in_file:
-                    length = min(_WRITE_SLICE_BYTES, len(chunk) - start)
+            if isinstance(chunk, LazyDownConversion):
+                for group in chunk.groups:
+                    data = None
+                    if chunk.needs_read(group):
+                        data = await self._records_slice(chunk.source, group[0], group[1] - group[0])
+                        if data is None:
+                            return
                     try:
-                        piece = chunk.read_cached(start, length)
-                        if piece is None:  # a lagging consumer's cold pages: the disk waits in a thread
-                            piece = chunk.checked(await asyncio.get_running_loop().run_in_executor(
-                                _COLD_READS, chunk.detached_read(start, length)), length)
-                    except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
-                        self.close(f"response cut short: {exc}")
+                        converted = chunk.convert(data, group)
+                    except (KafkaError, ValueError) as exc:
+                        self.close(f"response cut short: down-conversion failed: {exc}")
                         return
-                    if self.closed or self.transport.is_closing():
+                    del data
+                    if not await self._write(memoryview(converted)):
                         return
-                else:
-                    piece = view[start : start + _WRITE_SLICE_BYTES]
-                self.transport.write(piece)
-                self.last_active = time.monotonic()
-                if not self.writable.is_set():
-                    await self.writable.wait()
+            elif isinstance(chunk, FileRecords):
+                for start in range(0, len(chunk), _WRITE_SLICE_BYTES):
+                    piece = await self._records_slice(chunk, start, min(_WRITE_SLICE_BYTES, len(chunk) - start))
+                    if piece is None or not await self._write(piece):
+                        return
+            elif not await self._write(memoryview(chunk)):
+                return
+
+    async def _records_slice(self, records, start: int, length: int):
+        """`length` bytes of fetched records (a FileRecords, or bytes in memory) from `start`;
+        None when the connection is gone or was closed because the records were."""
+        if not isinstance(records, FileRecords):
+            return memoryview(records)[start:start + length]
+        if self.closed or self.transport.is_closing():
+            return None
+        try:
+            piece = await records.read_off_loop(start, length)
+        except RecordsGone as exc:  # the frame cannot be completed: Kafka closes too
+            self.close(f"response cut short: {exc}")
+            return None
+        return piece
+
+    async def _write(self, view) -> bool:
+        """Hand `view` to the transport a slice at a time, each once the one before drained;
+        False when the peer is gone (connection_lost may only have been scheduled yet)."""
+        for start in range(0, len(view), _WRITE_SLICE_BYTES):
+            if self.closed or self.transport.is_closing():
+                return False
+            self.transport.write(view[start:start + _WRITE_SLICE_BYTES])
+            self.last_active = time.monotonic()
+            if not self.writable.is_set():
+                await self.writable.wait()
+        return True
 
     def _unsupported_api_versions(self) -> ApiVersionsResponse:
         # Imported here: a kio message module costs a few ms of every broker start, and this

@@ -257,7 +257,7 @@ class _Fetcher:
         send, forget = session.build(params)
         request = fetch_request.FetchRequest(
             cluster_id=None, replica_id=self._manager.broker.node_id,
-            max_wait=timedelta(milliseconds=settings["max_wait_ms"]), min_bytes=settings["min_bytes"],
+            max_wait=timedelta(milliseconds=self._max_wait_ms(wanted)), min_bytes=settings["min_bytes"],
             max_bytes=settings["max_bytes"], isolation_level=0, session_id=session.session_id,
             session_epoch=session.epoch,
             topics=tuple(fetch_request.FetchTopic(topic=topic, partitions=tuple(
@@ -299,6 +299,25 @@ class _Fetcher:
                     await asyncio.sleep(0)  # microseconds, and a loop pass each was 1,000 per round
         for target in written_ahead:  # not appended after all (no longer followed here, an error)
             target.leader_epoch_cache.flush()  # puts back what the cache holds; else writes nothing
+
+    def _max_wait_ms(self, wanted: dict[TopicPartition, FollowerFetchState]) -> int:
+        """`replica.fetch.wait.max.ms`, but no longer than until the next of this fetcher's other
+        partitions is due for a request (a retry after UNKNOWN_LEADER_EPOCH or an error; a fenced
+        one's LeaderAndIsr expected, `FollowerFetchState.next_request_due_ms`): the fetcher
+        sends one request at a time, so a long poll of the partitions that have nothing new
+        held that request back. After a controlled shutdown's leadership move, the follower's
+        retry of the partition whose epoch its new leader did not know yet, or its truncation
+        once the LeaderAndIsr ending a fence came, waited for an empty long poll of the others
+        (500 ms), and acks=all on that partition with it: the producers' requests queued behind
+        one on the same connection, so nothing came to end the poll (benchmarks/failover.py)."""
+        wait = self._manager.settings["max_wait_ms"]
+        now = now_ms()
+        for key, state in self.states.items():
+            if key not in wanted:
+                due = state.next_request_due_ms(now)
+                if due > now:
+                    wait = min(wait, due - now)
+        return wait
 
     async def _write_epoch_starts_ahead(self, usable: list) -> list:
         """The first batch of a new leader epoch makes the append write the partition's leader

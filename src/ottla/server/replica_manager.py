@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from ..errors import ErrorCode, KafkaError
+from ..log.append_settings import ValidateElsewhere
 from ..log.log import AppendResult
 from ..log.manager import LogManager
 from .delayed_fetch import DelayedFetches
@@ -43,6 +44,10 @@ OnHighWatermark = Callable[[ErrorCode], None]
 APPLY_SLICE = 100
 # Worker threads that fsync followers' epoch checkpoints ahead (concurrent fsyncs share journal commits).
 CHECKPOINT_WRITERS = 4
+# A produced batch whose records take more bytes than this (inflated) is validated in a worker
+# thread: a bomb inflating to 32 x max.message.bytes held the loop 0.4-0.7 s of CPU. Above the
+# default max.message.bytes, so uncompressed batches and librdkafka's stay on the loop.
+INLINE_VALIDATION_BYTES = 1 << 20
 
 
 class Fetchers(Protocol):
@@ -90,6 +95,9 @@ class ReplicaManager:
         # Per partition: (offset, callback) to run once the HW is past offset.
         self._hw_waiters: dict[TopicPartition, list[tuple[int, OnHighWatermark]]] = {}
         self._checkpoint_writers: ThreadPoolExecutor | None = None
+        # One thread, so at most one large batch is inflated at a time: the memory bound stays
+        # that of one (32 x max.message.bytes) plus the loop's INLINE_VALIDATION_BYTES.
+        self._validation: ThreadPoolExecutor | None = None
 
     # -- partitions and roles ------------------------------------------------------------
 
@@ -117,7 +125,8 @@ class ReplicaManager:
         return found
 
     def add_leadership_listener(self, listener: LeadershipListener) -> None:
-        """`listener(topic, partition, is_leader, leader_epoch)` after each role change."""
+        """`listener(topic, partition, is_leader, leader_epoch)` when this broker becomes a
+        partition's leader or stops leading it."""
         self._listeners.append(listener)
 
     def apply_partition_states(self, states: Iterable[PartitionState], now_ms: int = 0) -> dict[TopicPartition, ErrorCode]:
@@ -126,6 +135,7 @@ class ReplicaManager:
         Followers are handed to the fetchers, new leaders taken from them."""
         errors: dict[TopicPartition, ErrorCode] = {}
         now_ms = now_ms or int(time.time() * 1000)
+        followers: set[int] = set()  # of the partitions this broker starts leading (an epoch)
         for state in states:
             key = (state.topic, state.partition)
             if self.node_id not in state.replicas:
@@ -160,7 +170,15 @@ class ReplicaManager:
                 self._fail_waiters(key, ErrorCode.not_leader_or_follower)
             if changed:
                 self.notify_data(*key)  # a delayed fetch answers the new role (Kafka's makeFollowers)
+                if partition.is_leader:
+                    followers.update(partition.replicas)
+            if partition.is_leader != was_leader:
+                # Only a new leader loads its coordinator state: a new epoch on the same leader
+                # (a follower left the ISR, a reassignment) keeps it, as Kafka's makeLeaders.
                 self._notify_leadership(partition)
+        followers.discard(self.node_id)
+        if followers:
+            self.delayed_fetches.complete_followers(followers)
         return errors
 
     async def apply_in_slices(self, states: list[PartitionState], now_ms: int,
@@ -249,22 +267,32 @@ class ReplicaManager:
         for done, ((topic, index), records) in enumerate(entries.items(), 1):
             if done % _APPENDS_PER_STEP == 0:  # a Produce naming 200,000 partitions held the loop for 1 s
                 await asyncio.sleep(0)
-            try:
-                target = self.leader_partition(topic, index)
-                target.check_enough_replicas(acks)
-                refused = precheck(topic, index, records) if precheck is not None else None
-                if refused is not None:
-                    results[(topic, index)] = ProduceResult(*refused)
+            checked = records
+            while True:
+                try:
+                    target = self.leader_partition(topic, index)
+                    target.check_enough_replicas(acks)
+                    refused = precheck(topic, index, records) if precheck is not None else None
+                    if refused is not None:
+                        results[(topic, index)] = ProduceResult(*refused)
+                        break
+                    if origin == "client":
+                        checked = target.log.validate(checked, now_ms, INLINE_VALIDATION_BYTES)
+                    result = self.append(topic, index, checked, now_ms=now_ms, origin=origin)
+                except ValidateElsewhere as heavy:
+                    # Checked in a thread, then everything above again in one step with the batch
+                    # as checked: the append (producer state, sequence) happens as if inline.
+                    checked = await self.off_loop(heavy.validate)
                     continue
-                result = self.append(topic, index, records, now_ms=now_ms, origin=origin)
-            except KafkaError as exc:
-                results[(topic, index)] = ProduceResult(exc.code, exc.message,
-                                                        record_errors=tuple(getattr(exc, "record_errors", ())))
-                continue
-            results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
-                                                    result.log_append_time, result.log_start_offset)
-            if acks == -1:
-                waits[(topic, index)] = self._acks_all_future(topic, index, result.last_offset + 1)
+                except KafkaError as exc:
+                    results[(topic, index)] = ProduceResult(exc.code, exc.message,
+                                                            record_errors=tuple(getattr(exc, "record_errors", ())))
+                    break
+                results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
+                                                        result.log_append_time, result.log_start_offset)
+                if acks == -1:
+                    waits[(topic, index)] = self._acks_all_future(topic, index, result.last_offset + 1)
+                break
         if waits:
             pending = [f for f in waits.values() if not f.done()]
             if pending:
@@ -278,6 +306,13 @@ class ReplicaManager:
                 if error != ErrorCode.none:
                     results[key] = ProduceResult(error)
         return results
+
+    async def off_loop(self, work: Callable, *args):
+        """`work(*args)` in the validation thread: checking or converting a large produced batch,
+        one at a time (`_validation`)."""
+        if self._validation is None:
+            self._validation = ThreadPoolExecutor(1, thread_name_prefix="ottla-validate")
+        return await asyncio.get_running_loop().run_in_executor(self._validation, work, *args)
 
     # -- the high watermark --------------------------------------------------------------
 
@@ -373,5 +408,6 @@ class ReplicaManager:
         """Answer every waiter: the broker is going away."""
         for key in list(self._hw_waiters):
             self._fail_waiters(key, ErrorCode.not_leader_or_follower)
-        if self._checkpoint_writers is not None:
-            self._checkpoint_writers.shutdown(wait=True)
+        for pool in (self._checkpoint_writers, self._validation):
+            if pool is not None:
+                pool.shutdown(wait=True)

@@ -24,6 +24,10 @@ class OptionError(ValueError):
     """An option the user must fix; the message says which and why."""
 
 
+class DataLossError(RuntimeError):
+    """Offsets the query must read are gone (deleted by retention, or the topic was recreated)."""
+
+
 @dataclass(frozen=True)
 class Subscription:
     """Which topic-partitions to read: exactly one of Spark's `subscribe`, `subscribePattern`, `assign`."""
@@ -92,6 +96,7 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     client = client_config(options, _READER_OWNED)
     # Kept apart from the client settings: the driver's admin client would warn about a consumer property.
     isolation = client.pop("isolation.level", "read_committed")
+    _check_plaintext(client)
     if isolation not in ("read_committed", "read_uncommitted"):
         raise OptionError("option 'kafka.isolation.level' must be 'read_committed' or 'read_uncommitted', "
                           f"not {isolation!r}")
@@ -135,6 +140,14 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
         transactional_id_prefix=options.get("transactionalIdPrefix", "ottla-spark-"),
         timeout_s=(_positive_int(options, "timeoutMs") or 60_000) / 1000,
     )
+
+
+def _check_plaintext(client: dict[str, str]) -> None:
+    """The reader's own Fetch client (fetch.py) connects in PLAINTEXT: refuse what it cannot honour."""
+    if client.get("security.protocol", "plaintext").lower() != "plaintext" or \
+            any(key.startswith(("sasl.", "ssl.")) for key in client):
+        raise OptionError("the ottla source connects in PLAINTEXT only: option 'kafka.security.protocol' must "
+                          "be PLAINTEXT and no 'kafka.ssl.*' or 'kafka.sasl.*' option may be set")
 
 
 def _reject_unknown(options: Mapping[str, str], known: set[str]) -> None:

@@ -3,27 +3,25 @@ several small ones (`plan`).
 
 The driver plans ranges from ListOffsets answers; with `read_committed` the "latest" offset Kafka
 returns is the last stable offset (LSO), so a range never reaches into an open transaction. An
-executor reads its range with an assigned consumer (no group membership, no commits) and stops when
-the consumer's position reaches the range end. It never waits to *see* offset `end - 1`: that
-offset may be a transaction marker or an aborted record, which a read_committed consumer skips.
+executor reads its range with Fetch requests of its own (`fetch.py`), decoded column-wise
+(`columns.py`), and stops when its position reaches the range end. It never waits to *see* offset
+`end - 1`: that offset may be a transaction marker or an aborted record, which a read_committed
+reader skips.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import gc
 import itertools
 import logging
 import math
 import re
-import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -31,27 +29,16 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from .options import EARLIEST, LATEST, OptionError, ReadOptions, TopicPartitionOffsets
+from .options import EARLIEST, LATEST, DataLossError, OptionError, ReadOptions, TopicPartitionOffsets
 
 log = logging.getLogger(__name__)
 
-_ROWS_PER_ARROW_BATCH = 4096
 # Ranges smaller than this share a task (`plan`). A task costs Spark's Python data source machinery about
 # 0.1 s of CPU (a Python worker for its read, another for its write, their Arrow streams) and the sink a
 # transaction: more than reading and writing this many 100-byte records.
 _OFFSETS_PER_SHARED_TASK = 10_000
 _METADATA_TIMEOUT_S = 30.0
-_CONSUME_TIMEOUT_S = 0.05
-# The reader's default; option kafka.fetch.wait.max.ms overrides it. A range ends at or below the LSO, so the
-# reader never waits for new records, but a range that ends at the log end leaves a Fetch parked on the broker
-# for fetch.wait.max.ms (librdkafka's 500 ms): the next task of the worker's kept consumer waited for it.
-_FETCH_WAIT_MAX_MS = 10
-_CONSUMERS: dict[tuple, Consumer] = {}  # kept by a Python worker between tasks, by client config
 _FREEZE_AT_LEAST = 10_000  # objects in the collector's oldest generation (freeze_worker_heap)
-
-
-class DataLossError(RuntimeError):
-    """Offsets the query must read are gone (deleted by retention, or the topic was recreated)."""
 
 
 def source_schema(include_headers: bool) -> StructType:
@@ -181,46 +168,30 @@ def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], o
 
 
 def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> Iterator:
-    """Yield Arrow record batches of the records of one offset range.
+    """Yield Arrow record batches of the records of one offset range, one per Fetch answer."""
+    # Imported here, on the executors: numba's import (columns.py) costs 0.2-0.5 s of CPU, which the
+    # driver's Python processes (planning, the streaming source, commits) would pay for nothing.
+    from .fetch import read_columns
 
-    The range is done when the consumer position reaches `end`. The position moves past control
-    markers and, under read_committed, past aborted records; a partition EOF event tells the same
-    when the range ends exactly at the end of the log.
-    """
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    fetch = _RangeFetch(rng, options)
-    try:
-        while not fetch.done:
-            with _collector_paused():
-                records = fetch.records(_ROWS_PER_ARROW_BATCH)
-                batch = _arrow_batch(records, rng, options.include_headers, arrow_schema) if records else None
-                records = None  # freed while paused: the collector never sees them
-            if batch is not None:
-                yield batch
-    except BaseException:
-        _CONSUMERS.pop(_consumer_key(options), None)
-        fetch.consumer.close()
-        raise
-    fetch.consumer.unassign()
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Keep Python's cyclic garbage collector off while a batch's records are fetched and converted.
-
-    Every fetched record is a Message object the collector tracks, so thousands of them held until
-    their Arrow batch is built pushed it into repeated collections of the whole worker heap (PySpark,
-    pyarrow, numpy): a quarter of a Spark read task's Python samples (py-spy), 0.4-0.8 us per 100-byte
-    record. The records hold no cycles and are freed before the collector is back on, so it has nothing
-    of theirs to do."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    headers_type = arrow_schema.field("headers").type if options.include_headers else None
+    timestamp_type = arrow_schema.field("timestamp").type
+    topic = pa.scalar(rng.topic, pa.string())
+    partition = pa.scalar(rng.partition, pa.int32())
+    for fetched in read_columns(rng.topic, rng.partition, rng.start, rng.end, options, headers_type):
+        size = len(fetched)
+        columns = [
+            fetched.keys,
+            fetched.values,
+            pa.repeat(topic, size),
+            pa.repeat(partition, size),
+            pa.array(fetched.offsets),
+            pa.array(fetched.timestamps * 1000).cast(timestamp_type),
+            pa.array(fetched.log_append_time.astype(np.int32)),  # Spark's timestampType: 0 create, 1 log-append
+        ]
+        if headers_type is not None:
+            columns.append(fetched.headers)
+        yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
 
 
 def freeze_worker_heap() -> None:
@@ -236,130 +207,6 @@ def freeze_worker_heap() -> None:
     if len(gc.get_objects(generation=2)) >= _FREEZE_AT_LEAST:
         gc.collect()
         gc.freeze()
-
-
-class _RangeFetch:
-    """The consumer's progress through one range: `records(n)` returns the next n or more records (fewer
-    at the end); `done` once the position reached the end, or the range was given up (failOnDataLoss)."""
-
-    def __init__(self, rng: OffsetRange, options: ReadOptions):
-        self.rng, self.options = rng, options
-        self.consumer = _kept_consumer(options)
-        self.consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        self.position = rng.start
-        self.done = rng.start >= rng.end
-        self._last_progress = time.monotonic()
-
-    def records(self, wanted: int) -> list:
-        rng, consumer = self.rng, self.consumer
-        out: list = []
-        while not self.done and len(out) < wanted:
-            before = self.position
-            # Ask for no more than the range still holds: consume() returns as soon as it has that many.
-            # It has fewer when markers or aborted records fill the range's end: then it returns at the
-            # timeout, and the position says the range is done, so the timeout is short.
-            messages = consumer.consume(num_messages=min(wanted, rng.end - self.position),
-                                        timeout=_CONSUME_TIMEOUT_S)
-            # Events (EOF, errors) are rare: look for one without a Python loop. (any(), not a comparison
-            # with None: KafkaError's == None leaves an exception set, a SystemError later.)
-            records = self._records_and_events(messages) if any(map(Message.error, messages)) else messages
-            if records:
-                if records[-1].offset() >= rng.end:
-                    records = records[:bisect.bisect_left(list(map(Message.offset, records)), rng.end)]
-                    self.position = rng.end
-                else:
-                    self.position = max(self.position, records[-1].offset() + 1)
-                out += records
-            position = consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset
-            self.position = max(self.position, position)
-            if self.position > before:
-                self._last_progress = time.monotonic()
-            elif self.position < rng.end and time.monotonic() - self._last_progress > self.options.poll_timeout_s:
-                message = (f"{rng.topic}-{rng.partition}: stuck at offset {self.position} for "
-                           f"{self.options.poll_timeout_s:.0f}s while reading up to offset {rng.end}")
-                if self.options.fail_on_data_loss:
-                    raise DataLossError(message + "; set failOnDataLoss=false to skip the rest of the range")
-                log.warning("%s; skipping the rest of the range", message)
-                self.done = True
-            self.done = self.done or self.position >= rng.end
-        return out
-
-    def _records_and_events(self, messages: list) -> list:
-        """The records among `messages`, acting on the events (partition EOF, offsets lost, errors)."""
-        records = []
-        for msg in messages:
-            error = msg.error()
-            if error is None:
-                records.append(msg)
-            elif error.code() == KafkaError._PARTITION_EOF:
-                self.position = max(self.position, msg.offset())
-            elif error.code() == KafkaError._AUTO_OFFSET_RESET:
-                self.position = _skip_lost(self.consumer, self.rng, self.position, self.options, error)
-            elif error.fatal() or not error.retriable():
-                raise KafkaException(error)
-        return records
-
-
-def _consumer_key(options: ReadOptions) -> tuple:
-    return tuple(sorted(options.client.items())), options.read_committed
-
-
-def _kept_consumer(options: ReadOptions) -> Consumer:
-    """One assigned consumer per Python worker and client config, kept between tasks (Spark reuses its
-    workers): a task then starts fetching without a new client's bootstrap and metadata round trips."""
-    key = _consumer_key(options)
-    if key not in _CONSUMERS:
-        _CONSUMERS[key] = Consumer({
-            "group.id": "ottla-spark-reader",  # required by the client; never joined, nothing is committed
-            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS,
-            **options.client,
-            "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-        })
-    return _CONSUMERS[key]
-
-
-def _skip_lost(consumer, rng: OffsetRange, position: int, options: ReadOptions, error) -> int:
-    """Offsets below the log start were deleted: fail, or jump to the log start when allowed."""
-    low, _ = consumer.get_watermark_offsets(TopicPartition(rng.topic, rng.partition), timeout=_METADATA_TIMEOUT_S)
-    message = (f"{rng.topic}-{rng.partition}: offsets {position}..{min(low, rng.end)} are no longer available "
-               f"({error.str()})")
-    if options.fail_on_data_loss:
-        raise DataLossError(message + "; set failOnDataLoss=false to skip them")
-    log.warning("%s; skipping them", message)
-    if low >= rng.end:
-        return rng.end
-    consumer.seek(TopicPartition(rng.topic, rng.partition, low))
-    return low
-
-
-def _arrow_batch(records: list, rng: OffsetRange, include_headers: bool, arrow_schema):
-    """Columns straight from the fetched records: the accessors mapped over the records (no Python loop
-    per record), numpy for the numbers. A range without gaps (no markers, aborted or compacted records)
-    has consecutive offsets, which need no accessor call at all."""
-    size = len(records)
-    stamps = np.fromiter(itertools.chain.from_iterable(map(Message.timestamp, records)), np.int64,
-                         count=2 * size).reshape(size, 2)
-    # confluent-kafka numbers the types 0 none, 1 create, 2 log-append; Spark uses Java's -1, 0, 1.
-    kinds = stamps[:, 0]
-    first, last = records[0].offset(), records[-1].offset()
-    offsets = (np.arange(first, first + size, dtype=np.int64) if last - first + 1 == size
-               else np.fromiter(map(Message.offset, records), np.int64, count=size))
-    columns = [
-        pa.array(list(map(Message.key, records)), pa.binary()),
-        pa.array(list(map(Message.value, records)), pa.binary()),
-        pa.repeat(pa.scalar(rng.topic, pa.string()), size),
-        pa.repeat(pa.scalar(rng.partition, pa.int32()), size),
-        pa.array(offsets),
-        pa.array(stamps[:, 1] * 1000, pa.int64(), mask=kinds == 0).cast(arrow_schema.field("timestamp").type),
-        pa.array((kinds - 1).astype(np.int32)),
-    ]
-    if include_headers:
-        columns.append(pa.array([[{"key": k, "value": v} for k, v in m.headers() or ()] for m in records],
-                                arrow_schema.field("headers").type))
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
 
 
 def _read(partition: InputPartition, options: ReadOptions, schema: StructType) -> Iterator:

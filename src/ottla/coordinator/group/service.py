@@ -95,8 +95,6 @@ class GroupService:
             self._arm(deadline)
 
     def _on_elected(self, partition: int, leader_epoch: int) -> None:
-        if partition in self._loaded:
-            return  # a new leader epoch of a partition already loaded here
         self._loaded.add(partition)
         if self._loop is None:
             self.coordinator.load_partition(partition, self._clock())
@@ -109,7 +107,7 @@ class GroupService:
             self._loads.pop(partition, None)
             loader.finish(self._clock())
 
-        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded)
+        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded, loader.decode)
 
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from ...config import BrokerConfig
 from ...errors import ErrorCode
@@ -40,7 +40,6 @@ from .log_format import (
     TRANSACTION_STATE_TOPIC,
     TopicPartition,
     TxnState,
-    decode_records,
     encode_key,
     encode_value,
 )
@@ -57,9 +56,6 @@ log = logging.getLogger("ottla.txn")
 
 GROUP_METADATA_TOPIC = "__consumer_offsets"
 
-Records = Iterable[tuple[bytes, bytes | None]]
-
-
 class TxnLogStore(Protocol):
     """The `__transaction_state` topic as the coordinator sees it."""
 
@@ -68,8 +64,9 @@ class TxnLogStore(Protocol):
         """Append one record (value None = tombstone); call `on_durable` once it is durable
         (acks=all) with ErrorCode.none, or with the append's error."""
 
-    def load(self, partition: int, on_loaded: Callable[[Records], None]) -> None:
-        """Read the partition from its start to its end and hand over (key, value) pairs."""
+    def load(self, partition: int, on_loaded: Callable[[Mapping[str, TxnMetadata]], None]) -> None:
+        """Read the partition from its start to its end and hand over each id's state
+        (`metadata.loaded_txns` of its records)."""
 
 
 class MarkerWriter(Protocol):
@@ -185,11 +182,10 @@ class TransactionCoordinator:
         """Stop coordinating `partition`; answers still in flight for it become NOT_COORDINATOR."""
         self._partitions.pop(partition, None)
 
-    def _on_loaded(self, part: _Partition, records: Records, now_ms: int) -> None:
+    def _on_loaded(self, part: _Partition, txns: Mapping[str, TxnMetadata], now_ms: int) -> None:
         if self._partitions.get(part.index) is not part:
             return
-        for transactional_id, value in decode_records(records).items():
-            part.txns[transactional_id] = TxnMetadata.from_log(transactional_id, value)
+        part.txns.update(txns)
         part.loading = False
         log.debug("loaded %d transactional ids from %s-%d (coordinator epoch %d)",
                  len(part.txns), TRANSACTION_STATE_TOPIC, part.index, part.coordinator_epoch)

@@ -9,9 +9,10 @@ client is never told about a state a restarted coordinator would not find in the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterable
 
 from ...errors import ErrorCode
-from .log_format import TopicPartition, TxnLogValue, TxnState
+from .log_format import TopicPartition, TxnLogValue, TxnState, decode_records
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -292,3 +293,10 @@ class TxnMetadata:
         """The pending transition could not be made durable: forget it."""
         if self.pending is snapshot:
             self.pending = None
+
+
+def loaded_txns(records: Iterable[tuple[bytes, bytes | None]]) -> dict[str, TxnMetadata]:
+    """A `__transaction_state` partition's (key, value) records, in log order, as each id's
+    state: its last record wins, a tombstone removes it (Kafka's loadTransactionMetadata)."""
+    return {transactional_id: TxnMetadata.from_log(transactional_id, value)
+            for transactional_id, value in decode_records(records).items()}

@@ -14,7 +14,7 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ...records.batch import HEADER_SIZE, read_header
-from ...records.legacy import up_convert
+from ...records.legacy import converts_inline, up_convert
 from ...records.validator import inflate_limit
 from ..clock import now_ms
 from ..context import CloseConnection
@@ -29,6 +29,9 @@ API_KEY = 0
 # v0-v2 carry message format v0/v1, up-converted to a v2 batch (removed in Kafka 4.0, KIP-896).
 VERSIONS = (0, 13)
 FIRST_TV2_VERSION = 12
+# A v0/v1 message set larger than this, or compressed, is up-converted in the replica manager's
+# validation thread (`ReplicaManager.off_loop`), not on the event loop.
+_UP_CONVERT_INLINE = 64 * 1024
 
 _UTC = datetime.timezone.utc
 
@@ -158,7 +161,10 @@ async def _read_topics(ctx, request, now: int, convert: bool, steps: Steps):
                 limit = inflate_limit(log.config["max.message.bytes"] if log is not None
                                       else ctx.broker.config["message.max.bytes"])
                 try:
-                    records = up_convert(records, now, limit)
+                    if converts_inline(records, _UP_CONVERT_INLINE):
+                        records = up_convert(records, now, limit)
+                    else:
+                        records = await ctx.broker.replicas.off_loop(up_convert, records, now, limit)
                 except KafkaError as exc:
                     refused[(name, data.index)] = ProduceResult(exc.code, exc.message)
                     continue
