@@ -15,6 +15,7 @@ from ottla.errors import ErrorCode
 from ottla.server.broker import Broker
 from ottla.server.clock import now_ms
 from ottla.server.metadata_cache import PartitionState
+from tests.loop_turns import most_objects_between_turns, seen_between_turns
 from tests.waiting import coordinators_loaded
 
 E = ErrorCode
@@ -304,3 +305,55 @@ def test_transaction_state_decodes_off_the_loop_while_requests_are_answered(tmp_
     described, producers = asyncio.run(scenario())
     assert events == ["decoding", "DescribeTransactions answered coordinator_load_in_progress", "loaded"]
     assert described == [(E.none, "Empty", producers[f"tx-{i}"]) for i in range(40)]
+
+
+def test_many_groups_are_built_while_the_loop_turns_and_served_once_all_are_in(tmp_path, monkeypatch):
+    """20,000 separate groups of one offset each in one partition: the loop built them all in
+    one step of the load; now the load's thread builds them while the loop turns (the most
+    made between two turns: what one slice of the thread builds), and the loop only merges
+    them in. OffsetFetch answers COORDINATOR_LOAD_IN_PROGRESS at every turn until then, and
+    then each group's offset."""
+    from ottla.coordinator.group.group import Group
+
+    count, made = 20_000, [0]
+    build = Group.__init__
+
+    def counted(self, *args, **kwargs):
+        made[0] += 1
+        build(self, *args, **kwargs)
+
+    async def scenario():
+        broker = Broker(tmp_path, BrokerConfig({**CONFIG, "offsets.topic.num.partitions": 1}), port=0)
+        await broker.start()
+        await coordinators_loaded(broker)
+        try:
+            groups = broker.groups.coordinator
+            for first in range(0, count, 1000):
+                answers = []
+                for i in range(first, first + 1000):
+                    answers.append(asyncio.get_running_loop().create_future())
+                    groups.commit_offsets(group_id=f"g-{i}", member_id="", group_instance_id=None,
+                                          generation_id=-1, offsets={("t", 0): OffsetCommit(i, -1, "")},
+                                          now_ms=now_ms(), on_complete=answers[-1].set_result)
+                assert [await a for a in answers] == [{("t", 0): E.none}] * 1000
+            monkeypatch.setattr(Group, "__init__", counted)
+            _lead_again(broker, OFFSETS_TOPIC, 0)
+
+            async def loaded():
+                while groups.fetch_offsets(group_id="g-0", partitions=None).error == E.coordinator_load_in_progress:
+                    await asyncio.sleep(0)
+
+            seen, _ = await seen_between_turns(loaded(), lambda: (
+                groups.fetch_offsets(group_id=f"g-{count - 1}", partitions=None).error, made[0]))
+            fetched = [groups.fetch_offsets(group_id=f"g-{i}", partitions=None) for i in range(count)]
+            return seen, [(f.error, {tp: o.offset for tp, o in f.offsets.items()}) for f in fetched]
+        finally:
+            await broker.stop()
+
+    seen, fetched = asyncio.run(scenario())
+    errors = [error for error, _ in seen]
+    served = errors.index(E.none)
+    assert served > 0 and set(errors[:served]) == {E.coordinator_load_in_progress} and set(errors[served:]) == {E.none}
+    assert seen[-1][1] == count
+    assert most_objects_between_turns([built for _, built in seen]) < count // 2
+    assert fetched == [(E.none, {("t", 0): i}) for i in range(count)]

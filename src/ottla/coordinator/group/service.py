@@ -100,14 +100,16 @@ class GroupService:
             self.coordinator.load_partition(partition, self._clock())
             return
         # In steps, through the runtime, so a long partition does not stall the broker; its
-        # groups answer COORDINATOR_LOAD_IN_PROGRESS until the load finishes.
+        # groups answer COORDINATOR_LOAD_IN_PROGRESS until the load finishes. Its groups are
+        # decoded and built in the load's thread; the loop only merges them in.
         loader = self.coordinator.begin_load(partition)
 
         def loaded() -> None:
             self._loads.pop(partition, None)
             loader.finish(self._clock())
 
-        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded, loader.decode)
+        self._loads[partition] = self._runtime.load(OFFSETS_TOPIC, partition, loader.replay, loaded,
+                                                    lambda: loader.prepare(self._clock()))
 
     def _on_resigned(self, partition: int, leader_epoch: int) -> None:
         if partition in self._loaded:
