@@ -11,16 +11,11 @@ from ottla.log.loader import replay_batches
 from ottla.producer_state.manager import RELOAD_STEP_BATCHES, ProducerStateManager
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch
-from ottla.server.broker import Broker
-from ottla.server.interbroker import InterBrokerClient
-from ottla.server.metadata_cache import PartitionState
-from ottla.server.replica_fetcher import ReplicaFetcherManager
 from tests.loop_turns import seen_between_turns, with_turns
+from tests.unit.test_replica_fetcher_retries import ANSWERED, LEADER, _leader_and_follower, _states
 
 PRODUCERS = 50
 TXN_PID = 999
-LEADER, FOLLOWER = 1, 2
-ANSWERED = 60.0  # a guard against a hang, not a speed assertion
 
 
 def _batch(pid, seq, *, txn=False):
@@ -104,26 +99,21 @@ def test_a_second_truncation_mid_rebuild_starts_over(tmp_path):
 
 
 def test_the_replica_fetcher_rebuilds_in_steps_after_its_truncation(tmp_path):
-    """Two real brokers in process: the follower's log holds the leader's 2,500 batches of epoch 1
-    and 5 more the leader never had; on becoming follower in epoch 2 it truncates to 2,500
-    (OffsetsForLeaderEpoch) and replays the 2,500 with other tasks running between steps."""
+    """Two real brokers in process (`_leader_and_follower`): the follower's log holds the
+    leader's 2,500 batches of epoch 1 and 5 more the leader never had; on becoming follower in
+    epoch 2 it truncates to 2,500 (OffsetsForLeaderEpoch) and replays the 2,500 with other
+    tasks running between steps."""
     common, extra = RELOAD_STEP_BATCHES * 5 // 2, 5
 
     async def scenario():
-        leader = Broker(tmp_path / "leader", BrokerConfig({"node.id": LEADER}), port=0)
-        follower = Broker(tmp_path / "follower", BrokerConfig({"node.id": FOLLOWER}))
-        manager = ReplicaFetcherManager(follower, InterBrokerClient("test"))
-        await leader.start()
-        try:
-            leader.create_topic("t", 1, {})
-            follower.create_topic("t", 1, {})
+        async with _leader_and_follower(tmp_path) as (leader, follower, manager):
             copied = follower.logs.get_log("t", 0)
             for i in range(common + extra):
                 batch = _batch(i % PRODUCERS, i // PRODUCERS)
                 if i < common:
                     leader.logs.get_log("t", 0).append(batch, now_ms=0, leader_epoch=1)
                 copied.append(batch, now_ms=0, leader_epoch=1)
-            leader.replicas.apply_partition_states(_states(2))
+            leader.replicas.apply_partition_states(_states({0: 2}))
             manager.learn_endpoints({LEADER: (leader.host, leader.port)})
             follower.replicas.fetchers = manager
 
@@ -131,7 +121,7 @@ def test_the_replica_fetcher_rebuilds_in_steps_after_its_truncation(tmp_path):
                 return copied._producer_state.map_end_offset
 
             async def truncated():
-                follower.replicas.apply_partition_states(_states(2))
+                follower.replicas.apply_partition_states(_states({0: 2}))
                 async with asyncio.timeout(ANSWERED):
                     while copied.log_end_offset != common:
                         await asyncio.sleep(0.001)
@@ -143,16 +133,6 @@ def test_the_replica_fetcher_rebuilds_in_steps_after_its_truncation(tmp_path):
             assert {m for m in seen if 0 < m < common} == {RELOAD_STEP_BATCHES, 2 * RELOAD_STEP_BATCHES}
             assert copied.producer_state.active_producers() == \
                 _rebuilt_in_one_piece(copied, tmp_path).active_producers()
-        finally:
-            await manager.stop()
-            await manager.client.close()
-            await leader.stop()
-            follower.replicas.close()
-            follower.logs.close()
-            follower.release_data_dir()
 
     asyncio.run(scenario())
 
-
-def _states(epoch):
-    return [PartitionState("t", 0, LEADER, epoch, (LEADER, FOLLOWER), (LEADER, FOLLOWER))]
