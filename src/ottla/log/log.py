@@ -120,6 +120,7 @@ class Log:
         self.recovery_point = loaded.recovery_point
         self.leader_epoch_cache = loaded.leader_epoch_cache
         self._producer_state = loaded.producer_state
+        self._pending_reload = None  # a truncation's producer-state rebuild, not run to its end yet
         for segment in self._segments[:-1]:
             segment.mark_sealed()
         # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
@@ -166,10 +167,35 @@ class Log:
 
     @property
     def producer_state(self) -> ProducerStateManager:
-        """Loaded on first use, so a clean start does not read snapshots of idle partitions."""
+        """Loaded on first use, so a clean start does not read snapshots of idle partitions;
+        the rebuild a truncation left pending is finished first (`rebuild_step`)."""
         if self._producer_state is None:
             self._producer_state = self._load_producer_state()
+        else:
+            self.finish_rebuild()
         return self._producer_state
+
+    def rebuild_step(self) -> bool:
+        """One step of the producer-state rebuild a truncation left pending; False once none is
+        left. The follower's fetcher turns the loop between steps (a truncation far above the
+        last snapshot replays up to a segment); anything using the state meanwhile finishes it."""
+        steps = self._pending_reload
+        if steps is None:
+            return False
+        try:
+            next(steps)
+            return True
+        except BaseException as exc:  # its end, or an unreadable batch: raised once, as before
+            self._pending_reload = None
+            if isinstance(exc, StopIteration):
+                return False
+            raise
+
+    def finish_rebuild(self) -> None:
+        """Before the segments a pending rebuild reads change (the cleaner's swap, retention),
+        or the state is used."""
+        while self.rebuild_step():
+            pass
 
     def _load_producer_state(self) -> ProducerStateManager:
         state = ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
@@ -474,6 +500,7 @@ class Log:
         return deleted
 
     def _advance_log_start(self, offset: int) -> None:
+        self.finish_rebuild()
         self.log_start_offset = offset
         self.leader_epoch_cache.truncate_from_start(offset)
         while len(self._segments) > 1 and self._bases[1] <= offset:
@@ -535,9 +562,10 @@ class Log:
 
     def _reload_producer_state(self) -> None:
         if self._producer_state is None:
-            self._producer_state = self._load_producer_state()
-        else:
-            self._producer_state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
+            self._producer_state = ProducerStateManager(
+                self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
+        # A rebuild still pending is dropped: this one starts over from a snapshot.
+        self._pending_reload = self._producer_state.reload_in_steps(self.log_start_offset, self._leo, self._replay)
 
     def flush(self, now_ms: int | None = None) -> None:
         """fsync the active segment (and segments rolled whose fsync is still queued); the
@@ -579,11 +607,12 @@ class Log:
     def remove_expired_producers(self, now_ms: int) -> None:
         """producer.id.expiration.ms; a state not loaded yet is expired when it is."""
         if self._producer_state is not None:
-            self._producer_state.remove_expired(now_ms)
+            self.producer_state.remove_expired(now_ms)
 
     def close(self) -> None:
         """Flush, trim the indexes, snapshot producer state: the next start needs no recovery.
         Closing the active segment fsyncs it and its indexes (a `flush` first did it twice)."""
+        self.finish_rebuild()
         self.leader_epoch_cache.write_pending()
         self._sync_queued_rolls()
         for segment in self._segments:
@@ -598,6 +627,7 @@ class Log:
         removes what a crash left. `remove=False` leaves the renamed directory, returned, to the
         caller, who removes many in one job (`LogManager.delete_topic`)."""
         directory = self.directory
+        self._pending_reload = None
         self.leader_epoch_cache.close()
         if self._disk_worker is not None:
             directory = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")

@@ -307,12 +307,14 @@ class LogSegment:
     def headers_from(self, position: int) -> Iterator[BatchHeader]:
         """Headers of the batches from byte `position` on, read a chunk at a time.
 
-        The positions in the yielded headers are file positions.
+        The positions in the yielded headers are file positions. The descriptor is looked up
+        per chunk: a consumer pausing between headers (a rebuild in steps) may see the sealed
+        file released meanwhile, and its number reused by another file.
         """
-        fd = self._open()
+        self._open()  # a sealed file opened afresh learns its size here
         end = self._size
         while end - position >= HEADER_SIZE:
-            chunk = os.pread(fd, min(_SCAN_CHUNK, end - position), position)
+            chunk = os.pread(self._open(), min(_SCAN_CHUNK, end - position), position)
             offset = 0
             while len(chunk) - offset >= HEADER_SIZE:
                 header = read_header(chunk, offset)

@@ -16,7 +16,7 @@ applied would otherwise both pass the sequence check).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 DEFAULT_EXPIRATION_MS = 86_400_000  # producer.id.expiration.ms
 MAX_BATCHES = 5  # Kafka's NumBatchesToRetain: why idempotent clients keep <= 5 requests in flight
 SNAPSHOTS_TO_KEEP = 3
+RELOAD_STEP_BATCHES = 1_000  # replayed between two turns of the event loop (~5-10 ms of CPU)
 
 ORIGINS = frozenset({"client", "coordinator", "replication", "recovery"})
 # Batches already in some log: we record what they did instead of judging them.
@@ -386,6 +387,26 @@ class ProducerStateManager:
         end the scan finds (`delete_snapshots_above`): deleting them first cost every
         partition an unlink and a directory fsync, for a snapshot still valid after the scan.
         """
+        steps = self.reload_in_steps(log_start_offset, log_end_offset, replay, keep_above=keep_above)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def reload_in_steps(
+        self,
+        log_start_offset: int,
+        log_end_offset: int,
+        replay: Callable[[int], Iterable[Batch]],
+        *,
+        keep_above: bool = False,
+    ) -> Generator[None, None, list[CompletedTxn]]:
+        """`truncate_and_reload` pausing after every RELOAD_STEP_BATCHES replayed batches, so
+        that an event loop can serve others between steps: snapshots are only taken at roll and
+        clean shutdown, so a truncation may replay up to a segment of batches. The state is
+        half-built until the generator ends: its owner runs it to the end before anything else
+        uses the state, and keeps the log it replays unchanged meanwhile (`Log.rebuild_step`)."""
         self._delete_snapshots(o for o in self._snapshots
                                if (o > log_end_offset and not keep_above) or o < log_start_offset)
         self._producers.clear()
@@ -406,6 +427,7 @@ class ProducerStateManager:
             break
         self._map_end_offset = start
         completed: list[CompletedTxn] = []
+        replayed = 0
         for item in replay(start):
             header, _ = _split(item)
             if header.last_offset < start:
@@ -413,6 +435,9 @@ class ProducerStateManager:
             if header.base_offset >= log_end_offset:
                 break
             completed.extend(self.apply(self.validate([item], header.max_timestamp, origin="recovery")))
+            replayed += 1
+            if replayed % RELOAD_STEP_BATCHES == 0:
+                yield
         self.on_log_start_offset(log_start_offset)
         self._map_end_offset = log_end_offset
         return completed

@@ -220,6 +220,7 @@ class _Fetcher:
                 if truncation is not None:
                     log.info("%s-%d truncated to %d (leader %d's end of epoch %d)", *key, truncation.offset,
                              self.source_id, answer.leader_epoch)
+                await _rebuild_producer_state(state.log)
                 await asyncio.sleep(0)
 
     async def _reset(self, endpoint, wanted: dict[TopicPartition, FollowerFetchState]) -> None:
@@ -245,6 +246,7 @@ class _Fetcher:
             state = wanted.get(key)
             if state is not None and self._current(key, state) and len(offsets) == 2:
                 state.on_leader_offsets(error, offsets[0], offsets[1], now_ms())
+                await _rebuild_producer_state(state.log)
 
     async def _fetch(self, endpoint, wanted: dict[TopicPartition, FollowerFetchState]) -> None:
         """Fetch v12 in this fetcher's session with the leader (KIP-227): the request names only
@@ -295,6 +297,7 @@ class _Fetcher:
         for key, state, data in usable:
             if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
+                await _rebuild_producer_state(state.log)  # after a diverging epoch's truncation
                 if data.records:  # let requests in between appends; an empty answer costs
                     await asyncio.sleep(0)  # microseconds, and a loop pass each was 1,000 per round
         for target in written_ahead:  # not appended after all (no longer followed here, an error)
@@ -355,6 +358,13 @@ class _Fetcher:
             state.delayed_until_ms = now + self._manager.settings["backoff_ms"]
         if error not in (ErrorCode.none, ErrorCode.offset_out_of_range):
             log.info("%s-%d: Fetch from leader %d answered %s", *key, self.source_id, error.name)
+
+
+async def _rebuild_producer_state(log_) -> None:
+    """The producer-state rebuild a truncation left pending, in steps with the loop turning
+    between them (one step: 1,000 replayed batches); appends to the log finish it first anyway."""
+    while log_.rebuild_step():
+        await asyncio.sleep(0)
 
 
 def _by_topic(wanted: dict[TopicPartition, object]) -> list[tuple[str, list]]:

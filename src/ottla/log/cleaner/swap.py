@@ -69,6 +69,7 @@ def commit_swap(log_: "Log", expected: dict[int, "LogSegment"], groups: list[Cle
     """Steps 2-4 on the event loop thread. Raises CleaningAborted, changing nothing, when a
     segment the pass read is no longer in the log (retention, DeleteRecords, truncation or
     deletion got there first). Returns the `.deleted` and range files left to remove."""
+    log_.finish_rebuild()  # it may be reading the segments about to be renamed
     current = {segment.base_offset: segment for segment in log_.segments}
     for group in groups:
         for base in group.replaced:
