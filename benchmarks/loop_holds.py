@@ -36,7 +36,8 @@ N / 1,000: the cache's partition budget is full): each one's
 longest step (the loop thread's CPU, garbage collections left out as the broker leaves them
 out) and how many partitions its response names. With --alive K, then K such sessions made one
 after the other and left alive: a full collection's CPU (`gc.collect()`, median of 3) with
-0, 1 and K of them alive (each session's partitions tracked by the collector or not).
+0, 1 and K of them alive (each session's partitions tracked by the collector or not). With
+--by-id, Fetch v13 naming the topic by its id (KIP-516) instead of v11 by name.
 
 --many N: on a broker of its own, one topic of one partition, then Fetch v11, ListOffsets v5,
 OffsetForLeaderEpoch v3 and DeleteRecords v1 each naming N partitions of it (all but one
@@ -47,6 +48,7 @@ sends ApiVersions one after the other (its longest round trip: how long the othe
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --wide 1000
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --many 200000
     .venv/bin/python benchmarks/loop_holds.py --topics 0 --session 200000 --alive 5
+    .venv/bin/python benchmarks/loop_holds.py --topics 0 --session 200000 --alive 5 --by-id
 """
 
 from __future__ import annotations
@@ -293,6 +295,7 @@ def main() -> int:
     parser.add_argument("--many", type=int, default=0, help="partitions named by one request, on a broker of its own")
     parser.add_argument("--session", type=int, default=0, help="partitions of one fetch session, in process")
     parser.add_argument("--alive", type=int, default=0, help="with --session: sessions left alive, full collections timed")
+    parser.add_argument("--by-id", action="store_true", help="with --session: Fetch v13, the topic named by id")
     args = parser.parse_args()
     rows = []
     if args.topics:
@@ -306,7 +309,7 @@ def main() -> int:
     if args.many:
         rows += _many_partitions(args.many)
     if args.session:
-        rows += _session_life(args.session, args.alive)
+        rows += _session_life(args.session, args.alive, args.by_id)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -379,25 +382,29 @@ def _many_partitions(count: int) -> list[tuple[str, str]]:
     return rows
 
 
-def _session_fetch(count: int, session_id: int, epoch: int, replica_id: int = -1, forget=()):
+def _session_fetch(count: int, session_id: int, epoch: int, replica_id: int = -1, forget=(), topic_id=None):
+    """Fetch v11 naming topic `x`, or with `topic_id` Fetch v13 naming it by id."""
     from kio.schema.fetch.v11 import request as fetch11
+    from kio.schema.fetch.v13 import request as fetch13
 
-    return fetch11.FetchRequest(
+    schema, topic = (fetch11, {"topic": "x"}) if topic_id is None else (fetch13, {"topic_id": topic_id})
+    return schema.FetchRequest(
         replica_id=replica_id, max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=50 << 20,
         isolation_level=0, session_id=session_id, session_epoch=epoch, rack_id="",
-        forgotten_topics_data=(fetch11.ForgottenTopic(topic="x", partitions=tuple(forget)),) if forget else (),
-        topics=(fetch11.FetchTopic(topic="x", partitions=tuple(fetch11.FetchPartition(
+        forgotten_topics_data=(schema.ForgottenTopic(**topic, partitions=tuple(forget)),) if forget else (),
+        topics=(schema.FetchTopic(**topic, partitions=tuple(schema.FetchPartition(
             partition=p, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)
             for p in range(count))),) if count else ())
 
 
-def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
+def _session_life(count: int, alive: int = 0, by_id: bool = False) -> list[tuple[str, str]]:
     """The fetch session's phases (`--session`), each one's longest step in process."""
     import asyncio
     import gc
     import tempfile
 
-    from kio.schema.fetch.v11.response import FetchResponse
+    from kio.schema.fetch.v11.response import FetchResponse as FetchResponse11
+    from kio.schema.fetch.v13.response import FetchResponse as FetchResponse13
     from kio.serial import entity_reader
 
     from ottla.config import BrokerConfig
@@ -409,10 +416,11 @@ def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
     pauses = loop_lag.GcPauses()
     gc.callbacks.append(pauses)
     rows = []
+    version, FetchResponse = (13, FetchResponse13) if by_id else (11, FetchResponse11)
 
     async def phase(broker, name, request):
         owner = SimpleNamespace(what=name)
-        timed = loop_lag.timed(fetch.handle(SimpleNamespace(broker=broker, api_version=11,
+        timed = loop_lag.timed(fetch.handle(SimpleNamespace(broker=broker, api_version=version,
                                                             response_type=FetchResponse), request), owner)
         started = time.thread_time()
         response = await timed
@@ -427,18 +435,22 @@ def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
         broker = Broker(data_dir, BrokerConfig({"max.incremental.fetch.session.cache.slots": -(-count // PARTITIONS_PER_SLOT)}))
         try:
             broker.create_topic("x", 1, {})
-            created = await phase(broker, f"create a session of {count}", _session_fetch(count, 0, 0))
+            topic_id = broker.metadata.topic("x").topic_id if by_id else None
+
+            def request(count: int, session_id: int, epoch: int, **kwargs):
+                return _session_fetch(count, session_id, epoch, topic_id=topic_id, **kwargs)
+            created = await phase(broker, f"create a session of {count}", request(count, 0, 0))
             session = created.session_id
             assert session, "no session created"
-            await phase(broker, "incremental, naming nothing", _session_fetch(0, session, 1))
-            await phase(broker, "incremental, naming 3, forgetting 2", _session_fetch(3, session, 2, forget=(5, 6)))
-            await phase(broker, "close it (epoch -1 naming it)", _session_fetch(1, session, -1))
+            await phase(broker, "incremental, naming nothing", request(0, session, 1))
+            await phase(broker, "incremental, naming 3, forgetting 2", request(3, session, 2, forget=(5, 6)))
+            await phase(broker, "close it (epoch -1 naming it)", request(1, session, -1))
             assert broker.fetch_sessions.get(session) is None
-            session = (await phase(broker, f"create a session of {count} again", _session_fetch(count, 0, 0))).session_id
-            await phase(broker, "a follower's session evicts it", _session_fetch(1, 0, 0, replica_id=1))
+            session = (await phase(broker, f"create a session of {count} again", request(count, 0, 0))).session_id
+            await phase(broker, "a follower's session evicts it", request(1, 0, 0, replica_id=1))
             assert broker.fetch_sessions.get(session) is None
             if alive:
-                await _collections_with_sessions(broker, count, alive, rows)
+                await _collections_with_sessions(broker, count, alive, rows, topic_id)
         finally:
             broker.logs.close()
             broker.release_data_dir()
@@ -450,16 +462,19 @@ def _session_life(count: int, alive: int = 0) -> list[tuple[str, str]]:
     return rows
 
 
-async def _collections_with_sessions(broker, count: int, alive: int, rows: list) -> None:
-    """A full collection's CPU (median of 3) with 0, 1 and `alive` sessions of `count` alive."""
+async def _collections_with_sessions(broker, count: int, alive: int, rows: list, topic_id=None) -> None:
+    """A full collection's CPU (median of 3) with 0, 1 and `alive` sessions of `count` alive
+    (with `topic_id`, made by Fetch v13 naming the topic by id)."""
     import gc
     import statistics
 
-    from kio.schema.fetch.v11.response import FetchResponse
+    from kio.schema.fetch.v11.response import FetchResponse as FetchResponse11
+    from kio.schema.fetch.v13.response import FetchResponse as FetchResponse13
 
     from ottla.server.handlers import fetch
 
-    context = SimpleNamespace(broker=broker, api_version=11, response_type=FetchResponse)
+    context = SimpleNamespace(broker=broker, api_version=11 if topic_id is None else 13,
+                              response_type=FetchResponse11 if topic_id is None else FetchResponse13)
     cache = broker.fetch_sessions  # room for them all
     cache.max_entries += alive
     cache.max_partitions += alive * count
@@ -474,7 +489,7 @@ async def _collections_with_sessions(broker, count: int, alive: int, rows: list)
             rows.append((f"full collection, {made} session(s) of {count} alive: CPU (ms), median of 3",
                          f"{statistics.median(took):.1f} ({len(gc.get_objects()):,} objects tracked)"))
         if made < alive:
-            assert (await fetch.handle(context, _session_fetch(count, 0, 0))).session_id
+            assert (await fetch.handle(context, _session_fetch(count, 0, 0, topic_id=topic_id))).session_id
 
 
 def _wide_delete(partitions: int) -> list[tuple[str, str]]:

@@ -20,7 +20,8 @@ lets go of (closed, evicted) is emptied in steps too (`release_retired`).
 Pure: no sockets, no clock. Callers pass the time (`now_ms`) and the request's partitions as
 objects with Kafka's field names (`fetch_offset`, `partition_max_bytes`,
 `current_leader_epoch`, `last_fetched_epoch`, `log_start_offset`), keyed by (topic, partition)
-where topic is the name (Fetch v7-v12) or the topic id (v13+, KIP-516).
+where topic is the name (Fetch v7-v12) or the topic id (v13+, KIP-516; the handler passes its
+int, which the cyclic collector does not track, where a `uuid.UUID` it does).
 
 Eviction is Kafka's: the cache holds `max.incremental.fetch.session.cache.slots` sessions; when
 it is full a new session may take the place of a session unused for `EVICTION_MS`, else of the
@@ -48,6 +49,7 @@ from typing import Any, Hashable, Iterable, NamedTuple
 from .errors import ErrorCode
 
 __all__ = ["FetchSessionCache", "FetchSession", "CachedPartition", "FetchSessionHandler", "new_context", "next_epoch",
+           "entry",
            "release_retired",
            "PARTITIONS_PER_SLOT",
            "SESSIONLESS",
@@ -79,10 +81,12 @@ class CachedPartition(NamedTuple):
     that leaves the partition out reuses, and what the last response told the fetcher (high
     watermark, log start offset), which decides whether the next response must name it.
 
-    A session keeps them as plain tuples of ints (`_cached`), which the cyclic collector stops
+    A session keeps them as plain tuples of ints (`entry`), which the cyclic collector stops
     tracking after their first collection: as objects, a live session of 200,000 partitions
     added 200,000 objects to every full collection's walk (issue 11, docs/performance.md). An
-    incremental request reads them through this view of the same tuple."""
+    incremental request reads those tuples themselves, not views of them: a tuple subclass is
+    never untracked, and a waiting fetch would hold one per partition for its long poll. This
+    class names the fields."""
 
     partition: int
     fetch_offset: int
@@ -98,8 +102,9 @@ _HIGH_WATERMARK = CachedPartition._fields.index("high_watermark")
 _LEADER_LOG_START = CachedPartition._fields.index("leader_log_start_offset")
 
 
-def _cached(partition: int, request: Any, high_watermark: int = -1, leader_log_start_offset: int = -1) -> tuple:
-    """A session's entry for `partition` (the fields of `CachedPartition`) from a request's parameters."""
+def entry(partition: int, request: Any, high_watermark: int = -1, leader_log_start_offset: int = -1) -> tuple:
+    """A session's entry for `partition` (the fields of `CachedPartition`) from a request's
+    parameters; also the shape the Fetch handler reads every partition in."""
     return (partition, request.fetch_offset, request.partition_max_bytes,
             getattr(request, "current_leader_epoch", -1),  # v9+
             getattr(request, "last_fetched_epoch", -1),  # v12+
@@ -157,10 +162,10 @@ class FetchSession:
             await steps.one()
             cached = self.partitions.get(key)
             if cached is None:
-                self.partitions[key] = _cached(key[1], request)
+                self.partitions[key] = entry(key[1], request)
                 added += 1
             else:
-                self.partitions[key] = _cached(key[1], request, cached[_HIGH_WATERMARK], cached[_LEADER_LOG_START])
+                self.partitions[key] = entry(key[1], request, cached[_HIGH_WATERMARK], cached[_LEADER_LOG_START])
                 updated += 1
         for key in forgotten:
             await steps.one()
@@ -276,7 +281,7 @@ def _discard(ordered: list, item) -> None:
 
 # The fetch contexts (Kafka's FetchContext subclasses): how one request's response is trimmed
 # and numbered. `new_context` returns one with the partitions to read, [(key, request
-# parameters)] in order; `await finish(outcomes, now_ms, steps)` takes [(key, outcome)] in that
+# parameters)] in order (an incremental fetch's are the session's `entry` tuples); `await finish(outcomes, now_ms, steps)` takes [(key, outcome)] in that
 # order and returns (top-level error, response session id, the keys the response names). Contexts that
 # need no state are shared, so a waiting fetch holds no object for them (a full garbage
 # collection walks every waiting fetch's objects).
@@ -331,7 +336,7 @@ class FullFetch:
             for key, outcome in outcomes:
                 await steps.one()
                 # Popped: the request's keys go a step at a time, not all when the context goes.
-                cached[key] = _cached(key[1], self._requests.pop(key), outcome.high_watermark, outcome.log_start_offset)
+                cached[key] = entry(key[1], self._requests.pop(key), outcome.high_watermark, outcome.log_start_offset)
             session_id = cache.maybe_create(now_ms, self._privileged, self._uses_topic_ids, cached)
         return ErrorCode.none, session_id, [key for key, _ in outcomes]
 
@@ -415,10 +420,9 @@ async def _incremental(cache: FetchSessionCache, session: FetchSession, version:
     cache.touch(session, now_ms)
     session.epoch = next_epoch(session.epoch)
     partitions = []  # what to read: the session as it is now (a pair each, so made in steps)
-    new, view = tuple.__new__, CachedPartition  # looked up once: a third of the view's cost
     for key, cached in session.partitions.items():
         await steps.one()
-        partitions.append((key, new(view, cached)))
+        partitions.append((key, cached))
     return IncrementalFetch(session, epoch), partitions
 
 

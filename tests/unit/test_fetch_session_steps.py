@@ -6,6 +6,7 @@ exactly what the one-step walk told it.
 In process: a real broker, the Fetch handler called as the network calls it."""
 
 import asyncio
+import gc
 import sys
 import time
 from datetime import timedelta
@@ -13,6 +14,8 @@ from types import SimpleNamespace
 
 from kio.schema.fetch.v11 import request as fetch11
 from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.fetch.v13 import request as fetch13_request
+from kio.schema.fetch.v13.response import FetchResponse as FetchResponse13
 from kio.serial import entity_reader
 
 from ottla.config import BrokerConfig
@@ -27,10 +30,11 @@ from tests.loop_turns import most_objects_between_turns, seen_between_turns
 ANSWERED = 30.0  # seconds: a guard against a fetch that is never answered, not a speed assertion
 
 
-def _fetch(session_id: int, epoch: int, partitions=(), offsets=None, forget=(), replica_id=-1) -> fetch11.FetchRequest:
+def _fetch(session_id: int, epoch: int, partitions=(), offsets=None, forget=(), replica_id=-1,
+           max_wait=timedelta(0)) -> fetch11.FetchRequest:
     offsets = offsets or {}
     return fetch11.FetchRequest(
-        replica_id=replica_id, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+        replica_id=replica_id, max_wait=max_wait, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
         session_id=session_id, session_epoch=epoch, rack_id="",
         forgotten_topics_data=(fetch11.ForgottenTopic(topic="x", partitions=tuple(forget)),) if forget else (),
         topics=(fetch11.FetchTopic(topic="x", partitions=tuple(fetch11.FetchPartition(
@@ -167,3 +171,75 @@ def test_a_session_answered_in_steps_tells_what_one_step_told(tmp_path, monkeypa
     assert orders[1] == [("x", p) for p in odds if p not in (3, 5, 7)] + [("x", p) for p in [0, 3] + evens[1:]]
     assert any(0 < n < partitions // 2 for n in stepped_looks)
     assert all(n in (0, partitions // 2) for n in one_step_looks)  # the observation itself
+
+
+def test_a_live_v13_session_adds_no_objects_to_the_collectors_walks(tmp_path):
+    """issue 11, as `test_fetch_sessions.py::test_a_live_session_adds_no_objects_to_the_collectors_walks`
+    for Fetch v13+, whose sessions key partitions by topic id (KIP-516): a `uuid.UUID` in each
+    key kept every key tracked by the cyclic collector, one object per partition in each full
+    collection's walk. A session of 20,000 made by a Fetch v13 and used by an incremental one
+    leaves no key or entry the collector tracks, nor 20,000 more tracked objects."""
+    partitions = 20_000
+
+    def fetch13(topic_id, session_id, epoch, count):
+        return fetch13_request.FetchRequest(
+            replica_id=-1, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+            session_id=session_id, session_epoch=epoch, rack_id="", forgotten_topics_data=(),
+            topics=(fetch13_request.FetchTopic(topic_id=topic_id, partitions=tuple(fetch13_request.FetchPartition(
+                partition=p, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                partition_max_bytes=1 << 20) for p in range(count))),) if count else ())
+
+    async def scenario(broker):
+        async def handle(request):
+            return await asyncio.wait_for(fetch.handle(
+                SimpleNamespace(broker=broker, api_version=13, response_type=FetchResponse13), request), ANSWERED)
+
+        topic_id = broker.metadata.topic("x").topic_id
+        create = fetch13(topic_id, 0, 0, partitions)  # kept: the network frees it, not the handler
+        gc.collect()
+        tracked = len(gc.get_objects())
+        session_id = (await handle(create)).session_id
+        assert session_id != 0
+        again = await handle(fetch13(topic_id, session_id, 1, 0))
+        assert again.error_code == ErrorCode.none and len(again.responses[0].partitions) == partitions - 1
+        assert again.responses[0].topic_id == topic_id
+        del again
+        gc.collect()
+        cached = broker.fetch_sessions.get(session_id).partitions
+        return ([key for key, entry in cached.items() if gc.is_tracked(key) or gc.is_tracked(entry)],
+                len(gc.get_objects()) - tracked, len(cached))
+
+    still_tracked, added, size = _with_broker(
+        tmp_path, 1, scenario, {"max.incremental.fetch.session.cache.slots": partitions // PARTITIONS_PER_SLOT})
+    assert size == partitions
+    assert still_tracked == []
+    assert added < 100, added  # the session, its lock: not one per partition
+
+
+def test_a_fetch_waiting_on_a_session_holds_no_tracked_object_per_partition(tmp_path):
+    """issue 11: an incremental fetch on a live session long-polls most of the time (a caught-up
+    consumer), and while it waits a full collection walks what it holds. It held a
+    `CachedPartition` view per partition (a tuple subclass: always tracked) and the wait a
+    dict per partition (its watchers, holding its future): some 2,000 tracked objects for a
+    session of 1,000. Now a few dozen, whatever the session's size."""
+    partitions = 1_000
+
+    async def scenario(broker):
+        session_id = (await _handle(broker, _fetch(0, 0, range(partitions)))).session_id
+        assert session_id != 0
+        delayed = broker.replicas.delayed_fetches
+        request = _fetch(session_id, 1, max_wait=timedelta(seconds=ANSWERED))  # caught up: it waits
+        gc.collect()
+        tracked = len(gc.get_objects())
+        waiting = asyncio.ensure_future(_handle(broker, request))
+        while not delayed.watching(("x", partitions - 1)):
+            await asyncio.sleep(0)
+        gc.collect()
+        held = len(gc.get_objects()) - tracked
+        broker.replicas.append("x", 7, build_batch([Record(None, b"wake")]), now_ms=int(time.time() * 1000))
+        return held, _answered(await waiting), [delayed.watching(("x", p)) for p in range(partitions)]
+
+    held, answered, watching = _with_broker(tmp_path, partitions, scenario)
+    assert answered == [("x", 7, ErrorCode.none, 1, 0, [b"wake"])]
+    assert set(watching) == {0}
+    assert held < 100, held

@@ -10,8 +10,8 @@ import pytest
 from ottla.errors import ErrorCode
 from ottla.fetch_sessions import (EVICTION_MS, FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, MAX_EPOCH,
                                   PARTITIONS_PER_SLOT,
-                                  SESSIONLESS, FetchSessionCache, FetchSessionHandler, FullFetch, IncrementalFetch,
-                                  SessionError, next_epoch, release_retired)
+                                  SESSIONLESS, CachedPartition, FetchSessionCache, FetchSessionHandler, FullFetch,
+                                  IncrementalFetch, SessionError, next_epoch, release_retired)
 from ottla.fetch_sessions import new_context as _new_context
 from ottla.server.steps import ENTRIES_PER_STEP, Steps
 
@@ -21,6 +21,12 @@ V12, V13 = 12, 13
 def wanted(offset, max_bytes=1 << 20):
     return SimpleNamespace(fetch_offset=offset, partition_max_bytes=max_bytes, current_leader_epoch=-1,
                            last_fetched_epoch=-1, log_start_offset=-1)
+
+
+def position(params):
+    """The fetch offset a partition is read from: the request's parameters (a full fetch), or
+    the session's own entry (an incremental one, a plain tuple)."""
+    return CachedPartition._make(params).fetch_offset if isinstance(params, tuple) else params.fetch_offset
 
 
 def outcome(hw, records=b"", error=ErrorCode.none, log_start=0, diverging=None):
@@ -120,13 +126,13 @@ def test_incremental_requests_add_update_forget_and_keep_the_positions_left_out(
     cache = FetchSessionCache(10)
     session_id = open_session(cache, {("a", 0): 3, ("a", 1): 7, ("b", 0): 11})
     context = incremental(cache, session_id, 1, {("a", 1): 9, ("c", 0): 0}, forget=[("b", 0), ("zz", 9)])
-    positions = {key: params.fetch_offset for key, params in context.partitions()}
+    positions = {key: position(params) for key, params in context.partitions()}
     assert positions == {("a", 0): 3, ("a", 1): 9, ("c", 0): 0}
     assert cache.get(session_id).epoch == 2 and cache.total_partitions == 3
     context.finish(read(context, {}), 0)
     # Next round names nothing: the cached positions are read again.
     context = incremental(cache, session_id, 2)
-    assert {key: params.fetch_offset for key, params in context.partitions()} == positions
+    assert {key: position(params) for key, params in context.partitions()} == positions
 
 
 def test_forgetting_every_partition_closes_the_session():
@@ -188,7 +194,7 @@ def test_a_live_session_adds_no_objects_to_the_collectors_walks():
     cached = cache.get(session_id).partitions
     assert [key for key, entry in cached.items() if gc.is_tracked(entry)] == []
     assert len(gc.get_objects()) - tracked < 100  # the session, its lock: not one per partition
-    positions = {key: params.fetch_offset for key, params in incremental(cache, session_id, 2).partitions()}
+    positions = {key: position(params) for key, params in incremental(cache, session_id, 2).partitions()}
     assert positions == {key: 5 if key[1] % 2 == 0 else 0 for key in keys}
 
 
@@ -367,7 +373,7 @@ def test_the_handler_against_the_broker_side():
                                      {key: wanted(offsets[key]) for key in send}, forget, 0))
         error, session_id, kept = context.finish(read(context, answers or {}), 0)
         assert handler.handle_response(error, session_id, kept)
-        return send, kept, {key: params.fetch_offset for key, params in context.partitions()}
+        return send, kept, {key: position(params) for key, params in context.partitions()}
 
     start = {("t", p): 0 for p in range(3)}
     assert round_trip(start)[0] == list(start)

@@ -40,8 +40,10 @@ class DelayedFetches:
         self.wake_slice = wake_slice
         self.tick_s = tick_s
         # Per partition, the fetches watching it: dicts as ordered sets (a departing fetch
-        # leaves in O(1): 5,000 consumers closing on one partition).
-        self._watchers: dict[TopicPartition, dict[asyncio.Future, None]] = {}
+        # leaves in O(1): 5,000 consumers closing on one partition), or the one fetch itself:
+        # a dict holding a future is an object the cyclic collector tracks, and a consumer
+        # long-polling 200,000 partitions alone added 200,000 to each full collection's walk.
+        self._watchers: dict[TopicPartition, dict[asyncio.Future, None] | asyncio.Future] = {}
         # Per tick (deadline // tick_s, rounded up): its fetches and its one timer.
         self._ticks: dict[int, tuple[dict[asyncio.Future, None], asyncio.TimerHandle]] = {}
         # (fetch, woken by data) to complete, oldest first; a fetch may be in it twice (due and
@@ -59,7 +61,8 @@ class DelayedFetches:
 
     def watching(self, key: TopicPartition) -> int:
         """How many fetches wait for this partition."""
-        return len(self._watchers.get(key, ()))
+        waiters = self._watchers.get(key)
+        return 0 if waiters is None else len(waiters) if type(waiters) is dict else 1
 
     async def wait(self, keys: Iterable[TopicPartition], timeout_s: float,
                    notified: set[TopicPartition] | None = None, replica_id: int = -1) -> bool:
@@ -70,8 +73,15 @@ class DelayedFetches:
         consumer's."""
         loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
+        watchers = self._watchers
         for key in keys:
-            self._watchers.setdefault(key, {})[future] = None
+            waiters = watchers.get(key)
+            if waiters is None:
+                watchers[key] = future
+            elif type(waiters) is dict:
+                waiters[future] = None
+            else:
+                watchers[key] = {waiters: None, future: None}
         if notified is not None:
             self._notified[future] = notified
         if replica_id >= 0:
@@ -94,11 +104,13 @@ class DelayedFetches:
                     if not fetches:
                         del self._by_replica[replica_id]
             for key in keys:
-                waiters = self._watchers.get(key)
-                if waiters is not None:
+                waiters = watchers.get(key)
+                if waiters is future:
+                    del watchers[key]
+                elif type(waiters) is dict:
                     waiters.pop(future, None)
                     if not waiters:
-                        del self._watchers[key]
+                        del watchers[key]
             entry = self._ticks.get(tick)
             if entry is not None:
                 entry[0].pop(future, None)
@@ -123,7 +135,9 @@ class DelayedFetches:
         for recorder in self._recorders.values():
             recorder.add(key)
         waiters = self._watchers.pop(key, None)
-        if waiters:
+        if waiters is not None:
+            if type(waiters) is not dict:
+                waiters = (waiters,)
             for future in waiters:
                 notified = self._notified.get(future)
                 if notified is not None:

@@ -31,10 +31,11 @@ answer carries the HW the follower copies. Ottla's own followers send v12
 """
 
 import time
+import uuid
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
-from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, new_context, release_retired
+from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, entry, new_context, release_retired
 from ...log.file_records import RecordsGone
 from ...protocol.build import make, nested
 from ...protocol.codec import EncodedBody, encode_item
@@ -65,13 +66,12 @@ _empty_answers_held = [0]
 _EMPTY_ANSWER_MAX_PARTITIONS = 2_000
 
 
-def _diverging(wanted, partition, epoch_type):
+def _diverging(last_fetched: int, fetch_offset: int, partition, epoch_type):
     """KIP-595's diverging epoch for a Fetch v12+ carrying last_fetched_epoch, as the
     response's EpochEndOffset, or None."""
-    last_fetched = getattr(wanted, "last_fetched_epoch", -1)
     if last_fetched < 0:
         return None
-    found = diverging_epoch(partition.log, partition.leader_epoch, last_fetched, wanted.fetch_offset)
+    found = diverging_epoch(partition.log, partition.leader_epoch, last_fetched, fetch_offset)
     return None if found is None else make(epoch_type, epoch=found.leader_epoch, end_offset=found.end_offset)
 
 
@@ -81,18 +81,25 @@ def _replica_id(request) -> int:
     return state.replica_id if state is not None else getattr(request, "replica_id", -1)
 
 
+def _id_key(topic_id: uuid.UUID | None) -> int | None:
+    """A topic id as a session keys it: its int. A `uuid.UUID` is an object the cyclic collector
+    always tracks, and so would be every (id, partition) key of a v13+ session holding it: a
+    live session of 200,000 partitions added 200,000 objects to each full collection's walk."""
+    return None if topic_id is None else topic_id.int
+
+
 async def _requested(ctx, request, steps: Steps) -> tuple[dict, list]:
     """Kafka's FetchRequest.fetchData, a LinkedHashMap (a partition named twice keeps its first
     place and its last parameters), and forgottenTopics, keyed by (topic, partition): the topic's
-    name, or from v13 its id."""
+    name, or from v13 its id (`_id_key`)."""
     by_id = ctx.api_version >= 13
     wanted = {}
     for topic in request.topics:
-        topic_key = topic.topic_id if by_id else topic.topic
+        topic_key = _id_key(topic.topic_id) if by_id else topic.topic
         for partition in topic.partitions:
             await steps.one()
             wanted[(topic_key, partition.partition)] = partition
-    forgotten = tuple((topic.topic_id if by_id else topic.topic, partition)
+    forgotten = tuple((_id_key(topic.topic_id) if by_id else topic.topic, partition)
                       for topic in getattr(request, "forgotten_topics_data", ()) for partition in topic.partitions)
     return wanted, forgotten
 
@@ -101,27 +108,37 @@ async def _grouped(ctx, partitions, steps: Steps) -> tuple[list[tuple[str | None
     """The partitions to read grouped back into topics the way FetchResponse.toMessage does:
     consecutive partitions of one topic share an entry. Each topic is (name, topic id,
     [parameters]); by id (v13+) the name comes from the metadata cache (None: an id it does
-    not know). Kept while the fetch waits: no more objects than it needs. Also the (name,
-    partition) keys a wait watches."""
+    not know). Kept while the fetch waits: no more objects than it needs, and none the cyclic
+    collector keeps tracking (a full collection walks every waiting fetch's objects): each
+    partition's parameters are a plain tuple of ints (`fetch_sessions.entry`; an incremental
+    fetch's are its session's own). Also the (name, partition) keys a wait watches."""
     by_id = ctx.api_version >= 13
     grouped: list[tuple[str | None, object, list]] = []
+    last = _NO_TOPIC
     for key, wanted in partitions:
         await steps.one()
         topic = key[0]
-        if grouped and grouped[-1][1 if by_id else 0] == topic:
+        if type(wanted) is not tuple:  # the request's own (a full fetch, sessionless)
+            wanted = entry(key[1], wanted)
+        if topic == last:
             grouped[-1][2].append(wanted)
         elif by_id:
-            info = ctx.broker.metadata.topic_by_id(topic)
-            grouped.append((info.name if info is not None else None, topic, [wanted]))
+            topic_id = None if topic is None else uuid.UUID(int=topic)
+            info = ctx.broker.metadata.topic_by_id(topic_id)
+            grouped.append((info.name if info is not None else None, topic_id, [wanted]))
         else:
             grouped.append((topic, None, [wanted]))
+        last = topic
     keys = {}  # an ordered set
     for name, _, wanted_partitions in grouped:
         if name is not None:
             for p in wanted_partitions:
                 await steps.one()
-                keys[(name, p.partition)] = None
+                keys[(name, p[0])] = None
     return grouped, keys
+
+
+_NO_TOPIC = object()  # no topic's key (a name, an id's int, or None: the zero id)
 
 
 class _Outcome:
@@ -164,56 +181,57 @@ async def _read_partitions(ctx, request, wanted_topics, response_type, steps: St
     by_id = ctx.api_version >= 13
     topics = []
     for t, (topic_name, topic_id, wanted_partitions) in enumerate(wanted_topics):
+        topic_key = _id_key(topic_id) if by_id else topic_name  # as `_requested` keys it
         partitions = []
         for i, wanted in enumerate(wanted_partitions):
             await steps.one()
-            if only is not None and (topic_name, wanted.partition) not in only:
+            index, fetch_offset, max_bytes, leader_epoch, last_fetched, _, _, _ = wanted  # `fetch_sessions.entry`
+            if only is not None and (topic_name, index) not in only:
                 partitions.append(previous[t][2][i])
                 continue
-            key = (topic_id if by_id else topic_name, wanted.partition)  # as `_requested` keys it
+            key = (topic_key, index)
             try:  # KIP-320: a fetcher with another leader epoch's metadata is told so
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
-                partition = leader_partition_at(broker, topic_name, wanted.partition,
-                                                getattr(wanted, "current_leader_epoch", -1), topic_id)
+                partition = leader_partition_at(broker, topic_name, index, leader_epoch, topic_id)
                 log = partition.log
             except KafkaError as exc:
-                partitions.append((key, _Outcome(wanted.partition, exc.code)))
+                partitions.append((key, _Outcome(index, exc.code)))
                 failed = True
                 continue
             high_watermark = log.high_watermark
             stable = log.last_stable_offset
             error, records, aborted, diverging = ErrorCode.none, b"", None, None
             try:
-                if wanted.partition_max_bytes < 0:
+                if max_bytes < 0:
                     # Kafka's log read refuses a negative size (IllegalArgumentException).
                     raise KafkaError(ErrorCode.unknown_server_error, "negative partition_max_bytes")
-                if (replica_id >= 0 and wanted.fetch_offset == log.log_end_offset
-                        and getattr(wanted, "last_fetched_epoch", -1) == log.leader_epoch_cache.latest_epoch):
+                if (replica_id >= 0 and fetch_offset == log.log_end_offset
+                        and last_fetched == log.leader_epoch_cache.latest_epoch):
                     # A follower at the log end in the latest epoch (most partitions of every
                     # replica fetch): nothing can diverge and nothing is there to read.
-                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                    broker.replicas.follower_fetched(topic_name, index, replica_id, fetch_offset,
                                                      int(time.time() * 1000))
-                    partitions.append((key, _Outcome(wanted.partition, ErrorCode.none, log.high_watermark, stable,
+                    partitions.append((key, _Outcome(index, ErrorCode.none, log.high_watermark, stable,
                                                      log.log_start_offset)))
                     continue
-                diverging = _diverging(wanted, partition, epoch_type)
-                if replica_id >= 0 and diverging is None and wanted.fetch_offset <= log.log_end_offset:
+                diverging = _diverging(last_fetched, fetch_offset, partition, epoch_type)
+                if replica_id >= 0 and diverging is None and fetch_offset <= log.log_end_offset:
                     # Only a fetch that continues the leader's log tells the follower's progress.
-                    broker.replicas.follower_fetched(topic_name, wanted.partition, replica_id, wanted.fetch_offset,
+                    broker.replicas.follower_fetched(topic_name, index, replica_id, fetch_offset,
                                                      int(time.time() * 1000))
                     high_watermark = log.high_watermark
                 max_offset = log.log_end_offset if replica_id >= 0 else stable if read_committed else high_watermark
                 if diverging is not None:  # the fetcher must truncate first: answer at once
                     failed = True
-                elif log.log_start_offset <= wanted.fetch_offset == max_offset:
+                elif log.log_start_offset <= fetch_offset == max_offset:
                     # Caught up: what the read would find (nothing), without the read. Most of an
                     # idle session's partitions are here each round.
                     aborted = () if read_committed else None
                 else:
                     data = log.read(
-                        wanted.fetch_offset,
-                        min(wanted.partition_max_bytes, max(remaining, 0)),
+                        fetch_offset,
+                        min(max_bytes, max(remaining, 0)),
                         max_offset=max_offset,
                         min_one_batch=total == 0,
                         with_aborted=read_committed,
@@ -233,7 +251,7 @@ async def _read_partitions(ctx, request, wanted_topics, response_type, steps: St
                 failed = True
             remaining -= len(records)
             total += len(records)
-            partitions.append((key, _Outcome(wanted.partition, error, high_watermark, stable, log.log_start_offset,
+            partitions.append((key, _Outcome(index, error, high_watermark, stable, log.log_start_offset,
                                              aborted, records, diverging)))
         topics.append((topic_name, topic_id, partitions))
     return topics, total, failed
@@ -332,10 +350,7 @@ async def handle(ctx, request):
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
     grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
-    # An incremental fetch's copy of its session: its partitions (`fetch_sessions.CachedPartition`
-    # views) are its own, let go of in steps once answered.
-    viewed = grouped if isinstance(partitions, list) else ()
-    if isinstance(partitions, list):
+    if isinstance(partitions, list):  # an incremental fetch's copy of its session, in pairs
         await _let_go(steps, partitions)
     if not isinstance(context, FullFetch):  # which makes its session of `wanted`
         await _let_go(steps, wanted)
@@ -373,14 +388,14 @@ async def handle(ctx, request):
     if total == 0 and not failed:
         encoded = await _encoded_if_empty(ctx, error, session_id, read, kept)
         if encoded is not None:
-            await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in viewed), keys,
+            await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in grouped), keys,
                           kept or ())
             return encoded
     hints = LeaderHints(broker.metadata, response_type)
     response = make(response_type, throttle_time=timedelta(0), error_code=error, session_id=session_id,
                     responses=await _response_topics(response_type, read, kept, hints, steps),
                     node_endpoints=hints.node_endpoints())
-    await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in viewed), keys,
+    await _let_go(steps, *(outcomes for _, _, outcomes in read), *(wanted for _, _, wanted in grouped), keys,
                   kept or ())
     return response
 
