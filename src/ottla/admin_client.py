@@ -305,7 +305,8 @@ class AdminProtocolClient:
             self._connections[address] = connection
         return connection
 
-    def _any_connection(self) -> BrokerConnection:
+    def any_connection(self) -> BrokerConnection:
+        """A connection to some broker: one already open, else the first bootstrap server that answers."""
         if self._connections:
             return next(iter(self._connections.values()))
         failure: BrokerUnreachable | None = None
@@ -318,10 +319,11 @@ class AdminProtocolClient:
 
     def missing_apis(self, api_keys: Iterable[int]) -> list[str]:
         """Names of the APIs among `api_keys` that the broker does not offer at all."""
-        offered = self._any_connection().versions
+        offered = self.any_connection().versions
         return [api_name(key) for key in api_keys if key not in offered]
 
-    def _node_connection(self, node_id: int) -> BrokerConnection:
+    def node_connection(self, node_id: int) -> BrokerConnection:
+        """The connection to broker `node_id`, learning the brokers from Metadata first if needed."""
         if node_id not in self._nodes:
             self.metadata([])
         node = self._nodes.get(node_id)
@@ -355,7 +357,7 @@ class AdminProtocolClient:
                         include_cluster_authorized_operations=False,
                         include_topic_authorized_operations=False)
 
-        response = self._any_connection().request(METADATA, build)
+        response = self.any_connection().request(METADATA, build)
         self._nodes = {b.node_id: Node(b.node_id, b.host, b.port) for b in response.brokers}
         return response
 
@@ -378,14 +380,14 @@ class AdminProtocolClient:
         leader = self._leaders.get((topic, partition))
         if leader is None:
             leader = self._leaders[(topic, partition)] = self._leader(topic, partition)
-        return self._node_connection(leader)
+        return self.node_connection(leader)
 
     def find_transaction_coordinator(self, transactional_id: str) -> Node:
         def build(module):
             return make(module.FindCoordinatorRequest, key=transactional_id,
                         coordinator_keys=(transactional_id,), key_type=TRANSACTION_KEY_TYPE)
 
-        response = self._any_connection().request(FIND_COORDINATOR, build)
+        response = self.any_connection().request(FIND_COORDINATOR, build)
         answer = response.coordinators[0] if hasattr(response, "coordinators") else response
         if answer.error_code != ErrorCode.none:
             raise BrokerError(answer.error_code, f"coordinator for {transactional_id!r}",
@@ -446,7 +448,7 @@ class AdminProtocolClient:
                 return module.DescribeProducersRequest(
                     topics=(module.TopicRequest(name=topic, partition_indexes=indexes),))
 
-            response = self._node_connection(leader).request(DESCRIBE_PRODUCERS, build)
+            response = self.node_connection(leader).request(DESCRIBE_PRODUCERS, build)
             for topic_response in response.topics:
                 for partition in topic_response.partitions:
                     if partition.error_code != ErrorCode.none:
@@ -464,7 +466,7 @@ class AdminProtocolClient:
             by_leader.setdefault(leader, []).append(partition)
         ratios: dict[int, float] = {}
         for leader, partitions in by_leader.items():
-            connection = self._node_connection(leader)
+            connection = self.node_connection(leader)
             version = connection.version_for(DESCRIBE_LOG_DIRS)
             request_type = request_schema(DESCRIBE_LOG_DIRS, version)
             wanted = make(nested(request_type, "DescribableLogDirTopic"), topic=topic, partitions=tuple(partitions))
@@ -488,7 +490,7 @@ class AdminProtocolClient:
                 module.WritableTxnMarker, producer_id=producer_id, producer_epoch=producer_epoch,
                 transaction_result=False, topics=(marker_topic,), coordinator_epoch=coordinator_epoch),))
 
-        response = self._node_connection(self._leader(topic, partition)).request(WRITE_TXN_MARKERS, build)
+        response = self.node_connection(self._leader(topic, partition)).request(WRITE_TXN_MARKERS, build)
         for marker in response.markers:
             for topic_result in marker.topics:
                 for result in topic_result.partitions:
@@ -500,7 +502,7 @@ class AdminProtocolClient:
         controller = self.metadata_response([]).controller_id
         if controller < 0:
             raise BrokerError(ErrorCode.not_controller, "no controller is known")
-        return self._node_connection(controller)
+        return self.node_connection(controller)
 
     def alter_partition_reassignment(self, topic: str, partition: int, replicas: list[int] | None,
                                      timeout_ms: int) -> None:

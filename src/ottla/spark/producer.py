@@ -68,7 +68,7 @@ class OwnProducer:
         self._sequences: dict[tuple[str, int], int] = defaultdict(int)
         self._in_flight: dict[int, list] = {}  # leader -> (connection, correlation id, [(topic, partition, batch)])
         self._unsent: list[tuple[str, int, Batch]] = []  # to resend, in sequence order per partition
-        response = self._retrying(lambda: self._cluster._any_connection().send(
+        response = self._retrying(lambda: self._cluster.any_connection().send(
             INIT_PRODUCER_ID, _INIT_VERSION, InitProducerIdRequest(
                 transactional_id=None, transaction_timeout=timedelta(minutes=1), producer_id=-1,
                 producer_epoch=-1)), "InitProducerId")
@@ -130,7 +130,7 @@ class OwnProducer:
                 self._unsent.extend(items)
                 continue
             try:
-                connection = self._cluster._node_connection(leader)
+                connection = self._cluster.node_connection(leader)
                 self._in_flight[leader] = (connection, connection.submit(PRODUCE, _PRODUCE_VERSION,
                                                                          self._request(items)), items)
             except ProtocolClientError:
@@ -190,7 +190,7 @@ class OwnProducer:
             while True:
                 try:
                     self._refresh({item[0]})
-                    connection = self._cluster._node_connection(self._leaders[item[0]][item[1]])
+                    connection = self._cluster.node_connection(self._leaders[item[0]][item[1]])
                     if not self._failed([item], connection.send(PRODUCE, _PRODUCE_VERSION, self._request([item]))):
                         break
                 except (ProtocolClientError, BrokerError) as exc:
