@@ -296,18 +296,23 @@ class _Bystander:
             thread.start()
 
     def _produce(self):
+        from confluent_kafka import KafkaException
+
         def delivered(err, msg):
             if err is not None:
                 self.failed.append(str(err))
             else:
                 self.sent[msg.offset()] = msg.value()
         i = 0
-        while not self.stop.is_set():
-            self.producer.produce(BYSTANDER_TOPIC, value=b"bystander-%d-" % i + bytes([i % 256]) * (i % 300),
-                                  partition=0, on_delivery=delivered)
-            self.producer.poll(0.01)
-            i += 1
-        self.producer.flush(60)
+        try:
+            while not self.stop.is_set():
+                self.producer.produce(BYSTANDER_TOPIC, value=b"bystander-%d-" % i + bytes([i % 256]) * (i % 300),
+                                      partition=0, on_delivery=delivered)
+                self.producer.poll(0.01)
+                i += 1
+            self.producer.flush(60)
+        except KafkaException as exc:  # a fatal error stops the bystander: the run must say so
+            self.failed.append(f"producer stopped after {i} records: {exc}")
 
     def _consume(self):
         while not self.produced.is_set() or len(self.received) < len(self.sent):
@@ -408,7 +413,7 @@ def run(frames: int, *, seed: int = 0, workers: int = 4, timeout_s: float = 30.0
 
         def work(worker: int):
             rng = random.Random(seed * 1000 + worker)
-            factory = RequestFactory(rng, names=("fuzz", "fuzz-2", "bystander-x", ""), records=records)
+            factory = RequestFactory(rng, names=("fuzz", "fuzz-2", "x-bystander", ""), records=records)
             prober = _Prober(address, timeout_s)
             for number in counter:
                 if rng.random() < _HOSTILE_BATCH_SHARE:
