@@ -12,7 +12,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaError as KafkaPythonError
 
 
@@ -84,6 +85,37 @@ def test_open_transaction_holds_back_read_committed(ottla_broker):
     assert _values(ottla_broker.bootstrap, topic, 1, "read_uncommitted", expected=1) == [b"pending"]
     producer.commit_transaction(30)
     assert _values(ottla_broker.bootstrap, topic, 1, "read_committed", expected=1) == [b"pending"]
+
+
+def test_offsets_for_times_never_name_an_offset_past_the_last_stable_offset(ottla_broker):
+    """ListOffsets by timestamp (and MAX_TIMESTAMP) looks only below what the reader may fetch,
+    as Kafka's `lastFetchableOffset`: read_committed, a record of an open transaction is not
+    found (-1) until the commit, so a consumer is never positioned inside a transaction that
+    may still abort; read_uncommitted finds it. Both client libraries."""
+    topic = "txn-times"
+    _create(ottla_broker.bootstrap, topic)
+    producer = _producer(ottla_broker.bootstrap, "times")
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    base = 1_700_000_000_000
+    producer.produce(topic, value=b"pending", timestamp=base)
+    producer.flush(30)
+
+    def found(isolation):
+        consumer = Consumer({"bootstrap.servers": ottla_broker.bootstrap, "group.id": f"times-{uuid.uuid4()}",
+                             "isolation.level": isolation})
+        offset = consumer.offsets_for_times([TopicPartition(topic, 0, base)], 10)[0].offset
+        consumer.close()
+        python_consumer = KafkaConsumer(bootstrap_servers=ottla_broker.bootstrap, isolation_level=isolation)
+        by_time = python_consumer.offsets_for_times({KafkaTopicPartition(topic, 0): base})
+        python_consumer.close()
+        python_offset = by_time[KafkaTopicPartition(topic, 0)]
+        return offset, python_offset.offset if python_offset is not None else -1
+
+    assert found("read_committed") == (-1, -1)
+    assert found("read_uncommitted") == (0, 0)
+    producer.commit_transaction(30)
+    assert found("read_committed") == (0, 0)
 
 
 def test_second_instance_fences_the_first(ottla_broker):

@@ -35,20 +35,22 @@ def _unsupported(timestamp: int, version: int) -> bool:
 
 
 def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool) -> tuple[int, int]:
-    """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late."""
+    """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late.
+    A client is answered only from below what it may fetch (the LSO read_committed, else the
+    HW; a replica, the log end), Kafka's `lastFetchableOffset`: no lookup by time positions a
+    consumer past the HW or inside a transaction that may still abort."""
     if timestamp in (EARLIEST, EARLIEST_LOCAL):  # no remote storage: the local log is all there is
         return log.log_start_offset, -1
     if timestamp in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):  # nothing tiered, nothing pending
         return -1, -1
-    if timestamp == LATEST:
-        if from_replica:
-            return log.log_end_offset, -1
-        return (log.last_stable_offset if read_committed else log.high_watermark), -1
-    if timestamp == MAX_TIMESTAMP:
-        found = log.max_timestamp_offset()
+    if from_replica:
+        fetchable = log.log_end_offset
     else:
-        found = log.offset_for_timestamp(timestamp)
-    return found if found is not None else (-1, -1)
+        fetchable = log.last_stable_offset if read_committed else log.high_watermark
+    if timestamp == LATEST:
+        return fetchable, -1
+    found = log.max_timestamp_offset() if timestamp == MAX_TIMESTAMP else log.offset_for_timestamp(timestamp)
+    return found if found is not None and found.offset < fetchable else (-1, -1)
 
 
 def _epoch_of(partition, timestamp: int, offset: int) -> int:
