@@ -213,6 +213,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("group.streams.max.standby.replicas", _int, 2, 0),
         ConfigDef("transaction.state.log.num.partitions", _int, 50, 1),
         ConfigDef("transaction.state.log.replication.factor", _int, 3, 1),
+        ConfigDef("transaction.state.log.min.isr", _int, 2, 1),
         ConfigDef("transaction.state.log.segment.bytes", _int, 104857600, 1),
         ConfigDef("transaction.max.timeout.ms", _int, 900000, 1),
         ConfigDef("transactional.id.expiration.ms", _int, 7 * _DAY_MS, 1),

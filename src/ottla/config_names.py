@@ -59,7 +59,7 @@ KAFKA_BROKER_CONFIGS_NOT_IMPLEMENTED = frozenset({
     "offsets.load.buffer.size", "offsets.commit.timeout.ms", "offsets.commit.required.acks",
     "offsets.topic.compression.codec",
     # transaction coordinator
-    "transaction.state.log.min.isr", "transaction.state.log.load.buffer.size",
+    "transaction.state.log.load.buffer.size",
     "transaction.partition.verification.enable",
     # log cleaner
     "log.cleaner.io.buffer.size",

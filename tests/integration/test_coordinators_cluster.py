@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaConsumer, TopicPartition as KTopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
@@ -225,8 +225,11 @@ def test_transactions_version_2_adds_partitions_through_their_leaders(three):
 
 def test_no_coordinator_until_enough_brokers_for_the_replication_factor(tmp_path):
     """Default factor 3 on two live brokers: Kafka refuses to create the internal topic and
-    FindCoordinator answers COORDINATOR_NOT_AVAILABLE; a third broker lets it through."""
-    sizes = {"offsets.topic.num.partitions": 3, "transaction.state.log.num.partitions": 3}
+    FindCoordinator answers COORDINATOR_NOT_AVAILABLE; a third broker lets it through. The
+    transaction log takes its min.insync.replicas from transaction.state.log.min.isr (set to 3
+    here), the offsets topic 2."""
+    sizes = {"offsets.topic.num.partitions": 3, "transaction.state.log.num.partitions": 3,
+             "transaction.state.log.min.isr": 3}
     with cluster(brokers=2, config=sizes, root=tmp_path) as two:
         for broker in two.brokers.values():
             assert find_coordinators(broker, GROUP, ["g"])["g"] == (15, -1)  # COORDINATOR_NOT_AVAILABLE
@@ -238,3 +241,8 @@ def test_no_coordinator_until_enough_brokers_for_the_replication_factor(tmp_path
         replicas = AdminClient({"bootstrap.servers": two.bootstrap}).list_topics(timeout=20).topics
         assert all(len(p.replicas) == 3 for t in ("__consumer_offsets", "__transaction_state")
                    for p in replicas[t].partitions.values())
+        admin = AdminClient({"bootstrap.servers": two.bootstrap})
+        resources = {t: ConfigResource(ConfigResource.Type.TOPIC, t) for t in ("__consumer_offsets", "__transaction_state")}
+        described = admin.describe_configs(list(resources.values()))
+        assert {t: described[r].result(20)["min.insync.replicas"].value for t, r in resources.items()} == {
+            "__consumer_offsets": "2", "__transaction_state": "3"}

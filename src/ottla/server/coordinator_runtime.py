@@ -101,9 +101,10 @@ class BrokerCoordinatorRuntime:
                              f"Number of alive brokers '{live}' does not meet the required replication factor "
                              f"'{factor}' for {topic} (configured via '{_REPLICATION_FACTOR[topic]}'). This "
                              "error can be ignored if the cluster is starting up and not all brokers are up yet.")
-        # Kafka's transaction.state.log.min.isr default (2), capped by the factor; the same
-        # for the offsets topic so a commit is on two brokers when there are two to hold it.
-        configs = {**configs, "min.insync.replicas": min(2, factor)}
+        # transaction.state.log.min.isr (Kafka's, default 2), capped by the factor; 2 for the
+        # offsets topic too, so a commit is on two brokers when there are two to hold it.
+        min_isr = self._broker.config["transaction.state.log.min.isr"] if topic == TRANSACTION_STATE_TOPIC else 2
+        configs = {**configs, "min.insync.replicas": min(min_isr, factor)}
         try:
             planned = await asyncio.to_thread(admin.plan_topic, store, topic, partitions, factor)
             await asyncio.to_thread(admin.create_topic, store, planned, configs)
