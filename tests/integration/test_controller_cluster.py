@@ -6,7 +6,8 @@ consume across partitions led by different brokers; kill -9 of the controller mo
 moves leadership before the broker stops, and the broker does not rejoin the ISRs it handed
 over while it stops. A
 broker restarted after kill -9 accepts connections only once registered, and drops a
-partition that was moved off it while it was down.
+partition that was moved off it while it was down. An offline partition gets a leader as soon
+as its topic allows unclean election.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
+                                  NewTopic)
 from kafka import KafkaConsumer, KafkaProducer
 from kazoo.exceptions import NoNodeError
 from kio.schema.describe_cluster.v0.request import DescribeClusterRequest
@@ -262,6 +264,32 @@ def test_a_stopping_broker_does_not_rejoin_the_isrs_it_handed_over(three, zk):
     three.brokers[leaving].env = {}
     three.brokers[leaving].start()
     wait_for(lambda: zk.exists(f"/brokers/ids/{leaving}"), what="the broker to rejoin")
+
+
+def test_an_offline_partition_is_elected_once_its_topic_allows_unclean_election(three, zk):
+    """Both replicas down, the one out of the ISR back: offline (unclean.leader.election.enable
+    is false by default). An operator who accepts the loss sets it on the topic, and, as in
+    Kafka, the controller elects the live replica then, not at the next broker change."""
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    last, out = sorted(set(three.brokers) - {controller})  # failover is tested above
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("stranded", num_partitions=1, replica_assignment=[[last, out]])])["stranded"].result(60)
+    wait_for(lambda: partition_state(zk, "stranded", 0)["isr"] == [last, out], what="stranded with a full ISR")
+    three.brokers[out].kill()
+    wait_for(lambda: partition_state(zk, "stranded", 0)["isr"] == [last], what=f"{out} out of the ISR")
+    three.brokers[last].kill()
+    wait_for(lambda: partition_state(zk, "stranded", 0)["leader"] == -1, what="stranded offline")
+    three.brokers[out].start()
+    wait_for(lambda: zk.exists(f"/brokers/ids/{out}"), what=f"{out} registered")
+    state = partition_state(zk, "stranded", 0)
+    assert (state["leader"], state["isr"]) == (-1, [last])  # no clean election: the ISR is all gone
+    live = AdminClient({"bootstrap.servers": three.brokers[controller].bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "stranded", incremental_configs=[ConfigEntry(
+        "unclean.leader.election.enable", "true", incremental_operation=AlterConfigOpType.SET)])
+    live.incremental_alter_configs([resource])[resource].result(30)
+    wait_for(lambda: partition_state(zk, "stranded", 0)["leader"] == out, what=f"{out} elected uncleanly")
+    assert partition_state(zk, "stranded", 0)["isr"] == [out]
+    wait_for(lambda: leaders(three.brokers[out].bootstrap, "stranded") == {0: out}, what=f"{out} leading")
 
 
 def test_delete_while_a_broker_is_down_completes_when_it_returns(three, zk):

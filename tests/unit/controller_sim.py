@@ -18,7 +18,7 @@ from ottla.controller import Controller, ControllerConfig
 from ottla.controller.assignment import assign_replicas
 
 TARGETS = ("brokers", "controller", "topics", "topic_deletions", "isr_changes",
-           "partition_reassignment", "preferred_replica_election")
+           "partition_reassignment", "preferred_replica_election", "config_changes")
 
 
 @dataclass
@@ -97,6 +97,7 @@ class Sim:
                 "topics": c.on_topics_changed, "topic_deletions": c.on_topic_deletions,
                 "isr_changes": c.on_isr_changes, "partition_reassignment": c.on_reassignment_request,
                 "preferred_replica_election": c.on_preferred_election,
+                "config_changes": c.on_config_changes,
             }[target]
             self.deliver(handler(self.now))
         raise AssertionError("events did not settle")

@@ -118,6 +118,23 @@ def test_unclean_election_when_enabled_for_the_topic():
     assert sim.state("t").leader == 3 and sim.state("t").isr == (3,)
 
 
+def test_unclean_election_as_soon_as_an_offline_topic_enables_it():
+    """Kafka's controller elects when the topic's config changes, not at the next broker change."""
+    sim = Sim()
+    sim.create_topic("t", partitions=1, assignment={0: (2, 3)})
+    sim.create_topic("other", partitions=1, assignment={0: (2,)})
+    sim.kill(3), sim.pump(), sim.kill(2), sim.pump(), sim.start(3), sim.pump()
+    assert sim.state("t").leader == NO_LEADER
+    sim.controller().store.set_topic_configs("other", {"retention.ms": "1000"})
+    sim.pump()
+    assert sim.state("t").leader == NO_LEADER  # another topic's change elects nothing here
+    sim.controller().store.set_topic_configs("t", {"unclean.leader.election.enable": "true"})
+    sim.pump()
+    assert sim.state("t").leader == 3 and sim.state("t").isr == (3,)
+    assert sim.brokers[3].roles[("t", 0)] == "leader"
+    assert sim.state("other").leader == NO_LEADER  # its only replica is down
+
+
 def test_elect_leaders_unclean_on_request():
     sim = Sim()
     sim.create_topic("t", partitions=1, assignment={0: (2, 3)})

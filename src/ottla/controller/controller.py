@@ -287,6 +287,11 @@ class Controller:
                 results[tp] = (ErrorCode.none, None)
         return results
 
+    def on_config_changes(self, now_ms: int) -> list[ControllerRequest]:
+        """A config changed (`/config/changes`): an Offline partition whose topic now allows
+        unclean election gets a leader."""
+        return self._run(lambda: self.partitions.trigger_unclean())[1]
+
     def on_preferred_election(self, now_ms: int) -> list[ControllerRequest]:
         return self._run(self._take_preferred_requests)[1]
 

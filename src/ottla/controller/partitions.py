@@ -62,6 +62,22 @@ class PartitionStateMachine:
                       and tp[0] not in ctx.deleting]
         return self.handle(candidates, PartitionPhase.ONLINE, elections.OFFLINE)
 
+    def trigger_unclean(self) -> dict[TopicPartition, object]:
+        """Elect the Offline partitions whose topic now allows an unclean election: a config
+        change set `unclean.leader.election.enable`, and Kafka's controller then elects at once
+        (its TopicUncleanLeaderElectionEnable event) rather than at the next broker change."""
+        ctx = self.ctx
+        allowed: dict[str, bool] = {}
+        candidates = []
+        for tp in ctx.partitions():
+            if self.phase(tp) is not PartitionPhase.OFFLINE or tp[0] in ctx.deleting:
+                continue
+            if tp[0] not in allowed:
+                allowed[tp[0]] = self._unclean_allowed(tp, elections.OFFLINE)
+            if allowed[tp[0]]:
+                candidates.append(tp)
+        return self.handle(candidates, PartitionPhase.ONLINE, elections.OFFLINE) if candidates else {}
+
     def handle(self, tps, target: PartitionPhase,
                strategy: elections.Strategy = elections.OFFLINE) -> dict[TopicPartition, object]:
         """Move partitions to `target`; returns, per partition, the new LeaderAndIsr or the

@@ -40,6 +40,7 @@ WATCHED = {
     "isr_changes": "on_isr_changes",
     "partition_reassignment": "on_reassignment_request",
     "preferred_replica_election": "on_preferred_election",
+    "config_changes": "on_config_changes",
 }
 EVENTS = {**WATCHED, "tick": "tick", "resync": "resync"}
 RETRY_BACKOFF_S = 0.2
