@@ -294,12 +294,15 @@ class _Fetcher:
                 if state is not None and state.fetch_offset == sent[key]:
                     usable.append((key, state, data))
         written_ahead = await self._write_epoch_starts_ahead(usable)
+        appended = False
         for key, state, data in usable:
+            if appended and data.records:  # let requests in between appends (an empty answer costs
+                await asyncio.sleep(0)  # microseconds), not after the last: the next fetch, which
+                appended = False  # moves the leader's HW, waited a turn behind every ready task
             if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
                 await _rebuild_producer_state(state.log)  # after a diverging epoch's truncation
-                if data.records:  # let requests in between appends; an empty answer costs
-                    await asyncio.sleep(0)  # microseconds, and a loop pass each was 1,000 per round
+                appended = appended or bool(data.records)
         for target in written_ahead:  # not appended after all (no longer followed here, an error)
             target.leader_epoch_cache.flush()  # puts back what the cache holds; else writes nothing
 

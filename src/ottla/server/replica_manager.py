@@ -349,7 +349,7 @@ class ReplicaManager:
         target = self.leader_partition(topic, partition)
         if target.update_follower_fetch(replica_id, fetch_offset, now_ms):
             self.high_watermark_moved(topic, partition)
-        if self.isr_updates is not None:
+        if self.isr_updates is not None and replica_id not in target.isr:  # Kafka's maybeExpandIsr: this follower
             expanded = target.propose_isr_expand()
             if expanded is not None:
                 log.info("Expanding ISR of %s-%d from %s to %s (follower %d fetching at %d, HW %d)", topic, partition,

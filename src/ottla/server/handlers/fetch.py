@@ -64,6 +64,10 @@ _empty_answers_held = [0]
 # An empty answer naming more partitions is not kept: encoded on the loop it would hold it
 # (a caught-up fetch of 200,000 partitions); the network encodes it in a worker thread.
 _EMPTY_ANSWER_MAX_PARTITIONS = 2_000
+# What a handler's answer was made from is let go in steps only beyond this many entries (`_let_go`).
+_LET_GO_AT_ONCE = 4_096
+# Partitions an incremental answer leaves out, walked per step of `Steps` (`_response_topics`).
+_SKIPS_PER_STEP = 16
 
 
 def _diverging(last_fetched: int, fetch_offset: int, partition, epoch_type):
@@ -283,21 +287,28 @@ async def _key_set(keys: list, steps: Steps) -> set:
 async def _response_topics(response_type, read, kept: set | None, hints: LeaderHints, steps: Steps) -> tuple:
     """The response's topics: the partitions `kept` (None: all) of those read, in the order read (a
     partition answered with an error carries empty records, never null: librdkafka refuses
-    the whole response otherwise)."""
+    the whole response otherwise). A partition left out costs a set lookup, counted as a
+    `_SKIPS_PER_STEP`th of a step: an incremental answer names one or two of a session's
+    hundreds, and a turn of the loop per 256 of those delayed a follower's answer for nothing."""
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     topics = []
+    skipped = 0
     for topic_name, topic_id, outcomes in read:
         partitions = []
         for key, o in outcomes:
+            if kept is not None and key not in kept:
+                skipped += 1
+                if skipped % _SKIPS_PER_STEP == 0:
+                    await steps.one()
+                continue
             await steps.one()
-            if kept is None or key in kept:
-                partitions.append(make(
-                    partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
-                    last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
-                    aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
-                    **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
-                    **hints.current_leader(topic_name, o.partition, o.error)))
+            partitions.append(make(
+                partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
+                last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
+                aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
+                **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
+                **hints.current_leader(topic_name, o.partition, o.error)))
         partitions = tuple(partitions)
         if partitions:
             topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=partitions))
@@ -338,11 +349,49 @@ async def _encoded_if_empty(ctx, error, session_id, read, kept: set | None) -> E
     return body
 
 
+def _progress_first(ctx, request, wanted: dict) -> None:
+    """A follower's incremental fetch tells its progress on the partitions it names before
+    anything else, in the step that took the request: the high watermark moves, and the
+    acks=all produce waiting for it answers, at once. The read that follows walks the whole
+    session (Kafka's incremental context reads every partition of it) a few hundred partitions
+    per turn of the loop, and a partition that returned records is last in the session's order:
+    on a loaded broker that read took 7-18 ms of turns before it reached the one partition
+    that moved (docs/performance.md, "one acks=all round"). The same checks as the read's
+    (`_read_partitions`): the partition led here at the request's leader epoch, no diverging
+    epoch, the fetch offset within the log. A session that does not exist or expects another
+    epoch is left to the read, which answers the session error without reading."""
+    session = ctx.broker.fetch_sessions.get(getattr(request, "session_id", INVALID_SESSION_ID))
+    if session is None or session.epoch != getattr(request, "session_epoch", FINAL_EPOCH):
+        return
+    broker = ctx.broker
+    replica_id = _replica_id(request)
+    for (topic_key, index), wanted_partition in wanted.items():
+        if ctx.api_version >= 13:
+            info = None if topic_key is None else broker.metadata.topic_by_id(uuid.UUID(int=topic_key))
+            if info is None:
+                continue
+            topic_name, topic_id = info.name, uuid.UUID(int=topic_key)
+        else:
+            topic_name, topic_id = topic_key, None
+        _, fetch_offset, _, leader_epoch, last_fetched, _, _, _ = entry(index, wanted_partition)
+        try:
+            partition = leader_partition_at(broker, topic_name, index, leader_epoch, topic_id)
+            if (fetch_offset <= partition.log.log_end_offset
+                    and (last_fetched < 0 or diverging_epoch(partition.log, partition.leader_epoch, last_fetched,
+                                                              fetch_offset) is None)):
+                broker.replicas.follower_fetched(topic_name, index, replica_id, fetch_offset,
+                                                 int(time.time() * 1000))
+        except KafkaError:
+            continue  # the read answers it
+
+
 async def handle(ctx, request):
     response_type = ctx.response_type
     broker = ctx.broker
     steps = Steps()  # 200,000 partitions in one Fetch held the loop 1.8 s of CPU
     wanted, forgotten = await _requested(ctx, request, steps)
+    if _replica_id(request) >= 0 and getattr(request, "session_epoch", FINAL_EPOCH) > 0 and steps.yields == 0:
+        _progress_first(ctx, request, wanted)  # (an incremental request naming thousands: the read does it)
     context, partitions = await new_context(
         broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
         getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted, forgotten, now_ms(), steps)
@@ -403,7 +452,11 @@ async def handle(ctx, request):
 async def _let_go(steps: Steps, *held) -> None:
     """Empties each of `held` (lists, dicts, sets) a step at a time: what the answer was made
     from would otherwise all go at once when the handler returns (200,000 partitions' outcomes
-    and keys: 40-80 ms of CPU in one step)."""
+    and keys: 40-80 ms of CPU in one step). Up to `_LET_GO_AT_ONCE` entries in all go with the
+    handler (a hundred microseconds): a follower's session of 333 partitions gave the loop five
+    turns here before its answer left, each a wait behind every other ready task."""
+    if sum(len(container) for container in held) <= _LET_GO_AT_ONCE:
+        return
     for container in held:
         while container:
             await steps.one()
