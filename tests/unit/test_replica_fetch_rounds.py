@@ -104,3 +104,58 @@ def test_a_followers_incremental_fetch_moves_the_hw_before_the_handler_gives_the
 
     asyncio.run(scenario())
     broker.logs.close()
+
+
+def test_a_followers_incremental_fetch_with_nothing_new_reads_no_caught_up_partition_and_tells_its_progress(tmp_path):
+    """The follower is at the log end of every partition of its session: the read finds nothing
+    anywhere, and the leader now leaves them all out (but takes the fetch as the follower's
+    progress on each, so the ISR check sees it caught up). Reading them walked the session a
+    few hundred partitions per turn of the loop: the answer was not there after the first."""
+    broker = _broker(tmp_path)
+
+    async def scenario():
+        session = await _session(broker, 1)
+        progress = broker.replicas.get_partition("w", 5).followers[1]
+        progress.last_caught_up_ms = progress.last_fetch_ms = 0
+        answering = asyncio.get_running_loop().create_task(_handle(broker, _request(1, {}, session, 1)))
+        await asyncio.sleep(0)  # the handler's first step
+        assert answering.done()
+        response = await answering
+        assert response.error_code == ErrorCode.none and response.session_id == session
+        assert [p for t in response.responses for p in t.partitions] == []
+        assert progress.last_caught_up_ms > 0 and progress.last_fetch_ms > 0
+
+    asyncio.run(scenario())
+    broker.logs.close()
+
+
+def test_a_followers_fetch_waiting_on_caught_up_partitions_is_answered_by_an_append_and_told_a_new_hw(tmp_path):
+    """Partitions left out of the read are watched all the same: an append to one wakes the
+    fetch and the answer carries it; a HW that moved since the follower was last told makes the
+    partition part of its next answer."""
+    broker = _broker(tmp_path)
+    appended = 7
+
+    async def scenario():
+        sessions = {r: await _session(broker, r) for r in (1, 2)}
+        waiting = asyncio.get_running_loop().create_task(
+            _handle(broker, _request(1, {}, sessions[1], 1, min_bytes=1, max_wait=timedelta(hours=1))))
+        while not broker.replicas.delayed_fetches.watching(("w", appended)):
+            assert not waiting.done()
+            await asyncio.sleep(0)
+        produce = _produce(broker, appended)
+        answered = await asyncio.wait_for(waiting, 30)  # a guard, not a speed assertion
+        assert [(p.partition_index, p.high_watermark, bool(p.records))
+                for t in answered.responses for p in t.partitions] == [(appended, 0, True)]
+        await _handle(broker, _request(1, {appended: 1}, sessions[1], 2))
+        await _handle(broker, _request(2, {appended: 0}, sessions[2], 1))
+        await _handle(broker, _request(2, {appended: 1}, sessions[2], 2))  # both have it: the HW moves
+        assert (await produce)[("w", appended)].error == ErrorCode.none
+        told = await _handle(broker, _request(1, {}, sessions[1], 3))
+        assert [(p.partition_index, p.high_watermark, bool(p.records))
+                for t in told.responses for p in t.partitions] == [(appended, 1, False)]
+        again = await _handle(broker, _request(1, {}, sessions[1], 4))
+        assert [p for t in again.responses for p in t.partitions] == []
+
+    asyncio.run(scenario())
+    broker.logs.close()
