@@ -152,7 +152,12 @@ class _Fetcher:
         settings = self._manager.settings
         while True:
             now = now_ms()
-            ready = {k: s for k, s in self.states.items() if s.ready(now)}
+            phases: dict[FetchPhase, dict] = {FetchPhase.TRUNCATING: {}, FetchPhase.RESETTING: {},
+                                              FetchPhase.FETCHING: {}}
+            ready = {}
+            for key, state in self.states.items():  # one pass: once per replication round
+                if state.ready(now):
+                    ready[key] = phases[state.phase][key] = state
             if not ready:
                 delays = [s.delayed_until_ms - now for s in self.states.values() if s.phase is not FetchPhase.FENCED]
                 self._wake.clear()
@@ -166,7 +171,6 @@ class _Fetcher:
             try:
                 if endpoint is None:
                     raise BrokerNotAvailable(f"no endpoint known for broker {self.source_id}")
-                phases = {phase: {k: s for k, s in ready.items() if s.phase is phase} for phase in FetchPhase}
                 if phases[FetchPhase.TRUNCATING]:
                     await self._truncate(endpoint, phases[FetchPhase.TRUNCATING])
                 elif phases[FetchPhase.RESETTING]:
@@ -253,9 +257,12 @@ class _Fetcher:
         the partitions whose position or epochs moved, the answer only those with news."""
         settings = self._manager.settings
         session = self._session
-        sent = {key: state.fetch_offset for key, state in wanted.items()}
-        params = {key: (state.fetch_offset, state.current_leader_epoch, _or_undefined(state.latest_epoch()),
-                        state.log.log_start_offset) for key, state in wanted.items()}
+        sent, params = {}, {}
+        for key, state in wanted.items():  # one pass over every partition followed, each round
+            log_ = state.log
+            sent[key] = offset = log_.log_end_offset  # `state.fetch_offset`
+            params[key] = (offset, state.current_leader_epoch, _or_undefined(log_.leader_epoch_cache.latest_epoch),
+                           log_.log_start_offset)
         send, forget = session.build(params)
         request = fetch_request.FetchRequest(
             cluster_id=None, replica_id=self._manager.broker.node_id,
@@ -317,6 +324,8 @@ class _Fetcher:
         (500 ms), and acks=all on that partition with it: the producers' requests queued behind
         one on the same connection, so nothing came to end the poll (benchmarks/failover.py)."""
         wait = self._manager.settings["max_wait_ms"]
+        if len(wanted) == len(self.states):  # all of them are asked for
+            return wait
         now = now_ms()
         for key, state in self.states.items():
             if key not in wanted:
