@@ -159,3 +159,30 @@ def test_a_followers_fetch_waiting_on_caught_up_partitions_is_answered_by_an_app
 
     asyncio.run(scenario())
     broker.logs.close()
+
+
+def test_the_produce_a_followers_fetch_completes_is_answered_before_that_fetch_reads_its_session(tmp_path):
+    """The HW move completes the acks=all produce; the fetch that moved it then reads the rest
+    of the session (a few hundred partitions) and answers. The produce goes first: before, the
+    fetch's read ran in the same step and the produce waited for it (asyncio.wait also took one
+    turn more to resume it)."""
+    broker = _broker(tmp_path)
+    moved = 3
+
+    async def scenario():
+        sessions = {r: await _session(broker, r) for r in (1, 2)}
+        produce = _produce(broker, moved)
+        await asyncio.sleep(0)
+        for replica in (1, 2):
+            await _handle(broker, _request(replica, {moved: 0}, sessions[replica], 1))
+        await _handle(broker, _request(1, {moved: 1}, sessions[1], 2))
+        order = []
+        produce.add_done_callback(lambda _: order.append("produce answered"))
+        telling = asyncio.get_running_loop().create_task(_handle(broker, _request(2, {moved: 1}, sessions[2], 2)))
+        telling.add_done_callback(lambda _: order.append("fetch answered"))
+        await asyncio.gather(produce, telling)
+        assert order == ["produce answered", "fetch answered"]
+        assert broker.replicas.get_partition("w", moved).log.high_watermark == 1
+
+    asyncio.run(scenario())
+    broker.logs.close()

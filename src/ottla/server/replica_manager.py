@@ -295,10 +295,16 @@ class ReplicaManager:
                 break
         if waits:
             pending = [f for f in waits.values() if not f.done()]
-            if pending:
+            if len(pending) == 1:  # the usual produce (librdkafka's: one partition): awaited itself,
+                try:  # it resumes this task in the turn after the HW move; asyncio.wait takes two
+                    async with asyncio.timeout(timeout_ms / 1000):
+                        await pending[0]  # cancelled by the timeout, as below
+                except TimeoutError:
+                    pass
+            elif pending:
                 await asyncio.wait(pending, timeout=timeout_ms / 1000)
             for key, future in waits.items():
-                if not future.done():
+                if not future.done() or future.cancelled():
                     future.cancel()
                     error = ErrorCode.request_timed_out
                 else:

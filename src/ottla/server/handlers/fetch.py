@@ -30,6 +30,7 @@ answer carries the HW the follower copies. Ottla's own followers send v12
 (`server/replica_fetcher.py`).
 """
 
+import asyncio
 import time
 import uuid
 from datetime import timedelta
@@ -350,7 +351,7 @@ async def _encoded_if_empty(ctx, error, session_id, read, kept: set | None) -> E
     return body
 
 
-def _progress_first(ctx, request, wanted: dict) -> None:
+def _progress_first(ctx, request, wanted: dict) -> bool:
     """A follower's incremental fetch tells its progress on the partitions it names before
     anything else, in the step that took the request: the high watermark moves, and the
     acks=all produce waiting for it answers, at once. The read that follows walks the whole
@@ -360,12 +361,15 @@ def _progress_first(ctx, request, wanted: dict) -> None:
     that moved (docs/performance.md, "one acks=all round"). The same checks as the read's
     (`_read_partitions`): the partition led here at the request's leader epoch, no diverging
     epoch, the fetch offset within the log. A session that does not exist or expects another
-    epoch is left to the read, which answers the session error without reading."""
+    epoch is left to the read, which answers the session error without reading. Returns whether
+    a HW moved: the handler then gives the loop a turn, so the produces it completed answer
+    before its read (which, leaving out caught-up partitions, no longer yields on its own)."""
     session = ctx.broker.fetch_sessions.get(getattr(request, "session_id", INVALID_SESSION_ID))
     if session is None or session.epoch != getattr(request, "session_epoch", FINAL_EPOCH):
-        return
+        return False
     broker = ctx.broker
     replica_id = _replica_id(request)
+    moved = False
     for (topic_key, index), wanted_partition in wanted.items():
         if ctx.api_version >= 13:
             info = None if topic_key is None else broker.metadata.topic_by_id(uuid.UUID(int=topic_key))
@@ -380,10 +384,13 @@ def _progress_first(ctx, request, wanted: dict) -> None:
             if (fetch_offset <= partition.log.log_end_offset
                     and (last_fetched < 0 or diverging_epoch(partition.log, partition.leader_epoch, last_fetched,
                                                               fetch_offset) is None)):
+                high_watermark = partition.log.high_watermark
                 broker.replicas.follower_fetched(topic_name, index, replica_id, fetch_offset,
                                                  int(time.time() * 1000))
+                moved = moved or partition.log.high_watermark != high_watermark
         except KafkaError:
             continue  # the read answers it
+    return moved
 
 
 async def _leave_out_caught_up(broker, replica_id: int, partitions: list, named: dict, steps: Steps
@@ -456,7 +463,8 @@ async def handle(ctx, request):
     steps = Steps()  # 200,000 partitions in one Fetch held the loop 1.8 s of CPU
     wanted, forgotten = await _requested(ctx, request, steps)
     if _replica_id(request) >= 0 and getattr(request, "session_epoch", FINAL_EPOCH) > 0 and steps.yields == 0:
-        _progress_first(ctx, request, wanted)  # (an incremental request naming thousands: the read does it)
+        if _progress_first(ctx, request, wanted):  # (an incremental request naming thousands: the read does it)
+            await asyncio.sleep(0)  # the acks=all produces it completed answer before this fetch's read
     context, partitions = await new_context(
         broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
         getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted, forgotten, now_ms(), steps)
