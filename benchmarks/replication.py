@@ -16,7 +16,8 @@
    p50/p99. librdkafka sends one partition per ProduceRequest and a connection is served one
    request at a time, so acks=all here is bound by how fast a follower fetch round moves the
    high watermark. `--wide-clients confluent,kafka-python` adds kafka-python's producer, which
-   sends every ready partition of a broker in one request.
+   sends every ready partition of a broker in one request. `--wide-rounds N` instead sends N
+   acks=all records one at a time (each flushed): the latency of one replication round.
 6. Behind long polls (`--cases long-polls`): `--long-polls` consumers long-poll the RF=3
    partition at its leader (raw Fetch v11 from offset 0, min_bytes 1 MB, max_wait 500 ms: every
    append wakes all of them, and each reads and waits again), while an acks=all producer sends
@@ -24,7 +25,7 @@
 
     PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500] [--shutdown-rounds 5]
     PYTHONPATH=src python benchmarks/replication.py --cases wide [--wide-partitions 1000] [--wide-records 100000]
-        [--wide-clients confluent,kafka-python]
+        [--wide-clients confluent,kafka-python] [--wide-rounds 100]
     PYTHONPATH=src python benchmarks/replication.py --cases long-polls [--long-polls 2000] [--latency-samples 300]
 """
 
@@ -168,8 +169,32 @@ def wide_kafka_python(bootstrap: str, topic: str, partitions: int, records: int,
     return records / elapsed, latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
 
 
-def wide_case(bootstrap: str, partitions: int, records: int, clients: tuple[str, ...] = ("confluent",)) -> None:
+def wide_rounds(bootstrap: str, topic: str, partitions: int, rounds: int) -> tuple[float, float]:
+    """p50/p90 (ms) of one acks=all record at a time, each flushed before the next (partition
+    7i mod `partitions`): one replication round each, nothing else in flight."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(30):  # warm: connections, metadata, the followers' sessions
+        producer.produce(topic, b"w", partition=i % partitions)
+        producer.flush(60)
+    took = []
+    for i in range(rounds):
+        start = time.monotonic()
+        producer.produce(topic, b"x" * 100, partition=(i * 7) % partitions)
+        assert producer.flush(60) == 0
+        took.append((time.monotonic() - start) * 1000)
+    took.sort()
+    return statistics.median(took), took[int(len(took) * 0.9)]
+
+
+def wide_case(bootstrap: str, partitions: int, records: int, clients: tuple[str, ...] = ("confluent",),
+              rounds: int = 0) -> None:
     create_wide(bootstrap, "wide", partitions)
+    if rounds:
+        p50, p90 = wide_rounds(bootstrap, "wide", partitions, rounds)
+        progress(f"{partitions} partitions, one acks=all record at a time: p50 {p50:.1f} ms p90 {p90:.1f} ms")
+        print(f"| one acks=all round over {partitions:,} partitions ({rounds} records one at a time) "
+              f"| p50 {p50:.1f} ms, p90 {p90:.1f} ms |")
+        return
     rows = []
     for client in clients:
         run = wide if client == "confluent" else wide_kafka_python
@@ -327,6 +352,8 @@ def main() -> None:
     parser.add_argument("--long-polls", type=int, default=2000)
     parser.add_argument("--wide-partitions", type=int, default=1000)
     parser.add_argument("--wide-records", type=int, default=100000)
+    parser.add_argument("--wide-rounds", type=int, default=0,
+                        help="instead of measure 5's throughput: this many acks=all records one at a time (latency)")
     parser.add_argument("--wide-clients", default="confluent",
                         help="measure 5's producers, comma-separated: confluent (librdkafka), kafka-python")
     args = parser.parse_args()
@@ -336,7 +363,8 @@ def main() -> None:
             long_polls_case(handle, args.long_polls, args.latency_samples)
             return
         if args.cases in ("wide", "all"):
-            wide_case(handle.bootstrap, args.wide_partitions, args.wide_records, tuple(args.wide_clients.split(",")))
+            wide_case(handle.bootstrap, args.wide_partitions, args.wide_records, tuple(args.wide_clients.split(",")),
+                      args.wide_rounds)
         if args.cases == "wide":
             return
         create(handle.bootstrap, "rf1", 1)
