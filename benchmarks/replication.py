@@ -15,7 +15,9 @@
    acks=1: records/s and each record's produce latency (produce() to its delivery report)
    p50/p99. librdkafka sends one partition per ProduceRequest and a connection is served one
    request at a time, so acks=all here is bound by how fast a follower fetch round moves the
-   high watermark.
+   high watermark. `--wide-clients confluent,kafka-python` adds kafka-python's producer, which
+   sends every ready partition of a broker in one request. `--wide-rounds N` instead sends N
+   acks=all records one at a time (each flushed): the latency of one replication round.
 6. Behind long polls (`--cases long-polls`): `--long-polls` consumers long-poll the RF=3
    partition at its leader (raw Fetch v11 from offset 0, min_bytes 1 MB, max_wait 500 ms: every
    append wakes all of them, and each reads and waits again), while an acks=all producer sends
@@ -23,6 +25,7 @@
 
     PYTHONPATH=src python benchmarks/replication.py [--records 50000] [--latency-samples 500] [--shutdown-rounds 5]
     PYTHONPATH=src python benchmarks/replication.py --cases wide [--wide-partitions 1000] [--wide-records 100000]
+        [--wide-clients confluent,kafka-python] [--wide-rounds 100]
     PYTHONPATH=src python benchmarks/replication.py --cases long-polls [--long-polls 2000] [--latency-samples 300]
 """
 
@@ -39,6 +42,7 @@ from datetime import timedelta
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaProducer
 
 from ottla.testing import cluster
 from ottla.testing.fuzz import encode
@@ -144,19 +148,67 @@ def wide(bootstrap: str, topic: str, partitions: int, records: int, acks: str) -
     return records / elapsed, latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
 
 
-def wide_case(bootstrap: str, partitions: int, records: int) -> None:
+def wide_kafka_python(bootstrap: str, topic: str, partitions: int, records: int, acks: str
+                      ) -> tuple[float, float, float]:
+    """`wide` with kafka-python's producer, which puts every ready partition of a broker in one
+    ProduceRequest (librdkafka: one partition per request), at most 5 in flight per connection."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=-1 if acks == "all" else int(acks), linger_ms=5,
+                             request_timeout_ms=1800000, delivery_timeout_ms=1800000 + 5)
+    latencies: list[float] = []
+    value = b"x" * 100
+    start = time.monotonic()
+    for i in range(records):
+        sent = time.monotonic()
+        producer.send(topic, value, partition=i % partitions).add_callback(
+            lambda _metadata, sent=sent: latencies.append(time.monotonic() - sent))
+    producer.flush(1800)
+    elapsed = time.monotonic() - start
+    producer.close()
+    assert len(latencies) == records, f"{records - len(latencies)} records not acknowledged"
+    latencies.sort()
+    return records / elapsed, latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+
+
+def wide_rounds(bootstrap: str, topic: str, partitions: int, rounds: int) -> tuple[float, float]:
+    """p50/p90 (ms) of one acks=all record at a time, each flushed before the next (partition
+    7i mod `partitions`): one replication round each, nothing else in flight."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(30):  # warm: connections, metadata, the followers' sessions
+        producer.produce(topic, b"w", partition=i % partitions)
+        producer.flush(60)
+    took = []
+    for i in range(rounds):
+        start = time.monotonic()
+        producer.produce(topic, b"x" * 100, partition=(i * 7) % partitions)
+        assert producer.flush(60) == 0
+        took.append((time.monotonic() - start) * 1000)
+    took.sort()
+    return statistics.median(took), took[int(len(took) * 0.9)]
+
+
+def wide_case(bootstrap: str, partitions: int, records: int, clients: tuple[str, ...] = ("confluent",),
+              rounds: int = 0) -> None:
     create_wide(bootstrap, "wide", partitions)
+    if rounds:
+        p50, p90 = wide_rounds(bootstrap, "wide", partitions, rounds)
+        progress(f"{partitions} partitions, one acks=all record at a time: p50 {p50:.1f} ms p90 {p90:.1f} ms")
+        print(f"| one acks=all round over {partitions:,} partitions ({rounds} records one at a time) "
+              f"| p50 {p50:.1f} ms, p90 {p90:.1f} ms |")
+        return
     rows = []
-    for acks in ("all", "1"):
-        wide(bootstrap, "wide", partitions, min(records, partitions * 2), acks)  # warm: connections, metadata
-        rate, p50, p99 = wide(bootstrap, "wide", partitions, records, acks)
-        progress(f"{partitions} partitions acks={acks}: {rate:,.0f} records/s, p50 {p50:.0f} ms p99 {p99:.0f} ms")
-        rows.append((acks, rate, p50, p99))
+    for client in clients:
+        run = wide if client == "confluent" else wide_kafka_python
+        for acks in ("all", "1"):
+            run(bootstrap, "wide", partitions, min(records, partitions * 2), acks)  # warm: connections, metadata
+            rate, p50, p99 = run(bootstrap, "wide", partitions, records, acks)
+            progress(f"{client}: {partitions} partitions acks={acks}: {rate:,.0f} records/s, "
+                     f"p50 {p50:.0f} ms p99 {p99:.0f} ms")
+            rows.append((client, acks, rate, p50, p99))
     print()
     print(f"| {records:,} records over {partitions:,} partitions, RF=3 | records/s | produce latency p50 / p99 |")
     print("| --- | ---: | ---: |")
-    for acks, rate, p50, p99 in rows:
-        print(f"| acks={acks} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} ms |")
+    for client, acks, rate, p50, p99 in rows:
+        print(f"| {client} acks={acks} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} ms |")
 
 
 def _long_polls(address: tuple[str, int], topic: str, count: int, stop: threading.Event) -> None:
@@ -300,6 +352,10 @@ def main() -> None:
     parser.add_argument("--long-polls", type=int, default=2000)
     parser.add_argument("--wide-partitions", type=int, default=1000)
     parser.add_argument("--wide-records", type=int, default=100000)
+    parser.add_argument("--wide-rounds", type=int, default=0,
+                        help="instead of measure 5's throughput: this many acks=all records one at a time (latency)")
+    parser.add_argument("--wide-clients", default="confluent",
+                        help="measure 5's producers, comma-separated: confluent (librdkafka), kafka-python")
     args = parser.parse_args()
     with cluster(brokers=3, config=CONFIG, log_level="warning") as handle:
         progress(f"cluster up: {handle.bootstrap}")
@@ -307,7 +363,8 @@ def main() -> None:
             long_polls_case(handle, args.long_polls, args.latency_samples)
             return
         if args.cases in ("wide", "all"):
-            wide_case(handle.bootstrap, args.wide_partitions, args.wide_records)
+            wide_case(handle.bootstrap, args.wide_partitions, args.wide_records, tuple(args.wide_clients.split(",")),
+                      args.wide_rounds)
         if args.cases == "wide":
             return
         create(handle.bootstrap, "rf1", 1)

@@ -152,7 +152,12 @@ class _Fetcher:
         settings = self._manager.settings
         while True:
             now = now_ms()
-            ready = {k: s for k, s in self.states.items() if s.ready(now)}
+            phases: dict[FetchPhase, dict] = {FetchPhase.TRUNCATING: {}, FetchPhase.RESETTING: {},
+                                              FetchPhase.FETCHING: {}}
+            ready = {}
+            for key, state in self.states.items():  # one pass: once per replication round
+                if state.ready(now):
+                    ready[key] = phases[state.phase][key] = state
             if not ready:
                 delays = [s.delayed_until_ms - now for s in self.states.values() if s.phase is not FetchPhase.FENCED]
                 self._wake.clear()
@@ -166,7 +171,6 @@ class _Fetcher:
             try:
                 if endpoint is None:
                     raise BrokerNotAvailable(f"no endpoint known for broker {self.source_id}")
-                phases = {phase: {k: s for k, s in ready.items() if s.phase is phase} for phase in FetchPhase}
                 if phases[FetchPhase.TRUNCATING]:
                     await self._truncate(endpoint, phases[FetchPhase.TRUNCATING])
                 elif phases[FetchPhase.RESETTING]:
@@ -253,9 +257,12 @@ class _Fetcher:
         the partitions whose position or epochs moved, the answer only those with news."""
         settings = self._manager.settings
         session = self._session
-        sent = {key: state.fetch_offset for key, state in wanted.items()}
-        params = {key: (state.fetch_offset, state.current_leader_epoch, _or_undefined(state.latest_epoch()),
-                        state.log.log_start_offset) for key, state in wanted.items()}
+        sent, params = {}, {}
+        for key, state in wanted.items():  # one pass over every partition followed, each round
+            log_ = state.log
+            sent[key] = offset = log_.log_end_offset  # `state.fetch_offset`
+            params[key] = (offset, state.current_leader_epoch, _or_undefined(log_.leader_epoch_cache.latest_epoch),
+                           log_.log_start_offset)
         send, forget = session.build(params)
         request = fetch_request.FetchRequest(
             cluster_id=None, replica_id=self._manager.broker.node_id,
@@ -294,12 +301,15 @@ class _Fetcher:
                 if state is not None and state.fetch_offset == sent[key]:
                     usable.append((key, state, data))
         written_ahead = await self._write_epoch_starts_ahead(usable)
+        appended = False
         for key, state, data in usable:
+            if appended and data.records:  # let requests in between appends (an empty answer costs
+                await asyncio.sleep(0)  # microseconds), not after the last: the next fetch, which
+                appended = False  # moves the leader's HW, waited a turn behind every ready task
             if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
                 await _rebuild_producer_state(state.log)  # after a diverging epoch's truncation
-                if data.records:  # let requests in between appends; an empty answer costs
-                    await asyncio.sleep(0)  # microseconds, and a loop pass each was 1,000 per round
+                appended = appended or bool(data.records)
         for target in written_ahead:  # not appended after all (no longer followed here, an error)
             target.leader_epoch_cache.flush()  # puts back what the cache holds; else writes nothing
 
@@ -314,6 +324,8 @@ class _Fetcher:
         (500 ms), and acks=all on that partition with it: the producers' requests queued behind
         one on the same connection, so nothing came to end the poll (benchmarks/failover.py)."""
         wait = self._manager.settings["max_wait_ms"]
+        if len(wanted) == len(self.states):  # all of them are asked for
+            return wait
         now = now_ms()
         for key, state in self.states.items():
             if key not in wanted:

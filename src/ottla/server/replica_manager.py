@@ -295,10 +295,16 @@ class ReplicaManager:
                 break
         if waits:
             pending = [f for f in waits.values() if not f.done()]
-            if pending:
+            if len(pending) == 1:  # the usual produce (librdkafka's: one partition): awaited itself,
+                try:  # it resumes this task in the turn after the HW move; asyncio.wait takes two
+                    async with asyncio.timeout(timeout_ms / 1000):
+                        await pending[0]  # cancelled by the timeout, as below
+                except TimeoutError:
+                    pass
+            elif pending:
                 await asyncio.wait(pending, timeout=timeout_ms / 1000)
             for key, future in waits.items():
-                if not future.done():
+                if not future.done() or future.cancelled():
                     future.cancel()
                     error = ErrorCode.request_timed_out
                 else:
@@ -349,7 +355,7 @@ class ReplicaManager:
         target = self.leader_partition(topic, partition)
         if target.update_follower_fetch(replica_id, fetch_offset, now_ms):
             self.high_watermark_moved(topic, partition)
-        if self.isr_updates is not None:
+        if self.isr_updates is not None and replica_id not in target.isr:  # Kafka's maybeExpandIsr: this follower
             expanded = target.propose_isr_expand()
             if expanded is not None:
                 log.info("Expanding ISR of %s-%d from %s to %s (follower %d fetching at %d, HW %d)", topic, partition,

@@ -30,12 +30,14 @@ answer carries the HW the follower copies. Ottla's own followers send v12
 (`server/replica_fetcher.py`).
 """
 
+import asyncio
 import time
 import uuid
 from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
-from ...fetch_sessions import FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, entry, new_context, release_retired
+from ...fetch_sessions import (FINAL_EPOCH, INVALID_SESSION_ID, FullFetch, IncrementalFetch, entry, new_context,
+                               release_retired)
 from ...log.file_records import RecordsGone
 from ...protocol.build import make, nested
 from ...protocol.codec import EncodedBody, encode_item
@@ -64,6 +66,10 @@ _empty_answers_held = [0]
 # An empty answer naming more partitions is not kept: encoded on the loop it would hold it
 # (a caught-up fetch of 200,000 partitions); the network encodes it in a worker thread.
 _EMPTY_ANSWER_MAX_PARTITIONS = 2_000
+# What a handler's answer was made from is let go in steps only beyond this many entries (`_let_go`).
+_LET_GO_AT_ONCE = 4_096
+# Partitions an incremental answer leaves out, walked per step of `Steps` (`_response_topics`).
+_SKIPS_PER_STEP = 16
 
 
 def _diverging(last_fetched: int, fetch_offset: int, partition, epoch_type):
@@ -283,21 +289,28 @@ async def _key_set(keys: list, steps: Steps) -> set:
 async def _response_topics(response_type, read, kept: set | None, hints: LeaderHints, steps: Steps) -> tuple:
     """The response's topics: the partitions `kept` (None: all) of those read, in the order read (a
     partition answered with an error carries empty records, never null: librdkafka refuses
-    the whole response otherwise)."""
+    the whole response otherwise). A partition left out costs a set lookup, counted as a
+    `_SKIPS_PER_STEP`th of a step: an incremental answer names one or two of a session's
+    hundreds, and a turn of the loop per 256 of those delayed a follower's answer for nothing."""
     topic_type = nested(response_type, "FetchableTopicResponse")
     partition_type = nested(response_type, "PartitionData")
     topics = []
+    skipped = 0
     for topic_name, topic_id, outcomes in read:
         partitions = []
         for key, o in outcomes:
+            if kept is not None and key not in kept:
+                skipped += 1
+                if skipped % _SKIPS_PER_STEP == 0:
+                    await steps.one()
+                continue
             await steps.one()
-            if kept is None or key in kept:
-                partitions.append(make(
-                    partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
-                    last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
-                    aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
-                    **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
-                    **hints.current_leader(topic_name, o.partition, o.error)))
+            partitions.append(make(
+                partition_type, partition_index=o.partition, error_code=o.error, high_watermark=o.high_watermark,
+                last_stable_offset=o.last_stable_offset, log_start_offset=o.log_start_offset,
+                aborted_transactions=o.aborted, preferred_read_replica=-1, records=o.records,
+                **({} if o.diverging is None else {"diverging_epoch": o.diverging}),
+                **hints.current_leader(topic_name, o.partition, o.error)))
         partitions = tuple(partitions)
         if partitions:
             topics.append(make(topic_type, topic=topic_name, topic_id=topic_id, partitions=partitions))
@@ -338,25 +351,146 @@ async def _encoded_if_empty(ctx, error, session_id, read, kept: set | None) -> E
     return body
 
 
+def _progress_first(ctx, request, wanted: dict) -> bool:
+    """A follower's incremental fetch tells its progress on the partitions it names before
+    anything else, in the step that took the request: the high watermark moves, and the
+    acks=all produce waiting for it answers, at once. The read that follows walks the session
+    (Kafka's incremental context reads every partition of it), and a partition that returned
+    records is last in the session's order: when that walk read all 333 partitions a few
+    hundred per turn of the loop, a loaded broker took 7-18 ms of turns before it reached the
+    one partition that moved (docs/performance.md, "one acks=all round"). The same checks as the read's
+    (`_read_partitions`): the partition led here at the request's leader epoch, no diverging
+    epoch, the fetch offset within the log. A session that does not exist or expects another
+    epoch is left to the read, which answers the session error without reading. Returns whether
+    a HW moved: the handler then gives the loop a turn, so the produces it completed answer
+    before its read (which, leaving out caught-up partitions, no longer yields on its own)."""
+    session = ctx.broker.fetch_sessions.get(getattr(request, "session_id", INVALID_SESSION_ID))
+    if session is None or session.epoch != getattr(request, "session_epoch", FINAL_EPOCH):
+        return False
+    broker = ctx.broker
+    replica_id = _replica_id(request)
+    moved = False
+    for (topic_key, index), wanted_partition in wanted.items():
+        if ctx.api_version >= 13:
+            info = None if topic_key is None else broker.metadata.topic_by_id(uuid.UUID(int=topic_key))
+            if info is None:
+                continue
+            topic_name, topic_id = info.name, uuid.UUID(int=topic_key)
+        else:
+            topic_name, topic_id = topic_key, None
+        _, fetch_offset, _, leader_epoch, last_fetched, _, _, _ = entry(index, wanted_partition)
+        try:
+            partition = leader_partition_at(broker, topic_name, index, leader_epoch, topic_id)
+            if (fetch_offset <= partition.log.log_end_offset
+                    and (last_fetched < 0 or diverging_epoch(partition.log, partition.leader_epoch, last_fetched,
+                                                              fetch_offset) is None)):
+                high_watermark = partition.log.high_watermark
+                broker.replicas.follower_fetched(topic_name, index, replica_id, fetch_offset,
+                                                 int(time.time() * 1000))
+                moved = moved or partition.log.high_watermark != high_watermark
+        except KafkaError:
+            continue  # the read answers it
+    return moved
+
+
+async def _leave_out_caught_up(broker, replica_id: int, partitions: list, named: dict, steps: Steps
+                               ) -> tuple[list, set]:
+    """A follower's incremental fetch: the session's partitions to read, and those left out
+    (their keys). Left out are those the request does not name where the follower is at the log
+    end in the latest epoch and was last told the current HW and log start: the read would find
+    nothing and the session would not name them (`fetch_sessions._told`). The follower's
+    progress on them is told all the same (`follower_fetched`, as the read does; a HW it moves
+    makes the partition read). Kafka's incremental context reads every partition of the session;
+    here that walk was 18 us of the loop per partition on a loaded machine, 6 ms for a session
+    of 333, twice per replication round and per follower (docs/performance.md). A partition
+    left out that is notified while the fetch waits is read then (`_bring_back`)."""
+    hosted = broker.replicas.partitions
+    now = int(time.time() * 1000)
+    read, quiet = [], set()
+    for pair in partitions:
+        key, cached = pair
+        if key not in named:
+            partition = hosted.get(key)
+            if partition is not None and _caught_up(broker, partition, replica_id, cached, now):
+                quiet.add(key)
+                if len(quiet) % _SKIPS_PER_STEP == 0:
+                    await steps.one()
+                continue
+        read.append(pair)
+    return read, quiet
+
+
+def _caught_up(broker, partition, replica_id: int, cached: tuple, now: int) -> bool:
+    """Whether this follower's read of `partition` would find nothing new for it (`cached`: its
+    session entry, `fetch_sessions.CachedPartition`); tells the leader its progress if so."""
+    index, fetch_offset, max_bytes, leader_epoch, last_fetched, _, told_hw, told_log_start = cached
+    state = partition.leader_state
+    if state is None or replica_id not in state.isr or max_bytes < 0:
+        return False
+    if leader_epoch >= 0 and leader_epoch != partition.leader_epoch:
+        return False  # FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH: the read answers it
+    log = partition.log
+    if (fetch_offset != log.log_end_offset or told_log_start != log.log_start_offset
+            or (last_fetched >= 0 and last_fetched != log.leader_epoch_cache.latest_epoch)):
+        return False
+    progress = state.followers.get(replica_id)
+    if progress is not None and progress.log_end_offset == fetch_offset:
+        # What `follower_fetched` does when the follower's offset did not move: the HW, which
+        # only moves when an offset or the ISR does, stays; the follower is in the ISR already.
+        progress.on_fetch(fetch_offset, log.log_end_offset, now)
+    else:
+        broker.replicas.follower_fetched(partition.topic, index, replica_id, fetch_offset, now)
+    return told_hw == log.high_watermark
+
+
+def _bring_back(grouped: list, quiet: set, notified: set, session) -> None:
+    """Partitions `_leave_out_caught_up` left out and notified since: read them too (at the end
+    of `grouped`, where a partial re-read finds no earlier answer for them and reads them)."""
+    for key in notified & quiet:
+        quiet.discard(key)
+        cached = session.partitions.get(key)
+        if cached is None:  # forgotten meanwhile
+            continue
+        if grouped and grouped[-1][0] == key[0]:
+            grouped[-1][2].append(cached)
+        else:
+            grouped.append((key[0], None, [cached]))
+
+
 async def handle(ctx, request):
     response_type = ctx.response_type
     broker = ctx.broker
     steps = Steps()  # 200,000 partitions in one Fetch held the loop 1.8 s of CPU
     wanted, forgotten = await _requested(ctx, request, steps)
+    if _replica_id(request) >= 0 and getattr(request, "session_epoch", FINAL_EPOCH) > 0 and steps.yields == 0:
+        if _progress_first(ctx, request, wanted):  # (an incremental request naming thousands: the read does it)
+            await asyncio.sleep(0)  # the acks=all produces it completed answer before this fetch's read
     context, partitions = await new_context(
         broker.fetch_sessions, ctx.api_version, getattr(request, "session_id", INVALID_SESSION_ID),
         getattr(request, "session_epoch", FINAL_EPOCH), _replica_id(request) >= 0, wanted, forgotten, now_ms(), steps)
     await release_retired(broker.fetch_sessions, steps)  # the session a full fetch closed, one grown too big
     wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + wait_s
-    grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
-    if isinstance(partitions, list):  # an incremental fetch's copy of its session, in pairs
-        await _let_go(steps, partitions)
-    if not isinstance(context, FullFetch):  # which makes its session of `wanted`
-        await _let_go(steps, wanted)
-    partitions = wanted = forgotten = None
-    read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps)
     follower = _replica_id(request) >= 0
+    quiet: set = set()
+    leaves_out = follower and isinstance(context, IncrementalFetch) and ctx.api_version < 13  # Ottla's followers: v12
+    # What is notified from the moment partitions are left out until the fetch watches them.
+    recorded = broker.replicas.delayed_fetches.recording() if leaves_out else set()
+    try:
+        if leaves_out:
+            partitions, quiet = await _leave_out_caught_up(broker, _replica_id(request), partitions, wanted, steps)
+        grouped, keys = await _grouped(ctx, partitions, steps)  # nothing to read after a session error
+        keys.update(dict.fromkeys(quiet))  # watched all the same
+        if isinstance(partitions, list):  # an incremental fetch's copy of its session, in pairs
+            await _let_go(steps, partitions)
+        if not isinstance(context, FullFetch):  # which makes its session of `wanted`
+            await _let_go(steps, wanted)
+        partitions = wanted = forgotten = None
+        read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps)
+    finally:
+        if leaves_out:
+            broker.replicas.delayed_fetches.stop_recording(recorded)
+    missed |= recorded & quiet
     while total < request.min_bytes and keys and not failed:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -372,6 +506,8 @@ async def handle(ctx, request):
                 notified |= missed
         else:
             woken = await broker.replicas.delayed_fetches.wait(keys, remaining, notified, _replica_id(request))
+        if quiet and notified and not quiet.isdisjoint(notified):
+            _bring_back(grouped, quiet, notified, context.session)
         if woken and notified and total == 0:
             read, total, failed, missed = await _read_recording(ctx, request, grouped, keys, response_type, steps,
                                                                 read, notified)
@@ -403,7 +539,11 @@ async def handle(ctx, request):
 async def _let_go(steps: Steps, *held) -> None:
     """Empties each of `held` (lists, dicts, sets) a step at a time: what the answer was made
     from would otherwise all go at once when the handler returns (200,000 partitions' outcomes
-    and keys: 40-80 ms of CPU in one step)."""
+    and keys: 40-80 ms of CPU in one step). Up to `_LET_GO_AT_ONCE` entries in all go with the
+    handler (a hundred microseconds): a follower's session of 333 partitions gave the loop five
+    turns here before its answer left, each a wait behind every other ready task."""
+    if sum(len(container) for container in held) <= _LET_GO_AT_ONCE:
+        return
     for container in held:
         while container:
             await steps.one()
