@@ -169,15 +169,22 @@ class Log:
 
     @property
     def producer_state(self) -> ProducerStateManager:
-        """Loaded on first use, so a clean start does not read snapshots of idle partitions;
-        the rebuild a truncation left pending is finished first (`rebuild_step`)."""
+        """Loaded on first use, so a clean start does not read snapshots of idle partitions; a
+        load or rebuild still pending is finished first (the server runs them in steps first:
+        `rebuild_step`, `server/steps.producer_state_ready`)."""
         return self._producers.state
 
-    def rebuild_step(self) -> bool:
-        """One step of the producer-state rebuild a truncation left pending; False once none is
-        left. The follower's fetcher turns the loop between steps (a truncation far above the
-        last snapshot replays up to a segment); anything using the state meanwhile finishes it."""
-        return self._producers.step()
+    @property
+    def producer_state_ready(self) -> bool:
+        """The producer state is loaded and no rebuild of it is pending."""
+        return self._producers.ready
+
+    def rebuild_step(self, *, load: bool = False) -> bool:
+        """One step of the producer-state rebuild a truncation left pending, or with `load` of
+        its first load; False once the state is ready. The server turns the loop between steps
+        (either may replay a segment of batches past the last snapshot); anything using the
+        state meanwhile finishes it."""
+        return self._producers.step(load=load)
 
     def finish_rebuild(self) -> None:
         """Before the segments a pending rebuild reads change (the cleaner's swap, retention),
@@ -565,8 +572,9 @@ class Log:
             self.flush(now_ms)
 
     def remove_expired_producers(self, now_ms: int) -> None:
-        """producer.id.expiration.ms; a state not loaded yet is expired when it is."""
-        if self._producers.created is not None:
+        """producer.id.expiration.ms; a state not loaded yet, or being rebuilt in steps, is expired
+        by a later call (not loaded in one piece here)."""
+        if self._producers.ready:
             self.producer_state.remove_expired(now_ms)
 
     def close(self) -> None:
