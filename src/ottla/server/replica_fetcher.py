@@ -43,6 +43,7 @@ from ..replication.follower import FetchPhase, FollowerFetchState
 from .clock import now_ms
 from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
 from .partition import Partition
+from .steps import producer_state_ready
 
 __all__ = ["ReplicaFetcherManager"]
 
@@ -295,6 +296,8 @@ class _Fetcher:
                     usable.append((key, state, data))
         written_ahead = await self._write_epoch_starts_ahead(usable)
         for key, state, data in usable:
+            if data.records and not state.log.producer_state_ready:  # its first append since a start
+                await producer_state_ready(state.log)
             if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
                 await _rebuild_producer_state(state.log)  # after a diverging epoch's truncation
