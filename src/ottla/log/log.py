@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
-from ..durability import fsync
 from ..errors import ErrorCode, KafkaError
 from ..failpoints import from_environment as failpoints_from_environment
 from ..producer_state.manager import ProducerStateManager
@@ -42,6 +41,7 @@ from .page_cache import RecentAppends
 from .partition_producers import PartitionProducers
 from .reads import OffsetAndTimestamp, max_timestamp_offset, offset_for_timestamp, read_batches
 from .retention import segments_past_retention
+from .rolled_syncs import RolledSyncs
 from .segment import LogSegment
 from .txn_index import AbortedTxn, aborted_entries
 
@@ -104,7 +104,7 @@ class Log:
         self._recent_appends = recent_appends
         # Rolls and deletions hand their fsyncs and removals to it (without one: done inline).
         self._disk_worker = disk_worker
-        self._unsynced: list[list[tuple[int, Path]]] = []  # sealed at roll, fsync still queued
+        self._rolled = RolledSyncs()  # segments sealed at roll whose fsync is still queued
         self._truncations = 0
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
@@ -380,7 +380,7 @@ class Log:
         inline = worker is None or self._leo <= self._recovery_point_max
         if inline:
             self.leader_epoch_cache.write_pending()
-            self._sync_queued_rolls()
+            self._rolled.sync_now()
         unsynced = self.active_segment.seal(sync=inline)
         segment = self._add_segment(self._leo)
         self._segment_created_ms = now_ms
@@ -394,26 +394,13 @@ class Log:
 
     def _sync_later(self, worker: DiskWorker, unsynced: list[tuple[int, Path]], finish_snapshot) -> None:
         end, truncations = self._leo, self._truncations
-        self._unsynced.append(unsynced)
 
-        cache = self.leader_epoch_cache
-
-        def job() -> None:
-            cache.write_pending()  # before the recovery point passes a new leader's epoch start
-            for fd, path in unsynced:
-                fsync(fd, path)
-            try:
-                finish_snapshot()
-            except FileNotFoundError:  # the partition was deleted meanwhile: nothing to keep
-                pass
-
-        def then(succeeded: bool) -> None:
-            self._unsynced.remove(unsynced)
-            for fd, _ in unsynced:
-                os.close(fd)
-            if succeeded and truncations == self._truncations:  # else what is below `end` changed
+        def synced() -> None:
+            if truncations == self._truncations:  # else what is below `end` changed
                 self.recovery_point = max(self.recovery_point, min(end, self._leo))
-        worker.submit(f"fsync of {self.directory.name} rolled at offset {end}", job, then)
+        # The epoch checkpoint first: before the recovery point passes a new leader's epoch start.
+        self._rolled.submit(worker, f"fsync of {self.directory.name} rolled at offset {end}", unsynced,
+                            first=self.leader_epoch_cache.write_pending, last=finish_snapshot, synced=synced)
 
     # -- read ----------------------------------------------------------------------------
 
@@ -538,18 +525,12 @@ class Log:
         """fsync the active segment (and segments rolled whose fsync is still queued); the
         recovery point moves to the log end."""
         self.leader_epoch_cache.write_pending()
-        self._sync_queued_rolls()
+        self._rolled.sync_now()
         self.active_segment.flush()
         self.recovery_point = self._leo
         self._unflushed_messages = 0
         if now_ms is not None:
             self._last_flush_ms = now_ms
-
-    def _sync_queued_rolls(self) -> None:
-        """fsync now what rolls left to the disk worker (it does it again, harmlessly)."""
-        for unsynced in self._unsynced:
-            for fd, path in unsynced:
-                fsync(fd, path)
 
     def duplicate_data_fds(self) -> list[int]:
         """Duplicates of the descriptors whose fdatasync off the event loop makes every batch
@@ -562,7 +543,7 @@ class Log:
         rescanned and their index entries rebuilt; batches in an older segment were fsynced
         with everything else when it rolled. The caller closes the duplicates.
         """
-        fds = [os.dup(fd) for unsynced in self._unsynced for fd, _ in unsynced]
+        fds = self._rolled.duplicate_fds()
         active = self.active_segment.duplicate_fd()
         return fds if active is None else fds + [active]
 
@@ -582,7 +563,7 @@ class Log:
         Closing the active segment fsyncs it and its indexes (a `flush` first did it twice)."""
         self.finish_rebuild()
         self.leader_epoch_cache.write_pending()
-        self._sync_queued_rolls()
+        self._rolled.sync_now()
         for segment in self._segments:
             segment.close()
         self.recovery_point = self._leo
