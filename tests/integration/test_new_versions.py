@@ -141,7 +141,9 @@ def test_write_txn_markers_v2_checks_a_tv2_markers_epoch(ottla_broker):
     has ended, as the retry of a TV2 marker already written."""
     from confluent_kafka import Producer
     topic = "tv2-markers"
-    KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    admin = KafkaAdminClient(bootstrap_servers=ottla_broker.bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.close()  # else its thread refreshes the stopped broker's metadata for the rest of the session
     producer = Producer({"bootstrap.servers": ottla_broker.bootstrap, "transactional.id": "tv2",
                          "transaction.timeout.ms": 600000})
     producer.init_transactions(30)

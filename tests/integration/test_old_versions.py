@@ -22,10 +22,20 @@ def _admin(bootstrap, api_version=None):
     return KafkaAdminClient(bootstrap_servers=bootstrap, api_version=api_version, request_timeout_ms=20000)
 
 
+def _create_topic(bootstrap, topic):
+    """Closed after: a client left open refreshes the stopped broker's metadata for the rest of
+    the session, and its threads' calls to `random` show up in later tests' Hypothesis draws."""
+    admin = _admin(bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+
+
 @pytest.mark.parametrize("api_version,magic", [((0, 10, 1), 1), ((0, 9), 0)])
 def test_kafka_python_old_message_formats_round_trip(ottla_broker, api_version, magic):
     topic = f"old-format-{magic}"
-    _admin(ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    _create_topic(ottla_broker.bootstrap, topic)
     producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap, api_version=api_version,
                              compression_type="gzip" if magic else None, linger_ms=5)
     futures = [producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=0) for i in range(50)]
@@ -44,7 +54,7 @@ def test_kafka_python_old_message_formats_round_trip(ottla_broker, api_version, 
 def test_old_offset_commit_and_describe_configs(ottla_broker):
     """OffsetCommit v1/v2 from a group consumer of the 0.10 era, DescribeConfigs v0."""
     topic = "old-commits"
-    _admin(ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    _create_topic(ottla_broker.bootstrap, topic)
     producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
     for i in range(5):
         producer.send(topic, value=b"x", partition=0)
@@ -76,7 +86,7 @@ def _call(bootstrap, request, api_key, version):
 def test_raw_v0_requests_from_the_generated_classes(ottla_broker):
     """OffsetCommit v0, OffsetFetch v0 and ListOffsets v0 answered in their own layout."""
     topic = "raw-old"
-    _admin(ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    _create_topic(ottla_broker.bootstrap, topic)
     producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
     for _ in range(3):
         producer.send(topic, value=b"x", partition=0)
@@ -108,7 +118,7 @@ def test_raw_offset_for_leader_epoch_v0_v1(ottla_broker, version):
     """OffsetForLeaderEpoch v0-1 (a follower of Kafka 2.0 or older): no replica id, no current
     leader epoch to fence with; v1 answers the leader epoch, v0 only the end offset."""
     topic = f"raw-epoch-v{version}"
-    _admin(ottla_broker.bootstrap).create_topics([NewTopic(topic, 1, 1)])
+    _create_topic(ottla_broker.bootstrap, topic)
     producer = KafkaProducer(bootstrap_servers=ottla_broker.bootstrap)
     for _ in range(3):
         producer.send(topic, value=b"x", partition=0)

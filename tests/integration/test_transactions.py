@@ -241,6 +241,7 @@ def test_kafka_python_transactions(ottla_broker):
     producer.send("kp-txn", b"zombie", partition=0)
     with pytest.raises(KafkaPythonError):
         producer.commit_transaction()
+    producer.close()  # fenced, but its thread would refresh the stopped broker's metadata for good
     successor.close()
     assert _values(ottla_broker.bootstrap, "kp-txn", 1, "read_committed", expected=1) == [b"kept"]
 

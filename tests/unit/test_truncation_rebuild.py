@@ -118,7 +118,7 @@ def test_the_replica_fetcher_rebuilds_in_steps_after_its_truncation(tmp_path):
             follower.replicas.fetchers = manager
 
             def rebuilt_to():  # looked at without finishing a pending rebuild
-                return copied._producer_state.map_end_offset
+                return copied._producers.created.map_end_offset
 
             async def truncated():
                 follower.replicas.apply_partition_states(_states({0: 2}))

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..config import TopicConfig
-from ..durability import fsync
 from ..errors import ErrorCode, KafkaError
 from ..failpoints import from_environment as failpoints_from_environment
 from ..producer_state.manager import ProducerStateManager
@@ -39,7 +38,10 @@ from .file_records import FileRecords
 from .leader_epoch import EpochEndOffset
 from .loader import load_log, replay_batches
 from .page_cache import RecentAppends
+from .partition_producers import PartitionProducers
 from .reads import OffsetAndTimestamp, max_timestamp_offset, offset_for_timestamp, read_batches
+from .retention import segments_past_retention
+from .rolled_syncs import RolledSyncs
 from .segment import LogSegment
 from .txn_index import AbortedTxn, aborted_entries
 
@@ -102,7 +104,7 @@ class Log:
         self._recent_appends = recent_appends
         # Rolls and deletions hand their fsyncs and removals to it (without one: done inline).
         self._disk_worker = disk_worker
-        self._unsynced: list[list[tuple[int, Path]]] = []  # sealed at roll, fsync still queued
+        self._rolled = RolledSyncs()  # segments sealed at roll whose fsync is still queued
         self._truncations = 0
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
@@ -119,8 +121,8 @@ class Log:
         self.log_start_offset, self._leo = loaded.log_start_offset, loaded.log_end_offset
         self.recovery_point = loaded.recovery_point
         self.leader_epoch_cache = loaded.leader_epoch_cache
-        self._producer_state = loaded.producer_state
-        self._pending_reload = None  # a truncation's producer-state rebuild, not run to its end yet
+        self._producers = PartitionProducers(self._new_producer_state, lambda: (self.log_start_offset, self._leo),
+                                             self._replay, loaded.producer_state)
         for segment in self._segments[:-1]:
             segment.mark_sealed()
         # Until the partition's owner says otherwise (ReplicaManager, or a HW checkpoint).
@@ -167,40 +169,30 @@ class Log:
 
     @property
     def producer_state(self) -> ProducerStateManager:
-        """Loaded on first use, so a clean start does not read snapshots of idle partitions;
-        the rebuild a truncation left pending is finished first (`rebuild_step`)."""
-        if self._producer_state is None:
-            self._producer_state = self._load_producer_state()
-        else:
-            self.finish_rebuild()
-        return self._producer_state
+        """Loaded on first use, so a clean start does not read snapshots of idle partitions; a
+        load or rebuild still pending is finished first (the server runs them in steps first:
+        `rebuild_step`, `server/steps.producer_state_ready`)."""
+        return self._producers.state
 
-    def rebuild_step(self) -> bool:
-        """One step of the producer-state rebuild a truncation left pending; False once none is
-        left. The follower's fetcher turns the loop between steps (a truncation far above the
-        last snapshot replays up to a segment); anything using the state meanwhile finishes it."""
-        steps = self._pending_reload
-        if steps is None:
-            return False
-        try:
-            next(steps)
-            return True
-        except BaseException as exc:  # its end, or an unreadable batch: raised once, as before
-            self._pending_reload = None
-            if isinstance(exc, StopIteration):
-                return False
-            raise
+    @property
+    def producer_state_ready(self) -> bool:
+        """The producer state is loaded and no rebuild of it is pending."""
+        return self._producers.ready
+
+    def rebuild_step(self, *, load: bool = False) -> bool:
+        """One step of the producer-state rebuild a truncation left pending, or with `load` of
+        its first load; False once the state is ready. The server turns the loop between steps
+        (either may replay a segment of batches past the last snapshot); anything using the
+        state meanwhile finishes it."""
+        return self._producers.step(load=load)
 
     def finish_rebuild(self) -> None:
         """Before the segments a pending rebuild reads change (the cleaner's swap, retention),
         or the state is used."""
-        while self.rebuild_step():
-            pass
+        self._producers.finish()
 
-    def _load_producer_state(self) -> ProducerStateManager:
-        state = ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
-        state.truncate_and_reload(self.log_start_offset, self._leo, self._replay)
-        return state
+    def _new_producer_state(self) -> ProducerStateManager:
+        return ProducerStateManager(self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
 
     def _replay(self, from_offset: int) -> Iterator[BatchHeader | ControlBatch]:
         """Every batch from `from_offset` to the log end: what producer state is rebuilt from."""
@@ -388,7 +380,7 @@ class Log:
         inline = worker is None or self._leo <= self._recovery_point_max
         if inline:
             self.leader_epoch_cache.write_pending()
-            self._sync_queued_rolls()
+            self._rolled.sync_now()
         unsynced = self.active_segment.seal(sync=inline)
         segment = self._add_segment(self._leo)
         self._segment_created_ms = now_ms
@@ -402,26 +394,13 @@ class Log:
 
     def _sync_later(self, worker: DiskWorker, unsynced: list[tuple[int, Path]], finish_snapshot) -> None:
         end, truncations = self._leo, self._truncations
-        self._unsynced.append(unsynced)
 
-        cache = self.leader_epoch_cache
-
-        def job() -> None:
-            cache.write_pending()  # before the recovery point passes a new leader's epoch start
-            for fd, path in unsynced:
-                fsync(fd, path)
-            try:
-                finish_snapshot()
-            except FileNotFoundError:  # the partition was deleted meanwhile: nothing to keep
-                pass
-
-        def then(succeeded: bool) -> None:
-            self._unsynced.remove(unsynced)
-            for fd, _ in unsynced:
-                os.close(fd)
-            if succeeded and truncations == self._truncations:  # else what is below `end` changed
+        def synced() -> None:
+            if truncations == self._truncations:  # else what is below `end` changed
                 self.recovery_point = max(self.recovery_point, min(end, self._leo))
-        worker.submit(f"fsync of {self.directory.name} rolled at offset {end}", job, then)
+        # The epoch checkpoint first: before the recovery point passes a new leader's epoch start.
+        self._rolled.submit(worker, f"fsync of {self.directory.name} rolled at offset {end}", unsynced,
+                            first=self.leader_epoch_cache.write_pending, last=finish_snapshot, synced=synced)
 
     # -- read ----------------------------------------------------------------------------
 
@@ -474,27 +453,9 @@ class Log:
         return self.log_start_offset
 
     def apply_retention(self, now_ms: int) -> int:
-        """Delete the oldest segments past retention.ms or beyond retention.bytes, like Kafka:
-        oldest first, stopping at the first one that must stay, never the active segment and
-        never data above the HW. Returns how many segments went."""
-        config = self.config
-        if "delete" not in config["cleanup.policy"]:
-            return 0
-        retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
-        excess = sum(s.size for s in self._segments) - retention_bytes if retention_bytes >= 0 else 0
-        deleted = 0
-        for segment, next_base in zip(self._segments, self._bases[1:]):
-            if next_base > self.high_watermark:
-                break
-            largest = segment.max_timestamp_and_offset()[0]
-            if largest < 0:  # no record timestamps: fall back to the file's age, as Kafka does
-                largest = int(segment.log_path.stat().st_mtime * 1000)
-            expired = retention_ms >= 0 and now_ms - largest > retention_ms
-            oversized = excess - segment.size >= 0 and retention_bytes >= 0
-            if not (expired or oversized):
-                break
-            excess -= segment.size
-            deleted += 1
+        """Delete the oldest segments past retention.ms or beyond retention.bytes
+        (`segments_past_retention`). Returns how many segments went."""
+        deleted = segments_past_retention(self._segments, self._bases, self.high_watermark, self.config, now_ms)
         if deleted:
             self._advance_log_start(self._bases[deleted])
         return deleted
@@ -542,14 +503,14 @@ class Log:
         self.high_watermark = min(self.high_watermark, self._leo)
         self.recovery_point = min(self.recovery_point, self._leo)
         self._truncations += 1
-        self._reload_producer_state()
+        self._producers.reload()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Empty the log and restart it at `offset`: a follower behind its leader's log start."""
         self._truncate_fully(offset)
         self.high_watermark = self.recovery_point = offset
         self._truncations += 1
-        self._reload_producer_state()
+        self._producers.reload()
 
     def _truncate_fully(self, offset: int) -> None:
         for segment in self._segments:
@@ -560,29 +521,16 @@ class Log:
         self.log_start_offset = offset
         self._leo = offset
 
-    def _reload_producer_state(self) -> None:
-        if self._producer_state is None:
-            self._producer_state = ProducerStateManager(
-                self.directory, expiration_ms=self.config.broker["producer.id.expiration.ms"])
-        # A rebuild still pending is dropped: this one starts over from a snapshot.
-        self._pending_reload = self._producer_state.reload_in_steps(self.log_start_offset, self._leo, self._replay)
-
     def flush(self, now_ms: int | None = None) -> None:
         """fsync the active segment (and segments rolled whose fsync is still queued); the
         recovery point moves to the log end."""
         self.leader_epoch_cache.write_pending()
-        self._sync_queued_rolls()
+        self._rolled.sync_now()
         self.active_segment.flush()
         self.recovery_point = self._leo
         self._unflushed_messages = 0
         if now_ms is not None:
             self._last_flush_ms = now_ms
-
-    def _sync_queued_rolls(self) -> None:
-        """fsync now what rolls left to the disk worker (it does it again, harmlessly)."""
-        for unsynced in self._unsynced:
-            for fd, path in unsynced:
-                fsync(fd, path)
 
     def duplicate_data_fds(self) -> list[int]:
         """Duplicates of the descriptors whose fdatasync off the event loop makes every batch
@@ -595,7 +543,7 @@ class Log:
         rescanned and their index entries rebuilt; batches in an older segment were fsynced
         with everything else when it rolled. The caller closes the duplicates.
         """
-        fds = [os.dup(fd) for unsynced in self._unsynced for fd, _ in unsynced]
+        fds = self._rolled.duplicate_fds()
         active = self.active_segment.duplicate_fd()
         return fds if active is None else fds + [active]
 
@@ -605,8 +553,9 @@ class Log:
             self.flush(now_ms)
 
     def remove_expired_producers(self, now_ms: int) -> None:
-        """producer.id.expiration.ms; a state not loaded yet is expired when it is."""
-        if self._producer_state is not None:
+        """producer.id.expiration.ms; a state not loaded yet, or being rebuilt in steps, is expired
+        by a later call (not loaded in one piece here)."""
+        if self._producers.ready:
             self.producer_state.remove_expired(now_ms)
 
     def close(self) -> None:
@@ -614,12 +563,13 @@ class Log:
         Closing the active segment fsyncs it and its indexes (a `flush` first did it twice)."""
         self.finish_rebuild()
         self.leader_epoch_cache.write_pending()
-        self._sync_queued_rolls()
+        self._rolled.sync_now()
         for segment in self._segments:
             segment.close()
         self.recovery_point = self._leo
-        if self._producer_state is not None:
-            self._producer_state.take_snapshot(self._leo)
+        state = self._producers.created
+        if state is not None:
+            state.take_snapshot(self._leo)
 
     def delete(self, *, remove: bool = True) -> Path:
         """Remove the partition's directory and everything in it. With a disk worker the
@@ -627,7 +577,7 @@ class Log:
         removes what a crash left. `remove=False` leaves the renamed directory, returned, to the
         caller, who removes many in one job (`LogManager.delete_topic`)."""
         directory = self.directory
-        self._pending_reload = None
+        self._producers.drop_pending()
         self.leader_epoch_cache.close()
         if self._disk_worker is not None:
             directory = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")

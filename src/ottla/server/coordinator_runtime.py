@@ -34,6 +34,7 @@ from .context import RequestContext
 from .data_sync import DataSync
 from .handlers import write_txn_markers
 from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut, UnsupportedVersion
+from .steps import producer_state_ready
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -192,6 +193,7 @@ class BrokerCoordinatorRuntime:
         loop = asyncio.get_running_loop()
         try:
             partition_log = self._broker.logs.get_log(topic, partition)
+            await producer_state_ready(partition_log)  # a read asks for the LSO: loaded in steps
             end = partition_log.log_end_offset
             offset = partition_log.log_start_offset
             while offset < end:

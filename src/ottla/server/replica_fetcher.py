@@ -43,6 +43,7 @@ from ..replication.follower import FetchPhase, FollowerFetchState
 from .clock import now_ms
 from .interbroker import BrokerNotAvailable, InterBrokerClient, RequestTimedOut
 from .partition import Partition
+from .steps import producer_state_ready
 
 __all__ = ["ReplicaFetcherManager"]
 
@@ -306,6 +307,8 @@ class _Fetcher:
             if appended and data.records:  # let requests in between appends (an empty answer costs
                 await asyncio.sleep(0)  # microseconds), not after the last: the next fetch, which
                 appended = False  # moves the leader's HW, waited a turn behind every ready task
+            if data.records and not state.log.producer_state_ready:  # its first append since a start
+                await producer_state_ready(state.log)
             if self._current(key, state) and state.fetch_offset == sent[key]:
                 self._apply(key, state, data)
                 await _rebuild_producer_state(state.log)  # after a diverging epoch's truncation

@@ -28,6 +28,7 @@ from ..log.manager import LogManager
 from .delayed_fetch import DelayedFetches
 from .metadata_cache import MetadataCache, PartitionState
 from .partition import Partition
+from .steps import producer_state_ready
 
 __all__ = ["ReplicaManager", "ProduceResult", "LeadershipListener"]
 
@@ -271,6 +272,9 @@ class ReplicaManager:
             while True:
                 try:
                     target = self.leader_partition(topic, index)
+                    if not target.log.producer_state_ready:  # the first append since a start
+                        await producer_state_ready(target.log)
+                        target = self.leader_partition(topic, index)  # leadership may have moved meanwhile
                     target.check_enough_replicas(acks)
                     refused = precheck(topic, index, records) if precheck is not None else None
                     if refused is not None:

@@ -1,8 +1,10 @@
 """Requests naming thousands of partitions are handled in steps (issue 11, F3: no single
 request may hold the event loop for long): 200,000 partitions in one Produce held it for 1.9 s
-of CPU, in one OffsetForLeaderEpoch 0.9 s, in one Fetch 1.8 s."""
+of CPU, in one OffsetForLeaderEpoch 0.9 s, in one Fetch 1.8 s. A partition's producer state is
+loaded on first use in steps too (`producer_state_ready`)."""
 
 import asyncio
+import weakref
 
 # Topic and partition entries handled between two turns of the event loop (a few ms of work).
 ENTRIES_PER_STEP = 256
@@ -29,3 +31,40 @@ class Steps:
         self.made = 0
         self.yields += 1
         await asyncio.sleep(0)
+
+
+# Logs whose producer state a task is loading in steps, and that task (`producer_state_ready`).
+_loads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def producer_state_ready(log) -> None:
+    """Returns once `log`'s producer state is loaded and no rebuild of it is pending, at once if
+    it is. A partition's first Produce, Fetch or transactional check after a start loads it:
+    a snapshot, then every batch past it (a segment's worth when the newest snapshot is lost).
+    The first step runs here (usually all of it: a snapshot at the log end); the rest, in steps
+    of RELOAD_STEP_BATCHES batches with the loop turning between them, in one task that every
+    request needing the state waits for, so they go on in the order they came (an idempotent
+    producer's retry is checked against the whole state, as it would be after the load)."""
+    if log.producer_state_ready:
+        return
+    loading = _loads.get(log)
+    if loading is None:
+        if not log.rebuild_step(load=True):
+            return
+        loading = _loads[log] = asyncio.ensure_future(_rest_in_steps(log))
+        loading.add_done_callback(_retrieved)
+    await asyncio.shield(loading)  # a waiter that goes away leaves it to the others
+
+
+async def _rest_in_steps(log) -> None:
+    try:
+        while log.rebuild_step():  # not `load`: a log deleted meanwhile is not loaded again
+            await asyncio.sleep(0)
+    finally:
+        _loads.pop(log, None)
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Its waiters raise its error; with none left, the next use of the state raises it again."""
+    if not task.cancelled():
+        task.exception()

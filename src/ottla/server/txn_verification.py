@@ -27,6 +27,7 @@ from ..errors import ErrorCode
 from .clock import now_ms
 from .interbroker import BrokerNotAvailable, RequestTimedOut
 from .replies import reply_future
+from .steps import producer_state_ready
 
 TopicPartition = tuple[str, int]
 _UNAVAILABLE = (ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
@@ -40,6 +41,14 @@ def producer_entry(broker, tp: TopicPartition, producer_id: int):
     if partition is None or not partition.is_leader:
         return None
     return partition.log.producer_state.entry(producer_id)
+
+
+async def producer_state_loaded(broker, tp: TopicPartition) -> None:
+    """Before `producer_entry` on a partition this broker leads: its producer state loaded in
+    steps if this is its first use (`steps.producer_state_ready`)."""
+    partition = broker.replicas.partitions.get(tp)
+    if partition is not None and partition.is_leader and not partition.log.producer_state_ready:
+        await producer_state_ready(partition.log)
 
 
 def ongoing_here(broker, tp: TopicPartition, producer_id: int, producer_epoch: int) -> bool:

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
-from ..steps import Steps
+from ..steps import Steps, producer_state_ready
 from .metadata import INTERNAL_TOPICS
 
 API_KEY = 21
@@ -45,6 +45,9 @@ async def handle(ctx, request):
             error, low_watermark = ErrorCode.none, -1
             try:
                 partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
+                if not partition.log.producer_state_ready:  # the log start moves it: loaded in steps
+                    await producer_state_ready(partition.log)
+                    partition = ctx.broker.replicas.leader_partition(topic.name, wanted.partition_index)
                 low_watermark = _delete(partition.log, topic.name, wanted.offset)
             except KafkaError as exc:
                 error = exc.code

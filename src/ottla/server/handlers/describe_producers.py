@@ -11,6 +11,7 @@ from ...errors import ErrorCode, KafkaError
 from ...log.manager import validate_topic_name
 from ...producer_state.authorizer import Operation, Resource, ResourceType
 from ...protocol.build import make, nested
+from ..steps import producer_state_ready
 
 API_KEY = 61
 VERSIONS = (0, 0)
@@ -44,6 +45,9 @@ async def handle(ctx, request):
             if found is None:
                 try:
                     log = ctx.broker.replicas.leader_partition(topic.name, index).log
+                    if not log.producer_state_ready:  # loaded on first use, in steps
+                        await producer_state_ready(log)
+                        log = ctx.broker.replicas.leader_partition(topic.name, index).log
                 except KafkaError as exc:
                     found = exc.code, exc.message or _UNKNOWN
             if found is not None:

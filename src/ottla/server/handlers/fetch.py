@@ -46,7 +46,7 @@ from ...replication.epochs import diverging_epoch
 from ..clock import now_ms
 from ..leader_epochs import leader_partition_at
 from ..leader_hints import LeaderHints
-from ..steps import Steps
+from ..steps import Steps, producer_state_ready
 
 API_KEY = 1
 # v0-v3 expect message format v0 (v0-v1) or v1 (v2-v3): batches are down-converted, as
@@ -200,6 +200,9 @@ async def _read_partitions(ctx, request, wanted_topics, response_type, steps: St
                 if topic_name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {topic_id}")
                 partition = leader_partition_at(broker, topic_name, index, leader_epoch, topic_id)
+                if not partition.log.producer_state_ready:  # the LSO needs it: loaded in steps
+                    await producer_state_ready(partition.log)
+                    partition = leader_partition_at(broker, topic_name, index, leader_epoch, topic_id)
                 log = partition.log
             except KafkaError as exc:
                 partitions.append((key, _Outcome(index, exc.code)))

@@ -17,6 +17,7 @@ from datetime import timedelta
 from ...errors import ErrorCode, KafkaError
 from ...protocol.build import make, nested
 from ..leader_epochs import leader_partition_at
+from ..steps import producer_state_ready
 
 API_KEY = 2
 # v0 (removed in Kafka 4.0, KIP-896) answers a list of offsets ("old style") instead of one.
@@ -98,6 +99,10 @@ async def handle(ctx, request):
                     raise KafkaError(ErrorCode.unsupported_version)
                 partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
                                                 getattr(wanted, "current_leader_epoch", -1))
+                if read_committed and wanted.timestamp == LATEST and not partition.log.producer_state_ready:
+                    await producer_state_ready(partition.log)  # the LSO needs it: loaded in steps
+                    partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
+                                                    getattr(wanted, "current_leader_epoch", -1))
                 partition_log = partition.log
                 offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed,
                                             getattr(request, "replica_id", -1) >= 0)

@@ -75,6 +75,7 @@ class _Transactional:
             if not header.is_transactional:
                 continue
             producer = (header.producer_id, header.producer_epoch)
+            await txn_verification.producer_state_loaded(broker, tp)
             if transactional_id is not None and txn_verification.ongoing_here(broker, tp, *producer):
                 self.ongoing[tp] = producer
             else:
