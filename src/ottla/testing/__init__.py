@@ -8,6 +8,16 @@ on the same port and data, and paused (SIGSTOP).
 """
 
 from .broker import BrokerProcess, broker
-from .cluster_harness import Cluster, cluster
 
 __all__ = ["BrokerProcess", "broker", "Cluster", "cluster"]
+
+
+def __getattr__(name: str):
+    """`cluster` and `Cluster` on first use: the pytest plugin imports this package before
+    Hypothesis's plugin loads, and the cluster harness pulls in kio, which builds Hypothesis
+    strategies at import (pytest warned `HypothesisSideeffectWarning` on every run)."""
+    if name in ("cluster", "Cluster"):
+        from . import cluster_harness
+
+        return getattr(cluster_harness, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

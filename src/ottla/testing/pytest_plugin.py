@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from . import BrokerProcess
+from .broker import BrokerProcess
 
 
 @pytest.fixture
