@@ -8,7 +8,8 @@ acknowledged (A's HW moves on), C is SIGSTOPped (still in the ISR: its session a
 replica.lag.time.max.ms outlast the test) and A shuts down cleanly, so the controller elects B,
 whose HW is still 0, below the start offset of its new epoch. Until C fetches again (SIGCONT),
 ListOffsets latest from B must not answer that HW, lower than what A answered: it answers
-OFFSET_NOT_AVAILABLE, and the right offset once the HW has caught up."""
+OFFSET_NOT_AVAILABLE, and the right offset once the HW has caught up; the Spark source plans
+its next micro-batch from that, never from the older HW."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from kafka import KafkaConsumer, TopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.list_offsets import v1, v7
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from ottla import end_offsets
 from ottla.server.replica_fetcher import HOLD_HIGH_WATERMARK
+from ottla.spark.options import parse_read_options
+from ottla.spark.source import StreamReader, source_schema
 from ottla.testing import cluster
 from tests.cluster_checks import partition_info
 from tests.waiting import wait_for
@@ -55,6 +59,12 @@ def list_offsets(bootstrap: str, timestamp: int, version: int = 7) -> tuple[Erro
     return ErrorCode(answer.error_code), answer.offset
 
 
+def stream_reader(bootstrap: str) -> StreamReader:
+    """The Spark source's micro-batch planning (the driver side), without a Spark session."""
+    return StreamReader(parse_read_options({"kafka.bootstrap.servers": bootstrap, "subscribe": TOPIC}),
+                        source_schema(include_headers=False))
+
+
 def test_a_new_leader_answers_offset_not_available_until_its_hw_reaches_its_epoch_start(tmp_path, monkeypatch):
     monkeypatch.setenv("OTTLA_FAILPOINTS", HOLD_HIGH_WATERMARK)
     with cluster(brokers=3, config=CONFIG, session_timeout_ms=SESSION_MS, root=tmp_path) as three:
@@ -71,6 +81,8 @@ def test_a_new_leader_answers_offset_not_available_until_its_hw_reaches_its_epoc
         assert producer.flush(60) == 0
         answered = [list_offsets(broker_a.bootstrap, LATEST)]
         assert answered == [(ErrorCode.none, COUNT)]
+        planned = stream_reader(broker_a.bootstrap).latestOffset({TOPIC: {"0": 0}}, ReadAllAvailable())
+        assert planned == {TOPIC: {"0": COUNT}}
 
         broker_c.pause()
         try:
@@ -100,13 +112,16 @@ def test_a_new_leader_answers_offset_not_available_until_its_hw_reaches_its_epoc
 
             # Asked while C is still stopped, answered once it fetched again: ours and kafka-python's
             # consumer (which retries OFFSET_NOT_AVAILABLE itself until its timeout).
-            with ThreadPoolExecutor(2) as pool:
+            # The Spark source plans its next micro-batch from there.
+            with ThreadPoolExecutor(3) as pool:
                 ours = pool.submit(lambda: end_offsets.list_offsets(
                     admin_b, {PARTITION: OffsetSpec.latest()}, timeout_s=120)[PARTITION].offset)
+                spark = pool.submit(stream_reader(broker_b.bootstrap).latestOffset, planned, ReadAllAvailable())
                 kp = KafkaConsumer(bootstrap_servers=broker_b.bootstrap, request_timeout_ms=120_000)
                 kafka_python = pool.submit(lambda: kp.end_offsets([TopicPartition(TOPIC, 0)])[TopicPartition(TOPIC, 0)])
                 broker_c.resume()
                 answered += [ours.result(), kafka_python.result()]
+                assert spark.result() == {TOPIC: {"0": COUNT}}
                 kp.close()
         finally:
             broker_c.resume()
