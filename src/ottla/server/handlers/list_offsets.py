@@ -30,9 +30,9 @@ API_KEY = 2
 VERSIONS = (0, 11)
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
-CONSUMER_REPLICA_ID = -1  # a client; -2 is Kafka's debugging replica id, >= 0 a follower
 EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD = -4, -5, -6
 READ_COMMITTED = 1
+CONSUMER_REPLICA_ID = -1  # a client; -2 is Kafka's debugging replica id, >= 0 a follower
 # The first version that may ask for each spec (Kafka 3.9 served v0 apart: latest and earliest only).
 _SPEC_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9,
                      EARLIEST_PENDING_UPLOAD: 11}
