@@ -45,6 +45,8 @@ from pathlib import Path
 from confluent_kafka import IsolationLevel, Producer, TopicPartition, libversion
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from ottla.end_offsets import list_offsets
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from brokerproc import Children, Mock, Ottla, cpu_seconds, produce_blocking, progress  # noqa: E402
 
@@ -108,9 +110,9 @@ def role_producer(args: argparse.Namespace) -> dict:
 
 
 def _end_offsets(admin: AdminClient, topic: str, partitions: int, isolation: IsolationLevel) -> int:
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-                                 isolation_level=isolation, request_timeout=30)
-    return sum(future.result().offset for future in futures.values())
+    answers = list_offsets(admin, {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+                           isolation_level=isolation, timeout_s=30)
+    return sum(info.offset for info in answers.values())
 
 
 def _check(admin: AdminClient, topic: str, partitions: int, mode: str, result: dict) -> None:

@@ -10,13 +10,15 @@ import uuid
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from ottla.end_offsets import list_offsets
+
 SETTLE_LIMIT_S = 180     # guards against hangs only; nothing asserts how fast anything is
 
 
 def end_offsets(admin: AdminClient, partitions: list[TopicPartition], isolation: IsolationLevel) -> dict:
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, isolation_level=isolation,
-                                 request_timeout=15)
-    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+    answers = list_offsets(admin, {tp: OffsetSpec.latest() for tp in partitions}, isolation_level=isolation,
+                           timeout_s=15)
+    return {(tp.topic, tp.partition): info.offset for tp, info in answers.items()}
 
 
 def wait_until_stable(bootstrap: str, partitions: list[TopicPartition]) -> dict:

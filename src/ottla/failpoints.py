@@ -8,6 +8,9 @@ The names (each defined where it fires):
   (`coordinator/transaction/service.py`);
 - `replica.after_follower_append`: a follower appended what a Fetch answer carried and is about
   to take a higher HW from it (`server/replica_fetcher.py`), seed 001's follower crash;
+- `replica.hold_high_watermark`: not a crash: a follower never takes a higher HW from its
+  leader's Fetch answers (`server/replica_fetcher.py`), so elected it leads with its HW below
+  the start of its epoch (KIP-207);
 - `leader_epoch.hold_write`: not a crash: a new leader's leader-epoch checkpoint, left to the
   disk worker, is never written by it (`log/log.py`), so a test's kill -9 lands in that window;
 - `shutdown.hold_after_controlled_shutdown`: not a crash: a SIGTERMed broker waits a second

@@ -253,21 +253,22 @@ class Session:
 
     def offsets(self, partitions: Iterable[tuple[str, int]], spec,
                 isolation=None) -> dict[tuple[str, int], int | None]:
-        """ListOffsets per partition; None where the partition has gone."""
-        from confluent_kafka import KafkaError, TopicPartition
+        """ListOffsets per partition; None where the partition has gone. A new leader that
+        cannot answer yet (KIP-207) is asked again until the command's timeout."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        from ..end_offsets import list_offsets
 
         wanted = {TopicPartition(topic, partition): spec for topic, partition in partitions}
         if not wanted:
             return {}
-        options = {"request_timeout": self.timeout}
-        if isolation is not None:
-            options["isolation_level"] = isolation
-        futures = self.admin().list_offsets(wanted, **options)
-        result = {}
-        for tp, future in futures.items():
-            info = self.wait(future, "cannot list offsets", absent=KafkaError.UNKNOWN_TOPIC_OR_PART)
-            result[tp.topic, tp.partition] = None if info is None else info.offset
-        return result
+        options = {} if isolation is None else {"isolation_level": isolation}
+        try:
+            answers = list_offsets(self.admin(), wanted, timeout_s=self.timeout,
+                                   absent=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}), **options)
+        except KafkaException as exc:
+            raise self.failure(exc, "cannot list offsets") from None
+        return {(tp.topic, tp.partition): None if info is None else info.offset for tp, info in answers.items()}
 
     def require_apis(self, api_keys: Iterable[int], feature: str) -> None:
         """librdkafka waits until timeout for a coordinator that cannot exist; say so at once."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from ..end_offsets import list_offsets
 from .brokers import deployment
 from .producer import ABORT_EVERY, PaymentProducer
 from .query import INPUT_TOPIC, OUTPUT_TOPIC, PROGRESS
@@ -147,9 +148,9 @@ class OutputCounter:
 def committed_ends(bootstrap: str) -> dict[int, int]:
     """The input's last stable offsets: where a query that has read everything committed stands."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    futures = admin.list_offsets({TopicPartition(INPUT_TOPIC, p): OffsetSpec.latest() for p in range(PARTITIONS)},
-                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-    return {tp.partition: f.result().offset for tp, f in futures.items()}
+    answers = list_offsets(admin, {TopicPartition(INPUT_TOPIC, p): OffsetSpec.latest() for p in range(PARTITIONS)},
+                           isolation_level=IsolationLevel.READ_COMMITTED, timeout_s=30)
+    return {tp.partition: info.offset for tp, info in answers.items()}
 
 
 class Demo:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from ..end_offsets import list_offsets
+
 TIMEOUT_S = 120.0
 
 
@@ -99,9 +101,9 @@ def wait_until_stable(bootstrap: str, topic: str, timeout_s: float = TIMEOUT_S) 
     while True:
         ends = {}
         for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-            futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-                                         isolation_level=level, request_timeout=30)
-            ends[level] = {tp.partition: f.result().offset for tp, f in futures.items()}
+            answers = list_offsets(admin, {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                   isolation_level=level, timeout_s=30)
+            ends[level] = {tp.partition: info.offset for tp, info in answers.items()}
         if ends[IsolationLevel.READ_COMMITTED] == ends[IsolationLevel.READ_UNCOMMITTED]:
             return
         if time.monotonic() > deadline:

@@ -55,6 +55,9 @@ _BASE_AND_LENGTH = struct.Struct(">qi")
 _EPOCH = struct.Struct(">i")
 # Failpoint (ottla.failpoints): kill -9 between a follower's append and its HW update.
 AFTER_FOLLOWER_APPEND = "replica.after_follower_append"
+# Failpoint: a follower appends what its leader sends but keeps its HW (as if every answer's HW
+# were still in flight), so a test can elect it with its HW below the start of its epoch.
+HOLD_HIGH_WATERMARK = "replica.hold_high_watermark"
 
 
 class ReplicaFetcherManager:
@@ -74,6 +77,7 @@ class ReplicaFetcherManager:
         failpoints = failpoints_from_environment()
         self._crash_after_append = (partial(crash_at, AFTER_FOLLOWER_APPEND, failpoints)
                                     if AFTER_FOLLOWER_APPEND in failpoints else None)
+        self.hold_high_watermark = HOLD_HIGH_WATERMARK in failpoints
 
     def learn_endpoints(self, endpoints: dict[int, tuple[str, int]]) -> None:
         """The live leaders a LeaderAndIsr names (used until UpdateMetadata lists them)."""
@@ -365,7 +369,8 @@ class _Fetcher:
                 if truncation is not None:
                     log.info("%s-%d diverged from leader %d: truncated to %d", *key, self.source_id, truncation.offset)
                 return
-            state.on_fetch_response(error, bytes(data.records or b""), int(data.high_watermark),
+            high_watermark = state.log.high_watermark if self._manager.hold_high_watermark else int(data.high_watermark)
+            state.on_fetch_response(error, bytes(data.records or b""), high_watermark,
                                     int(data.log_start_offset), now)
         except KafkaError as exc:
             log.warning("%s-%d: cannot append what leader %d sent (%s: %s); backing off",

@@ -29,6 +29,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
+from ..end_offsets import list_offsets
 from .options import EARLIEST, LATEST, DataLossError, OptionError, ReadOptions, TopicPartitionOffsets
 
 log = logging.getLogger(__name__)
@@ -113,9 +114,10 @@ class Cluster:
         if not tps:
             return {}
         level = IsolationLevel.READ_COMMITTED if self._options.read_committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self._admin.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=level,
-                                           request_timeout=_METADATA_TIMEOUT_S)
-        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+        # Retried while a new leader's HW is behind its epoch start (KIP-207), never planned from it.
+        answers = list_offsets(self._admin, {TopicPartition(t, p): spec for t, p in tps}, isolation_level=level,
+                               timeout_s=_METADATA_TIMEOUT_S)
+        return {(tp.topic, tp.partition): info.offset for tp, info in answers.items()}
 
     def resolve(self, wanted: TopicPartitionOffsets, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Replace the -2/-1 sentinels of an offsets JSON by real offsets."""

@@ -9,7 +9,14 @@ spec, or a spec the request's version predates, is UNSUPPORTED_VERSION for that 
 
 Each answer carries the leader epoch of the offset it names (the current epoch for latest),
 and a request naming another current leader epoch is fenced (KIP-320). A follower (replica
-id >= 0) resetting its fetch offset gets the leader's log end as latest, as in Kafka."""
+id >= 0) resetting its fetch offset gets the leader's log end as latest, as in Kafka.
+
+A new leader whose HW is still below the start offset of its epoch (its followers have not
+fetched yet) would answer an older HW than the previous leader did, so offsets seen by
+clients would go backwards after a failover. Until the HW reaches the epoch start, a client
+(replica id -1, v1+) asking for latest, or for a time whose record is not below the HW, gets
+OFFSET_NOT_AVAILABLE (v5+; LEADER_NOT_AVAILABLE before v5), both retriable; earliest is
+answered (KIP-207, Kafka's Partition.fetchOffsetForTimestamp)."""
 
 import asyncio
 from datetime import timedelta
@@ -26,6 +33,7 @@ VERSIONS = (0, 11)
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD = -4, -5, -6
 READ_COMMITTED = 1
+CONSUMER_REPLICA_ID = -1  # a client; -2 is Kafka's debugging replica id, >= 0 a follower
 # The first version that may ask for each spec (Kafka 3.9 served v0 apart: latest and earliest only).
 _SPEC_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9,
                      EARLIEST_PENDING_UPLOAD: 11}
@@ -35,11 +43,14 @@ def _unsupported(timestamp: int, version: int) -> bool:
     return timestamp < 0 and (timestamp not in _SPEC_MIN_VERSION or version < _SPEC_MIN_VERSION[timestamp])
 
 
-def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool) -> tuple[int, int]:
+def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool,
+            not_monotonic: KafkaError | None = None) -> tuple[int, int]:
     """(offset, timestamp) as Kafka answers; (-1, -1) when no record has a timestamp that late.
     A client is answered only from below what it may fetch (the LSO read_committed, else the
     HW; a replica, the log end), Kafka's `lastFetchableOffset`: no lookup by time positions a
-    consumer past the HW or inside a transaction that may still abort."""
+    consumer past the HW or inside a transaction that may still abort. `not_monotonic` is
+    raised instead of answering latest, or instead of "none that late", while this new
+    leader's HW lags the start of its epoch (`_hw_behind_epoch_start`)."""
     if timestamp in (EARLIEST, EARLIEST_LOCAL):  # no remote storage: the local log is all there is
         return log.log_start_offset, -1
     if timestamp in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):  # nothing tiered, nothing pending
@@ -49,9 +60,31 @@ def _lookup(log, timestamp: int, read_committed: bool, from_replica: bool) -> tu
     else:
         fetchable = log.last_stable_offset if read_committed else log.high_watermark
     if timestamp == LATEST:
+        if not_monotonic is not None:
+            raise not_monotonic
         return fetchable, -1
     found = log.max_timestamp_offset() if timestamp == MAX_TIMESTAMP else log.offset_for_timestamp(timestamp)
-    return found if found is not None and found.offset < fetchable else (-1, -1)
+    if found is not None and found.offset < fetchable:
+        return found
+    if not_monotonic is not None:
+        raise not_monotonic
+    return -1, -1
+
+
+def _hw_behind_epoch_start(partition, version: int, replica_id: int) -> KafkaError | None:
+    """The error a client gets while this leader's HW is below the start offset of its leader
+    epoch (KIP-207): latest would be older than what the previous leader answered. Only client
+    requests of v1+ (Kafka answers v0 from the legacy path without this check); before v5,
+    which added OFFSET_NOT_AVAILABLE, Kafka answers LEADER_NOT_AVAILABLE."""
+    state = partition.leader_state
+    if version < 1 or replica_id != CONSUMER_REPLICA_ID or state is None:
+        return None
+    hw = partition.log.high_watermark
+    if state.epoch_start_offset <= hw:
+        return None
+    code = ErrorCode.offset_not_available if version >= 5 else ErrorCode.leader_not_available
+    return KafkaError(code, f"{partition.topic}-{partition.index} at leader epoch {partition.leader_epoch}: "
+                            f"high watermark {hw} is behind the epoch start offset {state.epoch_start_offset}")
 
 
 def _epoch_of(partition, timestamp: int, offset: int) -> int:
@@ -104,8 +137,9 @@ async def handle(ctx, request):
                     partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
                                                     getattr(wanted, "current_leader_epoch", -1))
                 partition_log = partition.log
-                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed,
-                                            getattr(request, "replica_id", -1) >= 0)
+                replica_id = getattr(request, "replica_id", CONSUMER_REPLICA_ID)
+                offset, timestamp = _lookup(partition.log, wanted.timestamp, read_committed, replica_id >= 0,
+                                            _hw_behind_epoch_start(partition, ctx.api_version, replica_id))
                 leader_epoch = _epoch_of(partition, wanted.timestamp, offset)
             except KafkaError as exc:
                 error = exc.code
