@@ -169,3 +169,18 @@ def test_the_own_producer_carries_on_after_the_broker_restarted(ottla_broker):
         producer.close()
     got = _read_confluent(ottla_broker.bootstrap, topic, 2)
     assert got == {p: [(k, v, ()) for i, (k, v, _) in enumerate(first + then) if i % 2 == p] for p in (0, 1)}
+
+
+def test_a_partitions_rows_over_one_batch_go_in_separate_requests(broker):
+    """3,000 rows of 1 KiB to one partition are four batches of at most 1 MB; a Produce request holding all
+    four kept only the last (the broker keeps one entry per partition, as Kafka's does), which a new producer id
+    was refused for: UNKNOWN_PRODUCER_ID, its batch starting at sequence 2,839."""
+    topic = _topic(broker.bootstrap, 2)
+    rows = [(str(i).encode(), str(i).encode().rjust(1024, b"x"), None) for i in range(3000)]
+    producer = OwnProducer({"bootstrap.servers": broker.bootstrap}, 30)
+    try:
+        producer.send(topic, columns(rows), np.zeros(len(rows), np.int64))
+        producer.flush()
+    finally:
+        producer.close()
+    assert _read_confluent(broker.bootstrap, topic, 2) == {0: [(k, v, ()) for k, v, _ in rows], 1: []}

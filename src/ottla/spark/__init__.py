@@ -10,12 +10,16 @@ Options and columns are those of Spark's built-in `kafka` format; see docs/spark
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from .options import OptionError, parse_read_options, parse_write_options
-from .sink import BatchWriter, StreamWriter, check_input_schema, check_topic_exists
 from .source import BatchReader, Cluster, DataLossError, StreamReader, source_schema
+
+if TYPE_CHECKING:
+    from .sink import BatchWriter, StreamWriter
 
 __all__ = ["OttlaDataSource", "OptionError", "DataLossError", "register"]
 
@@ -47,12 +51,21 @@ class OttlaDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         if overwrite:
             raise OptionError("a topic is append-only: write with mode('append'), not 'overwrite'")
+        from .sink import BatchWriter
+
         return BatchWriter(self._write_options(schema, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
+        from .sink import StreamWriter
+
         return StreamWriter(self._write_options(schema, streaming=True))
 
     def _write_options(self, schema: StructType, *, streaming: bool):
+        # The sink is imported only where something is written: its modules (the own producer's Kafka
+        # protocol schemas) are a third of the package's import, which the driver's streaming source
+        # process, started afresh for every query, would otherwise pay for nothing.
+        from .sink import check_input_schema, check_topic_exists
+
         options = parse_write_options(self.options, streaming=streaming)
         check_input_schema(schema, options)
         check_topic_exists(options)

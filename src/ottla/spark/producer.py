@@ -121,10 +121,15 @@ class OwnProducer:
         self._settle(list(self._in_flight))
 
     def _submit(self, batches: list) -> None:
-        by_leader = defaultdict(list)
+        """One request per leader and round: a Produce request holds one batch per partition (a broker keeps
+        one entry per partition, as Kafka's does: a second batch of a partition in the same request replaces
+        the first), so a partition's k-th batch of this call goes in the leader's k-th request."""
+        rounds = defaultdict(list)
+        held: dict[tuple[str, int], int] = defaultdict(int)
         for topic, partition, batch in batches:
-            by_leader[self._leaders[topic][partition]].append((topic, partition, batch))
-        for leader, items in by_leader.items():
+            rounds[self._leaders[topic][partition], held[topic, partition]].append((topic, partition, batch))
+            held[topic, partition] += 1
+        for (leader, _), items in sorted(rounds.items(), key=lambda entry: entry[0][1]):
             self._settle([leader])  # one request per leader in flight: its partitions' sequences stay in order
             if self._unsent:  # an earlier request failed: these go after its batches
                 self._unsent.extend(items)

@@ -62,11 +62,6 @@ class Batch:
     records: int
 
 
-def varint_sizes(values: np.ndarray) -> np.ndarray:
-    """Bytes of each zigzag varint (int64 in, same shape out)."""
-    return _sizes(_zigzag(values)).astype(np.int64)
-
-
 def _sizes(zigzag: np.ndarray) -> np.ndarray:
     sizes = np.ones(zigzag.shape, np.uint8)
     for bound in _BOUNDS:  # one pass per bound: a reduction over a short last axis is numpy's slow case
@@ -103,11 +98,6 @@ def _binary(stream: np.ndarray, sizes: np.ndarray) -> pa.Array:
     offsets = np.zeros(len(sizes) + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(stream)])
-
-
-def _fields(values: np.ndarray) -> pa.Array:
-    """Per row, the varints of the row's fields (the columns of 2-d int64 `values`) end to end."""
-    return _binary(*varints(values))
 
 
 def numbers(column: pa.Array, dtype) -> np.ndarray:
@@ -161,7 +151,7 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
     if keys.null_count:
         raise ValueError("a header has a null key")
-    encoded = _join(_fields(_lengths(keys)[:, None]), keys, _fields(_lengths(values)[:, None]), values)
+    encoded = _join(_varint_column(_lengths(keys))[0], keys, _varint_column(_lengths(values))[0], values)
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     rows = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
@@ -197,21 +187,58 @@ class _Rows:
         return self.value_lengths.clip(0) + self.key_lengths.clip(0) + self.header_lengths + _RECORD_MOST
 
 
+def _varint_column(values: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """The zigzag varint of each of `values` (1-d int64) as a binary array, and its size in bytes. When every
+    varint has the same size (a column of 100-byte values, record lengths of one order) the bytes are laid
+    out as an n x size matrix, one numpy pass per byte, with no scatter."""
+    zigzag = _zigzag(values)
+    sizes = _sizes(zigzag)
+    width = int(sizes[0]) if len(sizes) else 1
+    if not len(sizes) or (sizes == width).all():
+        out = np.empty((len(values), width), np.uint8)
+        for byte in range(width):
+            part = (zigzag >> np.uint64(7 * byte)) & np.uint64(0x7F)
+            out[:, byte] = part | np.uint64(0x80) if byte < width - 1 else part
+        offsets = np.arange(0, (len(values) + 1) * width, width, dtype=np.int32)
+        column = pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+        return column, sizes.astype(np.int64)
+    stream, per_row = varints(values[:, None])
+    return _binary(stream, per_row), per_row
+
+
+_deltas: list = []  # [binary array of the varints of 0..n-1], grown on demand (`_offset_deltas`)
+
+
+def _offset_deltas(n: int) -> tuple[pa.Array, np.ndarray]:
+    """The varints of offset deltas 0..n-1 and their sizes: the same for every batch of n records or more,
+    so computed once per process (and again only for a larger batch)."""
+    if not _deltas or len(_deltas[0]) < n:
+        _deltas[:] = _varint_column(np.arange(max(n, 4096), dtype=np.int64))
+    column, sizes = _deltas
+    return column.slice(0, n), sizes[:n]
+
+
+# A record's attributes (0) and timestamp delta (0: the batch's timestamp). Built from buffers: pyarrow's
+# conversion of a Python scalar imports pandas (see `numbers`).
+_ZEROS = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.array([0, 2], np.int32)),
+                                                pa.py_buffer(b"\x00\x00")])[0]
+
+
 def _encode(rows: _Rows, start: int, stop: int, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
             base_sequence: int = -1, transactional: bool = False) -> bytes:
     """One uncompressed v2 batch of rows [start, stop), all with `timestamp` (CreateTime, ms)."""
     n = stop - start
-    # Per record: length | attributes (0, which is one byte like the varint of 0) | timestamp delta (0: the
-    # batch's timestamp) | offset delta | key length, then value length and header count.
-    fields = np.zeros((n, 7), np.int64)
-    fields[:, 3] = np.arange(n)
-    fields[:, 4] = rows.key_lengths[start:stop]
-    fields[:, 5] = rows.value_lengths[start:stop]
-    fields[:, 6] = rows.header_counts[start:stop]
-    fields[:, 0] = (varint_sizes(fields[:, 1:]).sum(axis=1) + fields[:, 4].clip(0) + fields[:, 5].clip(0)
-                    + rows.header_lengths[start:stop])
-    records = _join(_fields(fields[:, :5]), rows.keys.slice(start, n), _fields(fields[:, 5:6]),
-                    rows.values.slice(start, n), _fields(fields[:, 6:]), rows.headers.slice(start, n))
+    # Per record: length | attributes | timestamp delta | offset delta | key length | key | value length | value |
+    # header count | headers. Each varint column is encoded on its own (`_varint_column`).
+    key_lengths, value_lengths = rows.key_lengths[start:stop], rows.value_lengths[start:stop]
+    deltas, delta_sizes = _offset_deltas(n)
+    key_varints, key_sizes = _varint_column(key_lengths)
+    value_varints, value_sizes = _varint_column(value_lengths)
+    count_varints, count_sizes = _varint_column(rows.header_counts[start:stop])
+    lengths = (2 + delta_sizes + key_sizes + key_lengths.clip(0) + value_sizes + value_lengths.clip(0) + count_sizes
+               + rows.header_lengths[start:stop])
+    records = _join(_varint_column(lengths)[0], _ZEROS, deltas, key_varints, rows.keys.slice(start, n),
+                    value_varints, rows.values.slice(start, n), count_varints, rows.headers.slice(start, n))
     _, offsets, data = records.buffers()
     first, last = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + n]]
     out = bytearray(HEADER_SIZE) + memoryview(data)[first:last]
