@@ -131,3 +131,22 @@ def test_a_transaction_after_the_coordinator_moved_goes_to_the_new_one(ottla_clu
     assert values(bootstrap, out, "read_committed") == [b"a", b"b"]
     assert committed(bootstrap, "g", "out") == 1
     producer.close()
+
+
+def test_a_partition_new_to_the_transaction_while_a_produce_is_in_flight(ottla_broker, caplog):
+    """One broker is the coordinator and every partition's leader: AddPartitionsToTxn for a later Arrow batch's
+    new partition goes over the connection that carries the earlier batch's Produce, still unanswered. Its
+    answer must not be read as AddPartitionsToTxn's (nothing moved: no reason to look the coordinator up)."""
+    bootstrap = ottla_broker.bootstrap
+    out = create(bootstrap, "out", partitions=3)
+    producer = TransactionalProducer({"bootstrap.servers": bootstrap}, "t-0", TIMEOUT_S)
+    with caplog.at_level(logging.INFO, logger="ottla.spark.transactional"):
+        producer.begin()
+        producer.send_offsets("g", "out", 0, 1)
+        for partition in range(3):
+            producer.send("out", rows(b"p%d-1" % partition, b"p%d-2" % partition),
+                          partitions=np.array([partition] * 2))
+        producer.commit()
+    assert "looking up the coordinator again" not in caplog.text
+    assert values(bootstrap, out, "read_committed") == [b"p0-1", b"p0-2", b"p1-1", b"p1-2", b"p2-1", b"p2-2"]
+    producer.close()

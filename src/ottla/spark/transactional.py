@@ -121,9 +121,12 @@ class TransactionalProducer(OwnProducer):
                   lambda r: _first_error(p.error_code for t in r.topics for p in t.partitions))
 
     def _submit(self, batches: list) -> None:
-        """Add the partitions new to the transaction (AddPartitionsToTxn) before their first Produce."""
+        """Add the partitions new to the transaction (AddPartitionsToTxn) before their first Produce. The
+        Produce requests in flight are answered first: the coordinator may lead partitions too, and a
+        connection's answers are read in the order its requests went."""
         new = sorted({(topic, partition) for topic, partition, _ in batches} - self._added)
         if new:
+            self._settle(list(self._in_flight))
             topics: dict[str, list[int]] = {}
             for topic, partition in new:
                 topics.setdefault(topic, []).append(partition)
