@@ -1,7 +1,8 @@
 """The exactly-once sink's own transactional producer (spark/transactional.py) against real `ottla serve`
 processes, read back by a real consumer (confluent-kafka) at both isolation levels: fencing by a second
 producer of the same transactional id, an abort that leaves nothing readable committed, and a coordinator
-that moved (NOT_COORDINATOR) between two transactions.
+that moved (NOT_COORDINATOR) between two transactions; and the write task's kept producer, fenced by another
+worker's task of its partition, fencing it back.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from confluent_kafka import Consumer, ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.admin_client import AdminProtocolClient
+from ottla.spark import sink
+from ottla.spark.options import parse_write_options
 from ottla.spark.record_batches import Columns
-from ottla.spark.transactional import Fenced, TransactionalProducer
+from ottla.spark.transactional import Fenced, Task, TransactionalProducer
 from tests.transactional_reads import read_all, wait_until_stable
 from tests.waiting import wait_for
 
@@ -150,3 +153,49 @@ def test_a_partition_new_to_the_transaction_while_a_produce_is_in_flight(ottla_b
     assert "looking up the coordinator again" not in caplog.text
     assert values(bootstrap, out, "read_committed") == [b"p0-1", b"p0-2", b"p1-1", b"p1-2", b"p2-1", b"p2-2"]
     producer.close()
+
+
+class TaskContext:
+    """What the sink reads of Spark's TaskContext: micro-batch `batch` of partition 0 of query q1."""
+
+    def __init__(self, batch: int):
+        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": "q1"}
+
+    def partitionId(self):
+        return 0
+
+    def getLocalProperty(self, key):
+        return self.props[key]
+
+
+def test_a_kept_task_fenced_by_another_worker_fences_it_back_before_writing(ottla_broker, monkeypatch):
+    """Worker A keeps the task of partition 0 after batch 4; worker B runs batch 5 of partition 0 (fencing A)
+    and dies mid-transaction, neither committing nor aborting; the retry of batch 5 lands on A, whose kept
+    producer learns from AddOffsetsToTxn that it was fenced, fences B in turn and writes batch 5 once."""
+    bootstrap = ottla_broker.bootstrap
+    out = create(bootstrap, "out", partitions=1)
+    options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": "out",
+                                   "timeoutMs": str(TIMEOUT_S * 1000)}, streaming=True)
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # worker A keeps no clients yet
+
+    def write(batch: int, *values: bytes) -> sink.TaskResult:
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: TaskContext(batch)))
+        return sink.StreamWriter(options).write(iter([pa.RecordBatch.from_pydict({"value": list(values)})]))
+
+    assert write(4, b"a").records == 1
+    (kept,) = sink._TRANSACTIONAL.values()
+    worker_b = Task("ottla-spark-q1-0", options)
+    assert worker_b.begin(5)
+    worker_b.producer.send("out", rows(b"lost"))
+    worker_b.producer.flush()
+
+    assert write(5, b"b").records == 1  # back on A
+    assert sink._TRANSACTIONAL["ottla-spark-q1-0", (("bootstrap.servers", bootstrap),)] is kept
+    assert kept.producer.producer_epoch > worker_b.producer.producer_epoch
+    with pytest.raises(Fenced):
+        worker_b.producer.commit()
+    assert values(bootstrap, out, "read_committed") == [b"a", b"b"]
+    assert committed(bootstrap, "ottla-spark-q1-0", "out") == 6
+    assert write(5, b"b").already_written
+    worker_b.close()
+    kept.close()
