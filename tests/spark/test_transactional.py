@@ -199,3 +199,19 @@ def test_a_kept_task_fenced_by_another_worker_fences_it_back_before_writing(ottl
     assert write(5, b"b").already_written
     worker_b.close()
     kept.close()
+
+
+def test_one_arrow_batch_over_a_megabyte_for_one_partition(ottla_broker):
+    """Rows of one partition over the 1 MB batch size are several record batches; a Produce request carries one
+    per partition, so they go in consecutive requests (in one request, the broker took the second alone:
+    UNKNOWN_PRODUCER_ID, its sequence not 0)."""
+    bootstrap = ottla_broker.bootstrap
+    out = create(bootstrap, "out", partitions=1)
+    producer = TransactionalProducer({"bootstrap.servers": bootstrap}, "t-0", TIMEOUT_S)
+    producer.begin()
+    producer.send_offsets("g", "out", 0, 1)
+    sent = [b"%06d" % i + b"x" * 200 for i in range(12_000)]  # 2.5 MB: three record batches
+    producer.send("out", rows(*sent))
+    producer.commit()
+    assert values(bootstrap, out, "read_committed") == sorted(sent)
+    producer.close()

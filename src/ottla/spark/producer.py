@@ -53,6 +53,21 @@ def supports(client: dict[str, str]) -> bool:
             and client.get("acks", client.get("request.required.acks", "all")) in ("all", "-1"))
 
 
+def _rounds(items: list) -> list[list]:
+    """The items as consecutive requests with at most one batch per partition, the k-th batch of each partition
+    in the k-th: a Produce request (v3+) carries one record batch per partition, and an Arrow batch's rows of
+    one partition over `_MAX_BATCH_BYTES` make several."""
+    rounds: list[list] = []
+    seen: dict[tuple[str, int], int] = defaultdict(int)
+    for item in items:
+        k = seen[item[0], item[1]]
+        seen[item[0], item[1]] += 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(item)
+    return rounds
+
+
 class ProduceFailed(RuntimeError):
     """Records that were not written; the producer is not to be used again."""
 
@@ -132,7 +147,8 @@ class OwnProducer:
         by_leader = defaultdict(list)
         for topic, partition, batch in batches:
             by_leader[self._leaders[topic][partition]].append((topic, partition, batch))
-        for leader, items in by_leader.items():
+        requests = [(leader, chunk) for leader, items in by_leader.items() for chunk in _rounds(items)]
+        for leader, items in requests:
             self._settle([leader])  # one request per leader in flight: its partitions' sequences stay in order
             if self._unsent:  # an earlier request failed: these go after its batches
                 self._unsent.extend(items)
