@@ -34,6 +34,7 @@ from kio.schema.txn_offset_commit.v3.request import (TxnOffsetCommitRequest, Txn
                                                      TxnOffsetCommitRequestTopic)
 
 from ..admin_client import BrokerConnection, ProtocolClientError, error_name
+from .options import WriteOptions
 from .producer import OwnProducer, ProduceFailed
 
 __all__ = ["Fenced", "Task", "TransactionalProducer"]
@@ -224,7 +225,7 @@ class Task:
     new producer and reads the marker again (sink.py's module docstring has the whole protocol).
     """
 
-    def __init__(self, ident: str, options):
+    def __init__(self, ident: str, options: WriteOptions):
         self.ident, self.options = ident, options
         self.producer = TransactionalProducer(options.client, ident, options.timeout_s)
         self.last_committed: int | None = None  # the batch this producer committed last
