@@ -166,7 +166,8 @@ class OwnProducer:
         topics = defaultdict(list)
         for topic, partition, batch in items:
             topics[topic].append(PartitionProduceData(index=partition, records=batch.data))
-        return ProduceRequest(transactional_id=self.transactional_id, acks=-1, timeout=timedelta(seconds=self._timeout_s),
+        return ProduceRequest(transactional_id=self.transactional_id, acks=-1,
+                              timeout=timedelta(seconds=self._timeout_s),
                               topic_data=tuple(TopicProduceData(name=t, partition_data=tuple(p))
                                                for t, p in topics.items()))
 
