@@ -215,3 +215,35 @@ def test_one_arrow_batch_over_a_megabyte_for_one_partition(ottla_broker):
     producer.commit()
     assert values(bootstrap, out, "read_committed") == sorted(sent)
     producer.close()
+
+
+def test_a_kept_task_that_found_its_batch_written_is_not_held_by_a_dead_workers_transaction(ottla_broker, monkeypatch):
+    """Worker B's task finds batch 0 written (a retry after the task failed past its commit) and keeps its
+    producer. Worker C then runs batch 1 of the partition (fencing B) and dies with its transaction open. The
+    retry of batch 1 on B must not wait on C's pending marker (OffsetFetch answers UNSTABLE_OFFSET_COMMIT until
+    the transaction times out): B knows the marker from its read, learns from AddOffsetsToTxn that it was fenced
+    and fences C, which aborts C's transaction."""
+    bootstrap = ottla_broker.bootstrap
+    out = create(bootstrap, "out", partitions=1)
+    options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": "out",
+                                   "timeoutMs": str(TIMEOUT_S * 1000)}, streaming=True)
+
+    def write(batch: int, *values: bytes) -> sink.TaskResult:
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: TaskContext(batch)))
+        return sink.StreamWriter(options).write(iter([pa.RecordBatch.from_pydict({"value": list(values)})]))
+
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # worker A
+    assert write(0, b"a").records == 1
+    worker_a = sink._TRANSACTIONAL
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # worker B
+    assert write(0, b"a").already_written
+    worker_c = Task("ottla-spark-q1-0", options)
+    assert worker_c.begin(1)
+    worker_c.producer.send("out", rows(b"lost"))
+    worker_c.producer.flush()
+
+    assert write(1, b"b").records == 1  # on B
+    assert values(bootstrap, out, "read_committed") == [b"a", b"b"]
+    assert committed(bootstrap, "ottla-spark-q1-0", "out") == 2
+    for task in [*worker_a.values(), *sink._TRANSACTIONAL.values(), worker_c]:
+        task.close()

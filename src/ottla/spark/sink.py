@@ -347,8 +347,12 @@ class _TransactionalTask:
                 # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
                 if self.last_committed >= batch_id:
                     return False
-            elif self.marker.committed([marker], self.options.timeout_s)[0].offset > batch_id:
-                return False
+            else:
+                # Read once this producer is the id's current epoch: whoever commits a marker after this read
+                # fences this producer first, so the kept producer knows the marker from here on.
+                self.last_committed = self.marker.committed([marker], self.options.timeout_s)[0].offset - 1
+                if self.last_committed >= batch_id:
+                    return False
             self.failures.clear()
             self.producer.begin_transaction()
             try:

@@ -228,7 +228,7 @@ class Task:
     def __init__(self, ident: str, options: WriteOptions):
         self.ident, self.options = ident, options
         self.producer = TransactionalProducer(options.client, ident, options.timeout_s)
-        self.last_committed: int | None = None  # the batch this producer committed last
+        self.last_committed: int | None = None  # the last batch committed, by this producer or before it began
         self.kept = False
 
     def begin(self, batch_id: int) -> bool:
@@ -241,8 +241,12 @@ class Task:
                 # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
                 if self.last_committed >= batch_id:
                     return False
-            elif self.producer.committed(self.ident, marker, 0) > batch_id:
-                return False
+            else:
+                # Read once this producer is the id's current epoch: whoever commits a marker after this read
+                # fences this producer first, so the kept producer knows the marker from here on.
+                self.last_committed = self.producer.committed(self.ident, marker, 0) - 1
+                if self.last_committed >= batch_id:
+                    return False
             self.producer.begin()
             try:
                 self.producer.send_offsets(self.ident, marker, 0, batch_id + 1)
