@@ -102,6 +102,9 @@ def broker(monkeypatch) -> Broker:
     monkeypatch.setattr(sink, "Producer", lambda config: FakeProducer(state, config))
     monkeypatch.setattr(sink, "Consumer", lambda config: FakeConsumer(state, config))
     monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # clients a worker keeps between tasks: none yet
+    # The librdkafka path (client settings the own producer does not speak); test_transactional.py runs the
+    # own transactional producer's path against a real broker.
+    monkeypatch.setattr(sink.own_producer, "supports", lambda client: False)
     return state
 
 

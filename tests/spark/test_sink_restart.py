@@ -89,4 +89,4 @@ def test_a_kept_producer_writes_the_next_batch_after_the_broker_restarted(ottla_
 
     assert read_committed(ottla_broker.bootstrap, "out") == [b"a", b"b", b"c"]
     for task in sink._TRANSACTIONAL.values():
-        task.marker.close()
+        task.close()

@@ -60,6 +60,8 @@ class ProduceFailed(RuntimeError):
 class OwnProducer:
     """An idempotent producer for one Spark task at a time (`send`, then `flush`), kept by the worker."""
 
+    transactional_id: str | None = None  # set by the transactional producer (transactional.py)
+
     def __init__(self, client: dict[str, str], timeout_s: float):
         self._timeout_s = timeout_s
         self._cluster = AdminProtocolClient(client["bootstrap.servers"], timeout=timeout_s,
@@ -68,11 +70,16 @@ class OwnProducer:
         self._sequences: dict[tuple[str, int], int] = defaultdict(int)
         self._in_flight: dict[int, list] = {}  # leader -> (connection, correlation id, [(topic, partition, batch)])
         self._unsent: list[tuple[str, int, Batch]] = []  # to resend, in sequence order per partition
+        self.producer_id, self.producer_epoch = self._init_producer_id()
+
+    def _init_producer_id(self) -> tuple[int, int]:
+        """A producer id and epoch for idempotence, from any broker (the transactional producer's come from its
+        coordinator)."""
         response = self._retrying(lambda: self._cluster.any_connection().send(
             INIT_PRODUCER_ID, _INIT_VERSION, InitProducerIdRequest(
                 transactional_id=None, transaction_timeout=timedelta(minutes=1), producer_id=-1,
                 producer_epoch=-1)), "InitProducerId")
-        self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
+        return response.producer_id, response.producer_epoch
 
     def close(self) -> None:
         self._cluster.close()
@@ -110,7 +117,8 @@ class OwnProducer:
             partition = int(partitions[order[start]])
             for batch in encode_batches(ordered.slice(int(start), int(stop)), max_bytes=_MAX_BATCH_BYTES,
                                         sequence=self._sequences[topic, partition], timestamp=now,
-                                        producer_id=self.producer_id, producer_epoch=self.producer_epoch):
+                                        producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+                                        transactional=self.transactional_id is not None):
                 self._sequences[topic, partition] += batch.records
                 batches.append((topic, partition, batch))
         self._submit(batches)
@@ -147,7 +155,8 @@ class OwnProducer:
         topics = defaultdict(list)
         for topic, partition, batch in items:
             topics[topic].append(PartitionProduceData(index=partition, records=batch.data))
-        return ProduceRequest(transactional_id=None, acks=-1, timeout=timedelta(seconds=self._timeout_s),
+        return ProduceRequest(transactional_id=self.transactional_id, acks=-1,
+                              timeout=timedelta(seconds=self._timeout_s),
                               topic_data=tuple(TopicProduceData(name=t, partition_data=tuple(p))
                                                for t, p in topics.items()))
 

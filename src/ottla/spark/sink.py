@@ -1,21 +1,22 @@
 """Writing: an at-least-once batch sink and an exactly-once micro-batch sink.
 
 At-least-once tasks write through Ottla's own idempotent producer (producer.py: record batches encoded from
-the Arrow columns) unless a client setting needs librdkafka; exactly-once tasks through confluent-kafka.
+the Arrow columns), exactly-once tasks through its transactional variant (transactional.py), unless a client
+setting needs librdkafka: then through confluent-kafka, with the same protocol.
 
 Exactly-once, per write task of micro-batch B (Spark partition P of query Q):
 
-1. A transactional producer with transactional.id `<prefix><Q>-<P>` calls init_transactions(). Kafka
+1. A transactional producer with transactional.id `<prefix><Q>-<P>` initialises (InitProducerId). Kafka
    bumps the producer epoch, so any earlier attempt of the same task (a zombie: a retried task, a
    stopped query's straggler) is fenced, and its unfinished transaction is aborted or completed.
-   The Python worker keeps the producer for the next micro-batches of P (see `_TransactionalTask`).
+   The Python worker keeps the producer for the next micro-batches of P (`_checkin`).
 2. The task reads the committed offset of consumer group `<prefix><Q>-<P>` on partition 0 of the
    marker topic. It is B + 1 if a previous attempt already committed batch B: the task writes nothing.
    A kept producer that is still the current epoch knows the marker without reading it: its own last
    commit (step 3 finds out whether it is still current).
 3. Otherwise it begins a transaction, adds offset B + 1 for that group to it first
-   (send_offsets_to_transaction: a kept producer that was fenced meanwhile learns it here, before any
-   row is read, and goes back to step 1 with a new producer), then writes its rows and commits. Rows
+   (AddOffsetsToTxn: a kept producer that was fenced meanwhile learns it here, before any row is
+   sent, and goes back to step 1 with a new producer), then writes its rows and commits. Rows
    and marker become visible together or not at all.
 
 Spark re-runs a micro-batch with the same id and the same input offsets after a task retry, a
@@ -41,6 +42,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from . import producer as own_producer
+from . import transactional
 from .options import OptionError, WriteOptions
 from .record_batches import Columns, numbers, valid
 from .source import freeze_worker_heap
@@ -57,8 +59,9 @@ _RECONNECT_BACKOFF_MS = 10
 _EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exists in this process
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
 _OWN: dict[tuple, "own_producer.OwnProducer"] = {}
-_TRANSACTIONAL: dict[tuple, "_TransactionalTask"] = {}
-_KEEP_AT_MOST = 16  # transactional producers per worker: each holds librdkafka threads and connections
+# Exactly-once tasks (`_TransactionalTask`, transactional.Task) by transactional id and client config.
+_TRANSACTIONAL: dict[tuple, "_TransactionalTask | transactional.Task"] = {}
+_KEEP_AT_MOST = 16  # transactional producers per worker: each holds connections (and librdkafka threads)
 
 
 @dataclass
@@ -259,27 +262,43 @@ def _write_exactly_once(batches: Iterator, options: WriteOptions) -> TaskResult:
     if first is None:
         return TaskResult(partition, 0)  # nothing to write, nothing to mark: a replay has nothing either
     ident = f"{options.transactional_id_prefix}{context.getLocalProperty(_QUERY_ID)}-{partition}"
-    task = _TransactionalTask.checkout(ident, options)
+    own = own_producer.supports(options.client)
+    task = _checkout(transactional.Task if own else _TransactionalTask, ident, options)
     try:
         if not task.begin(batch_id):
             for _ in batches:  # Spark streams the input to the worker; read it all before returning
                 pass
-            task.checkin()
+            _checkin(task)
             return TaskResult(partition, 0, already_written=True)
         count = 0
+        send = _send_batch if own else _produce_batch
         for batch in itertools.chain([first], rows):
-            _produce_batch(task.producer, batch, options.topic)
+            send(task.producer, batch, options.topic)
             count += batch.num_rows
-        task.producer.flush(options.timeout_s)
-        if task.failures:
-            raise RuntimeError(f"{len(task.failures)} record(s) failed; first: {task.failures[0]}")
-        task.producer.commit_transaction(options.timeout_s)
-        task.last_committed = batch_id
+        task.commit(batch_id)
     except BaseException:
         task.discard()
         raise
-    task.checkin()
+    _checkin(task)
     return TaskResult(partition, count)
+
+
+def _key(ident: str, options: WriteOptions) -> tuple:
+    return ident, tuple(sorted(options.client.items()))
+
+
+def _checkout(kind: type, ident: str, options: WriteOptions):
+    """The task this worker kept for the transactional id, else a new one of `kind`."""
+    kept = _TRANSACTIONAL.pop(_key(ident, options), None)
+    return kept if kept is not None else kind(ident, options)
+
+
+def _checkin(task) -> None:
+    """Keep a task whose last transaction committed (or that began none) for the partition's next batches."""
+    task.kept = True
+    _TRANSACTIONAL[_key(task.ident, task.options)] = task
+    while len(_TRANSACTIONAL) > _KEEP_AT_MOST:  # oldest first: a worker serves many partitions
+        _TRANSACTIONAL.pop(next(iter(_TRANSACTIONAL))).close()
 
 
 class _TransactionalTask:
@@ -318,15 +337,6 @@ class _TransactionalTask:
         self.last_committed = None
         return producer
 
-    @staticmethod
-    def key(ident: str, options: WriteOptions) -> tuple:
-        return ident, tuple(sorted(options.client.items()))
-
-    @classmethod
-    def checkout(cls, ident: str, options: WriteOptions) -> _TransactionalTask:
-        kept = _TRANSACTIONAL.pop(cls.key(ident, options), None)
-        return kept if kept is not None else cls(ident, options)
-
     def begin(self, batch_id: int) -> bool:
         """Open the transaction of micro-batch `batch_id` with its marker (offset batch_id + 1) in it;
         False if an earlier attempt already committed that batch."""
@@ -337,8 +347,12 @@ class _TransactionalTask:
                 # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
                 if self.last_committed >= batch_id:
                     return False
-            elif self.marker.committed([marker], self.options.timeout_s)[0].offset > batch_id:
-                return False
+            else:
+                # Read once this producer is the id's current epoch: whoever commits a marker after this read
+                # fences this producer first, so the kept producer knows the marker from here on.
+                self.last_committed = self.marker.committed([marker], self.options.timeout_s)[0].offset - 1
+                if self.last_committed >= batch_id:
+                    return False
             self.failures.clear()
             self.producer.begin_transaction()
             try:
@@ -352,11 +366,15 @@ class _TransactionalTask:
                 _abort_quietly(self.producer, self.options.timeout_s)
                 self.producer, self.kept = self._fence(), False  # fenced while kept: fence in turn, look again
 
-    def checkin(self) -> None:
-        self.kept = True
-        _TRANSACTIONAL[self.key(self.ident, self.options)] = self
-        while len(_TRANSACTIONAL) > _KEEP_AT_MOST:  # oldest first: a worker serves many partitions
-            _TRANSACTIONAL.pop(next(iter(_TRANSACTIONAL))).marker.close()
+    def commit(self, batch_id: int) -> None:
+        self.producer.flush(self.options.timeout_s)
+        if self.failures:
+            raise RuntimeError(f"{len(self.failures)} record(s) failed; first: {self.failures[0]}")
+        self.producer.commit_transaction(self.options.timeout_s)
+        self.last_committed = batch_id
+
+    def close(self) -> None:
+        self.marker.close()
 
     def discard(self) -> None:
         """After a failure: abort so the partitions' LSO is not held back, and never reuse this producer."""
