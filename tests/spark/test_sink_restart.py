@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.spark import sink
 from ottla.spark.options import parse_write_options
+from tests.spark.task_context import StreamingTaskContext
 
 TIMEOUT_MS = 20_000
 # A guard against a hang, not a speed check: librdkafka gives up on every call after TIMEOUT_MS, so a
@@ -25,22 +26,9 @@ TIMEOUT_MS = 20_000
 STUCK_S = 6 * TIMEOUT_MS / 1000
 
 
-class Task:
-    """What the sink reads of Spark's TaskContext."""
-
-    def __init__(self, batch: int):
-        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": "q1"}
-
-    def partitionId(self):
-        return 0
-
-    def getLocalProperty(self, key):
-        return self.props[key]
-
-
 def write(monkeypatch, options, batch: int, values: list[bytes]) -> sink.TaskResult:
     """Run one write task in a thread, failing (not hanging) if it is stuck in librdkafka."""
-    monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: Task(batch)))
+    monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: StreamingTaskContext(batch)))
     outcome: list = []
 
     def run():

@@ -22,6 +22,7 @@ from ottla.spark.record_batches import Columns
 from ottla.spark.transactional import Fenced, Task, TransactionalProducer
 from tests.transactional_reads import read_all, wait_until_stable
 from tests.waiting import wait_for
+from tests.spark.task_context import StreamingTaskContext
 
 TIMEOUT_S = 30  # the producer's, for each request it retries
 LIMIT_S = 120  # guards against hangs only
@@ -155,19 +156,6 @@ def test_a_partition_new_to_the_transaction_while_a_produce_is_in_flight(ottla_b
     producer.close()
 
 
-class TaskContext:
-    """What the sink reads of Spark's TaskContext: micro-batch `batch` of partition 0 of query q1."""
-
-    def __init__(self, batch: int):
-        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": "q1"}
-
-    def partitionId(self):
-        return 0
-
-    def getLocalProperty(self, key):
-        return self.props[key]
-
-
 def test_a_kept_task_fenced_by_another_worker_fences_it_back_before_writing(ottla_broker, monkeypatch):
     """Worker A keeps the task of partition 0 after batch 4; worker B runs batch 5 of partition 0 (fencing A)
     and dies mid-transaction, neither committing nor aborting; the retry of batch 5 lands on A, whose kept
@@ -179,7 +167,7 @@ def test_a_kept_task_fenced_by_another_worker_fences_it_back_before_writing(ottl
     monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # worker A keeps no clients yet
 
     def write(batch: int, *values: bytes) -> sink.TaskResult:
-        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: TaskContext(batch)))
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: StreamingTaskContext(batch)))
         return sink.StreamWriter(options).write(iter([pa.RecordBatch.from_pydict({"value": list(values)})]))
 
     assert write(4, b"a").records == 1
@@ -229,7 +217,7 @@ def test_a_kept_task_that_found_its_batch_written_is_not_held_by_a_dead_workers_
                                    "timeoutMs": str(TIMEOUT_S * 1000)}, streaming=True)
 
     def write(batch: int, *values: bytes) -> sink.TaskResult:
-        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: TaskContext(batch)))
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: StreamingTaskContext(batch)))
         return sink.StreamWriter(options).write(iter([pa.RecordBatch.from_pydict({"value": list(values)})]))
 
     monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # worker A
