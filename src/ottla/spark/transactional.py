@@ -33,7 +33,7 @@ from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRe
 from kio.schema.txn_offset_commit.v3.request import (TxnOffsetCommitRequest, TxnOffsetCommitRequestPartition,
                                                      TxnOffsetCommitRequestTopic)
 
-from ..admin_client import BrokerConnection, ProtocolClientError, error_name
+from ..admin_client import BrokerConnection, ProtocolClientError, api_name, error_name
 from .options import WriteOptions
 from .producer import OwnProducer, ProduceFailed
 
@@ -41,8 +41,6 @@ __all__ = ["Fenced", "Task", "TransactionalProducer"]
 
 log = logging.getLogger(__name__)
 
-OFFSET_FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN = 9, 10, 22, 24
-ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 25, 26, 28
 GROUP, TRANSACTION = 0, 1  # FindCoordinator key types
 _TRANSACTION_TIMEOUT = timedelta(minutes=1)  # librdkafka's transaction.timeout.ms
 _BACKOFF_S = 0.02  # Java's producer retries CONCURRENT_TRANSACTIONS after 20 ms: markers take milliseconds
@@ -82,10 +80,9 @@ class TransactionalProducer(OwnProducer):
         super().__init__(client, timeout_s)  # InitProducerId, by way of _init_producer_id
 
     def _init_producer_id(self) -> tuple[int, int]:
-        response = self._ask(TRANSACTION, self.transactional_id, INIT_PRODUCER_ID, 4, "InitProducerId",
-                             InitProducerIdRequest(transactional_id=self.transactional_id,
-                                                   transaction_timeout=_TRANSACTION_TIMEOUT, producer_id=-1,
-                                                   producer_epoch=-1), lambda r: r.error_code)
+        request = InitProducerIdRequest(transactional_id=self.transactional_id,
+                                        transaction_timeout=_TRANSACTION_TIMEOUT, producer_id=-1, producer_epoch=-1)
+        response = self._ask(TRANSACTION, self.transactional_id, request, lambda r: r.error_code)
         return response.producer_id, response.producer_epoch
 
     def committed(self, group: str, topic: str, partition: int) -> int:
@@ -98,7 +95,7 @@ class TransactionalProducer(OwnProducer):
             answer = response.groups[0]
             return answer.error_code or next((p.error_code for t in answer.topics for p in t.partitions), 0)
 
-        response = self._ask(GROUP, group, OFFSET_FETCH, 8, "OffsetFetch", request, error)
+        response = self._ask(GROUP, group, request, error)
         return next((p.committed_offset for t in response.groups[0].topics for p in t.partitions), -1)
 
     def begin(self) -> None:
@@ -108,9 +105,9 @@ class TransactionalProducer(OwnProducer):
     def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
         """Commit `offset` for `group` with the transaction (AddOffsetsToTxn, then TxnOffsetCommit). Raises
         Fenced, before anything is written, if another producer of this id initialised since."""
-        self._ask(TRANSACTION, self.transactional_id, ADD_OFFSETS_TO_TXN, 3, "AddOffsetsToTxn",
-                  AddOffsetsToTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
-                                         producer_epoch=self.producer_epoch, group_id=group), lambda r: r.error_code)
+        add_offsets = AddOffsetsToTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                             producer_epoch=self.producer_epoch, group_id=group)
+        self._ask(TRANSACTION, self.transactional_id, add_offsets, lambda r: r.error_code)
         self._open = True
         commit = TxnOffsetCommitRequest(
             transactional_id=self.transactional_id, group_id=group, producer_id=self.producer_id,
@@ -118,7 +115,7 @@ class TransactionalProducer(OwnProducer):
             topics=(TxnOffsetCommitRequestTopic(name=topic, partitions=(TxnOffsetCommitRequestPartition(
                 partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
                 committed_metadata=""),)),))
-        self._ask(GROUP, group, TXN_OFFSET_COMMIT, 3, "TxnOffsetCommit", commit,
+        self._ask(GROUP, group, commit,
                   lambda r: _first_error(p.error_code for t in r.topics for p in t.partitions))
 
     def _submit(self, batches: list) -> None:
@@ -135,7 +132,7 @@ class TransactionalProducer(OwnProducer):
                 v3_and_below_transactional_id=self.transactional_id, v3_and_below_producer_id=self.producer_id,
                 v3_and_below_producer_epoch=self.producer_epoch, v3_and_below_topics=tuple(
                     AddPartitionsToTxnTopic(name=t, partitions=tuple(p)) for t, p in topics.items()))
-            self._ask(TRANSACTION, self.transactional_id, ADD_PARTITIONS_TO_TXN, 3, "AddPartitionsToTxn", request,
+            self._ask(TRANSACTION, self.transactional_id, request,
                       lambda r: _first_error(p.partition_error_code for t in r.results_by_topic_v3_and_below
                                              for p in t.results_by_partition))
             self._open = True
@@ -158,15 +155,15 @@ class TransactionalProducer(OwnProducer):
 
     def _end(self, committed: bool) -> None:
         if self._open:
-            self._ask(TRANSACTION, self.transactional_id, END_TXN, 3, "EndTxn",
-                      EndTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
-                                    producer_epoch=self.producer_epoch, committed=committed),
-                      lambda r: r.error_code)
+            end = EndTxnRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                producer_epoch=self.producer_epoch, committed=committed)
+            self._ask(TRANSACTION, self.transactional_id, end, lambda r: r.error_code)
         self.begin()
 
-    def _ask(self, key_type: int, key: str, api_key: int, version: int, what: str, request,
-             error: Callable[[object], int]):
-        """Send `request` to the coordinator of `key` and return the answer, retrying until `timeout_s`."""
+    def _ask(self, key_type: int, key: str, request, error: Callable[[object], int]):
+        """Send `request` (a kio request class, which names its API and version) to the coordinator of `key`
+        and return the answer, retrying until `timeout_s`."""
+        api_key, version, what = request.__api_key__, request.__version__, api_name(request.__api_key__)
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
@@ -195,8 +192,8 @@ class TransactionalProducer(OwnProducer):
         """The connection to the coordinator of `key`, looked up with FindCoordinator once and after it moved."""
         node = self._coordinators.get((key_type, key))
         if node is None:
-            response = self._cluster.any_connection().send(FIND_COORDINATOR, 4, FindCoordinatorRequest(
-                key_type=key_type, coordinator_keys=(key,)))
+            find = FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,))
+            response = self._cluster.any_connection().send(find.__api_key__, find.__version__, find)
             answer = response.coordinators[0]
             if answer.error_code != ErrorCode.none:
                 code = ErrorCode(answer.error_code)
