@@ -150,3 +150,40 @@ def test_a_read_committed_fetch_as_first_use_loads_in_steps_and_sees_the_open_tr
         broker.replicas.close()
         broker.logs.close()
         broker.release_data_dir()
+
+
+def test_a_read_committed_list_offsets_by_time_as_first_use_loads_in_steps(tmp_path):
+    """A lookup by time answers only below the LSO read_committed, which needs the state: loaded
+    in steps, as for latest. The newest record (the max timestamp) is past the open transaction's
+    first offset, so there is nothing to answer yet."""
+    from kio.schema.list_offsets.v7 import request as list_offsets7
+    from kio.schema.list_offsets.v7.response import ListOffsetsResponse
+
+    from ottla.server.broker import Broker
+    from ottla.server.handlers import list_offsets
+
+    replicas, _, _, _ = _restarted_with_the_snapshot_lost(tmp_path)
+    replicas.close()
+    replicas.logs.close()
+    broker = Broker(tmp_path, BrokerConfig({}), host="127.0.0.1", port=0)
+    log = broker.logs.get_log("t", 0)
+    assert not log.producer_state_ready
+    request = list_offsets7.ListOffsetsRequest(
+        replica_id=-1, isolation_level=1, topics=(list_offsets7.ListOffsetsTopic(name="t", partitions=(
+            list_offsets7.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1,
+                                               timestamp=list_offsets.MAX_TIMESTAMP),)),))
+    ctx = SimpleNamespace(broker=broker, api_version=7, response_type=ListOffsetsResponse)
+
+    def loaded_to():
+        state = log._producers.created
+        return None if state is None else state.map_end_offset
+
+    try:
+        seen, response = asyncio.run(seen_between_turns(list_offsets.handle(ctx, request), loaded_to))
+        assert len({m for m in seen if m is not None and 0 < m < log.log_end_offset}) >= 3
+        answer = response.topics[0].partitions[0]
+        assert (answer.error_code, answer.offset) == (ErrorCode.none, -1)
+    finally:
+        broker.replicas.close()
+        broker.logs.close()
+        broker.release_data_dir()

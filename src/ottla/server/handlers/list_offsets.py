@@ -34,6 +34,8 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD = -4, -5, -6
 READ_COMMITTED = 1
 CONSUMER_REPLICA_ID = -1  # a client; -2 is Kafka's debugging replica id, >= 0 a follower
+# Specs answered without the LSO (latest, max timestamp and times are answered below it read_committed).
+_NO_LSO_NEEDED = (EARLIEST, EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD)
 # The first version that may ask for each spec (Kafka 3.9 served v0 apart: latest and earliest only).
 _SPEC_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9,
                      EARLIEST_PENDING_UPLOAD: 11}
@@ -132,7 +134,8 @@ async def handle(ctx, request):
                     raise KafkaError(ErrorCode.unsupported_version)
                 partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
                                                 getattr(wanted, "current_leader_epoch", -1))
-                if read_committed and wanted.timestamp == LATEST and not partition.log.producer_state_ready:
+                if (read_committed and wanted.timestamp not in _NO_LSO_NEEDED
+                        and not partition.log.producer_state_ready):
                     await producer_state_ready(partition.log)  # the LSO needs it: loaded in steps
                     partition = leader_partition_at(ctx.broker, topic.name, wanted.partition_index,
                                                     getattr(wanted, "current_leader_epoch", -1))
