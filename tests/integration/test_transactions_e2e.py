@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from ottla.admin_client import AdminProtocolClient
 from tests.transactional_reads import end_offsets, read_all, wait_until_stable
+from tests.waiting import wait_for
 
 COPIER = Path(__file__).with_name("copier.py")
 COMMIT_EVERY = 500       # the copier's records per transaction: 200 transactions to interrupt
@@ -264,11 +265,15 @@ def test_coordinator_killed_between_prepare_commit_and_markers(ottla_broker_fact
 
     broker.env = {}
     broker.start()
-    # Nobody asks: loading __transaction_state finds PrepareCommit and rolls it forward.
+    # Nobody asks: loading __transaction_state finds PrepareCommit and rolls it forward. The
+    # markers come first (the LSO moves), the CompleteCommit record after them.
     wait_until_stable(bootstrap, partitions)
-    with AdminProtocolClient(bootstrap) as client:
-        _, state = client.describe_transaction("failpoint")
-    assert state.transaction_state == "CompleteCommit"
+
+    def transaction_state():
+        with AdminProtocolClient(bootstrap) as client:
+            return client.describe_transaction("failpoint")[1].transaction_state
+
+    wait_for(lambda: transaction_state() == "CompleteCommit", timeout=30, what="the roll-forward's CompleteCommit")
     assert _producer_states(bootstrap, partitions) == {(tp.topic, tp.partition): [] for tp in partitions}
     seen = read_all(bootstrap, partitions, "read_committed")
     assert Counter((t, p, v) for t, p, _, v in seen) == Counter(expected)
