@@ -112,14 +112,11 @@ def test_requests_arriving_during_the_load_wait_for_it(tmp_path):
         replicas.logs.close()
 
 
-def test_a_read_committed_fetch_as_first_use_loads_in_steps_and_sees_the_open_transaction(tmp_path):
-    from kio.schema.fetch.v11 import request as fetch11
-    from kio.schema.fetch.v11.response import FetchResponse
-    from kio.serial import entity_reader
-
-    from ottla.protocol.codec import EncodedBody
+def _handled_in_steps_as_first_use(tmp_path, handler, request, api_version: int, response_type):
+    """Restart a broker over the log of `_restarted_with_the_snapshot_lost` and handle `request`
+    as the partition's first use: the load must run in steps (at least three partial loads seen
+    between turns of the loop). Returns the answer and the open transaction's first offset."""
     from ottla.server.broker import Broker
-    from ottla.server.handlers import fetch
 
     replicas, _, txn_first, _ = _restarted_with_the_snapshot_lost(tmp_path)
     replicas.close()
@@ -127,29 +124,41 @@ def test_a_read_committed_fetch_as_first_use_loads_in_steps_and_sees_the_open_tr
     broker = Broker(tmp_path, BrokerConfig({}), host="127.0.0.1", port=0)
     log = broker.logs.get_log("t", 0)
     assert not log.producer_state_ready
-    request = fetch11.FetchRequest(
-        replica_id=-1, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=1, session_id=0,
-        session_epoch=-1, forgotten_topics_data=(), rack_id="",
-        topics=(fetch11.FetchTopic(topic="t", partitions=(fetch11.FetchPartition(
-            partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
-            partition_max_bytes=1 << 20),)),))
-    ctx = SimpleNamespace(broker=broker, api_version=11, response_type=FetchResponse)
+    ctx = SimpleNamespace(broker=broker, api_version=api_version, response_type=response_type)
 
     def loaded_to():
         state = log._producers.created
         return None if state is None else state.map_end_offset
 
     try:
-        seen, response = asyncio.run(seen_between_turns(fetch.handle(ctx, request), loaded_to))
+        seen, response = asyncio.run(seen_between_turns(handler(ctx, request), loaded_to))
         assert len({m for m in seen if m is not None and 0 < m < log.log_end_offset}) >= 3
-        if isinstance(response, EncodedBody):  # an answer encoded ahead (`fetch._encoded_if_empty`)
-            response = entity_reader(FetchResponse)(bytes(response), 0)[0]
-        answer = response.responses[0].partitions[0]
-        assert (answer.error_code, answer.last_stable_offset) == (ErrorCode.none, txn_first)
+        return response, txn_first
     finally:
         broker.replicas.close()
         broker.logs.close()
         broker.release_data_dir()
+
+
+def test_a_read_committed_fetch_as_first_use_loads_in_steps_and_sees_the_open_transaction(tmp_path):
+    from kio.schema.fetch.v11 import request as fetch11
+    from kio.schema.fetch.v11.response import FetchResponse
+    from kio.serial import entity_reader
+
+    from ottla.protocol.codec import EncodedBody
+    from ottla.server.handlers import fetch
+
+    request = fetch11.FetchRequest(
+        replica_id=-1, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, isolation_level=1, session_id=0,
+        session_epoch=-1, forgotten_topics_data=(), rack_id="",
+        topics=(fetch11.FetchTopic(topic="t", partitions=(fetch11.FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+            partition_max_bytes=1 << 20),)),))
+    response, txn_first = _handled_in_steps_as_first_use(tmp_path, fetch.handle, request, 11, FetchResponse)
+    if isinstance(response, EncodedBody):  # an answer encoded ahead (`fetch._encoded_if_empty`)
+        response = entity_reader(FetchResponse)(bytes(response), 0)[0]
+    answer = response.responses[0].partitions[0]
+    assert (answer.error_code, answer.last_stable_offset) == (ErrorCode.none, txn_first)
 
 
 def test_a_read_committed_list_offsets_by_time_as_first_use_loads_in_steps(tmp_path):
@@ -159,31 +168,12 @@ def test_a_read_committed_list_offsets_by_time_as_first_use_loads_in_steps(tmp_p
     from kio.schema.list_offsets.v7 import request as list_offsets7
     from kio.schema.list_offsets.v7.response import ListOffsetsResponse
 
-    from ottla.server.broker import Broker
     from ottla.server.handlers import list_offsets
 
-    replicas, _, _, _ = _restarted_with_the_snapshot_lost(tmp_path)
-    replicas.close()
-    replicas.logs.close()
-    broker = Broker(tmp_path, BrokerConfig({}), host="127.0.0.1", port=0)
-    log = broker.logs.get_log("t", 0)
-    assert not log.producer_state_ready
     request = list_offsets7.ListOffsetsRequest(
         replica_id=-1, isolation_level=1, topics=(list_offsets7.ListOffsetsTopic(name="t", partitions=(
             list_offsets7.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1,
                                                timestamp=list_offsets.MAX_TIMESTAMP),)),))
-    ctx = SimpleNamespace(broker=broker, api_version=7, response_type=ListOffsetsResponse)
-
-    def loaded_to():
-        state = log._producers.created
-        return None if state is None else state.map_end_offset
-
-    try:
-        seen, response = asyncio.run(seen_between_turns(list_offsets.handle(ctx, request), loaded_to))
-        assert len({m for m in seen if m is not None and 0 < m < log.log_end_offset}) >= 3
-        answer = response.topics[0].partitions[0]
-        assert (answer.error_code, answer.offset) == (ErrorCode.none, -1)
-    finally:
-        broker.replicas.close()
-        broker.logs.close()
-        broker.release_data_dir()
+    response, _ = _handled_in_steps_as_first_use(tmp_path, list_offsets.handle, request, 7, ListOffsetsResponse)
+    answer = response.topics[0].partitions[0]
+    assert (answer.error_code, answer.offset) == (ErrorCode.none, -1)
