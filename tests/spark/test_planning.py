@@ -6,7 +6,7 @@ import pytest
 
 
 from ottla.spark.options import EARLIEST, LATEST, OptionError, parse_read_options, parse_write_options
-from ottla.spark.source import OffsetRange, ReadTask, _admit, _from_json, _to_json, plan
+from ottla.spark.source import BatchReader, OffsetRange, ReadTask, _admit, _from_json, _to_json, plan, source_schema
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092"}
 
@@ -38,10 +38,22 @@ def test_read_options_mirror_spark_kafka():
     ({**BOOTSTRAP, "subscribe": "a", "kafka.enable.auto.commit": "true"}, "manages them itself"),
     ({**BOOTSTRAP, "subscribe": "a", "kafka.isolation.level": "dirty"}, "kafka.isolation.level"),
     ({**BOOTSTRAP, "subscribe": "a", "startingOffset": "earliest"}, "unknown option"),
+    ({**BOOTSTRAP, "subscribe": "a", "fetchOffset.numRetries": "-1"}, "non-negative integer"),
+    ({**BOOTSTRAP, "subscribe": "a", "fetchOffset.retryIntervalMs": "soon"}, "non-negative integer"),
 ])
 def test_bad_read_options(options, message):
     with pytest.raises(OptionError, match=message):
         parse_read_options(options)
+
+
+def test_fetch_offset_retries_are_spark_kafka_options_of_streaming_reads():
+    given = parse_read_options({**BOOTSTRAP, "subscribe": "a", "fetchOffset.numRetries": "0",
+                                "fetchOffset.retryIntervalMs": "250"})
+    assert (given.fetch_offset_num_retries, given.fetch_offset_retry_interval_ms) == (0, 250)
+    default = parse_read_options({**BOOTSTRAP, "subscribe": "a"})
+    assert (default.fetch_offset_num_retries, default.fetch_offset_retry_interval_ms) == (None, None)
+    with pytest.raises(OptionError, match="streaming reads only"):
+        BatchReader(given, source_schema(include_headers=False))
 
 
 def test_write_options():

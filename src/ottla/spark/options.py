@@ -16,6 +16,10 @@ EARLIEST = -2
 """Offset sentinel of Spark's offsets JSON: the log start of the partition."""
 LATEST = -1
 """Offset sentinel of Spark's offsets JSON: the end of what the isolation level lets us read."""
+FETCH_OFFSET_NUM_RETRIES = 3
+"""Spark's Kafka source default for `fetchOffset.numRetries`."""
+FETCH_OFFSET_RETRY_INTERVAL_MS = 10
+"""Spark's Kafka source default for `fetchOffset.retryIntervalMs`."""
 
 TopicPartitionOffsets = dict[tuple[str, int], int]
 
@@ -57,6 +61,9 @@ class ReadOptions:
     fail_on_data_loss: bool
     poll_timeout_s: float
     read_committed: bool
+    fetch_offset_num_retries: int | None
+    """Streaming only (None when not given): how many times an end offset below one already read is read again."""
+    fetch_offset_retry_interval_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,8 @@ _READER_OWNED = {"enable.auto.commit", "auto.offset.reset", "enable.partition.eo
 _WRITER_OWNED = {"transactional.id"}
 _READ_OPTIONS = {"subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
                  "maxoffsetspertrigger", "minpartitions", "maxrecordsperpartition", "includeheaders",
-                 "failondataloss", "kafkaconsumer.polltimeoutms"}
+                 "failondataloss", "kafkaconsumer.polltimeoutms", "fetchoffset.numretries",
+                 "fetchoffset.retryintervalms"}
 _WRITE_OPTIONS = {"topic", "deliveryguarantee", "markertopic", "transactionalidprefix", "timeoutms"}
 
 
@@ -113,6 +121,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         include_headers=_bool(options, "includeHeaders", False),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         poll_timeout_s=(_positive_int(options, "kafkaConsumer.pollTimeoutMs") or 120_000) / 1000,
+        fetch_offset_num_retries=_non_negative_int(options, "fetchOffset.numRetries"),
+        fetch_offset_retry_interval_ms=_non_negative_int(options, "fetchOffset.retryIntervalMs"),
     )
 
 
@@ -233,6 +243,19 @@ def _positive_int(options: Mapping[str, str], name: str) -> int | None:
         number = 0
     if number <= 0:
         raise OptionError(f"option {name!r} must be a positive integer, not {value!r}")
+    return number
+
+
+def _non_negative_int(options: Mapping[str, str], name: str) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise OptionError(f"option {name!r} must be a non-negative integer, not {value!r}")
     return number
 
 

@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -30,7 +31,8 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
                                TimestampType)
 
 from ..end_offsets import list_offsets
-from .options import EARLIEST, LATEST, DataLossError, OptionError, ReadOptions, TopicPartitionOffsets
+from .options import (EARLIEST, FETCH_OFFSET_NUM_RETRIES, FETCH_OFFSET_RETRY_INTERVAL_MS, LATEST, DataLossError,
+                      OptionError, ReadOptions, TopicPartitionOffsets)
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +227,9 @@ class BatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType):
         if options.starting == "latest":
             raise OptionError("startingOffsets='latest' is not allowed for a batch read")
+        if options.fetch_offset_num_retries is not None or options.fetch_offset_retry_interval_ms is not None:
+            raise OptionError("options 'fetchOffset.numRetries' and 'fetchOffset.retryIntervalMs' apply to "
+                              "streaming reads only")
         self._options = options
         self._schema = schema
 
@@ -280,7 +285,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = _from_json(start)
-        latest = self.cluster.latest(self.cluster.partitions())
+        latest = self._latest_not_below(begin)
         self._latest = latest
         for tp in sorted(set(begin) - set(latest)):
             _data_loss(self._options, f"{tp[0]}-{tp[1]} no longer exists")
@@ -295,6 +300,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             return _to_json(_admit(base, latest, limit.max_rows))
         return _to_json(latest)
+
+    def _latest_not_below(self, known: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """End offsets, read again (`fetchOffset.numRetries` times, `fetchOffset.retryIntervalMs` apart, as
+        Spark's Kafka source does) while one is below the offset the query has already reached: an answer
+        that went back for a moment (a deposed leader still answering, a broker without KIP-207 whose new
+        leader's HW has not caught up) is not data loss. One still below after the retries is (`latestOffset`)."""
+        retries = self._options.fetch_offset_num_retries
+        retries = FETCH_OFFSET_NUM_RETRIES if retries is None else retries
+        interval_ms = self._options.fetch_offset_retry_interval_ms
+        interval_ms = FETCH_OFFSET_RETRY_INTERVAL_MS if interval_ms is None else interval_ms
+        tps = self.cluster.partitions()
+        latest = self.cluster.latest(tps)
+        for retry in range(1, retries + 1):
+            behind = {tp: (known[tp], offset) for tp, offset in latest.items() if offset < known.get(tp, offset)}
+            if not behind:
+                break
+            log.warning("ListOffsets latest went back below offsets already read (partition: (read, latest)) %s; "
+                        "reading again in %d ms (retry %d of %d, fetchOffset.numRetries)",
+                        {f"{t}-{p}": pair for (t, p), pair in sorted(behind.items())}, interval_ms, retry, retries)
+            time.sleep(interval_ms / 1000)
+            latest = self.cluster.latest(tps)
+        return latest
 
     def reportLatestOffset(self) -> dict | None:
         return _to_json(self._latest) if self._latest is not None else None
