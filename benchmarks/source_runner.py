@@ -11,6 +11,8 @@ PySpark imported two ways:
                 and the py4j zip (PythonUtils.sparkPythonPath), and with pip's PySpark SPARK_HOME is the
                 installed package, whose wheel ships that zip, sources only: PySpark is compiled anew in every
                 fresh interpreter (zipimport reads bytecode from a zip but never writes any)
+    pyc-zip     as zip, with a copy of pyspark.zip that also holds each module's bytecode (unchecked-hash
+                .pyc files, PEP 552), built in a temporary directory: what a zip with bytecode would save
     site        PySpark from site-packages, its cached bytecode used
 
 and three steps:
@@ -29,10 +31,16 @@ per directory per round, so two versions of the connector are compared under the
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import marshal
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import warnings
+import zipfile
 
 RUNNER = "import pyspark.sql.streaming.python_streaming_source_runner"
 
@@ -63,14 +71,27 @@ def pickled_source(bootstrap: str, topic: str) -> str:
     return CloudPickleSerializer().dumps(source).hex()
 
 
-def spark_python_path(src: str) -> str:
-    """The PYTHONPATH Spark gives the runner: PySpark's zips first, then the user's (read from a live runner's
-    /proc/PID/environ; Spark also adds its spark-core jar, which holds no Python)."""
+def spark_zips() -> list[str]:
+    """PySpark's and py4j's zips, which Spark puts first on the runner's PYTHONPATH, then the user's (read
+    from a live runner's /proc/PID/environ; Spark also adds its spark-core jar, which holds no Python)."""
     import pyspark
 
     lib = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")
-    zips = sorted(os.path.join(lib, name) for name in os.listdir(lib) if name.endswith(".zip"))
-    return os.pathsep.join([*zips, src])
+    return sorted(os.path.join(lib, name) for name in os.listdir(lib) if name.endswith(".zip"))
+
+
+def with_bytecode(source_zip: str, target_zip: str) -> None:
+    """Copy a zip of Python sources adding an unchecked-hash .pyc beside each .py, which zipimport loads."""
+    warnings.simplefilter("ignore", SyntaxWarning)  # PySpark's own tests have a few; compiling them is all we do
+    with zipfile.ZipFile(source_zip) as given, zipfile.ZipFile(target_zip, "w", zipfile.ZIP_DEFLATED) as copy:
+        for entry in given.infolist():
+            data = given.read(entry)
+            copy.writestr(entry, data)
+            if entry.filename.endswith(".py"):
+                code = compile(data, entry.filename, "exec", dont_inherit=True)
+                flags = (1).to_bytes(4, "little")  # hash-based, source not checked
+                pyc = importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(data) + marshal.dumps(code)
+                copy.writestr(entry.filename + "c", pyc)
 
 
 def child_cpu(code: str, python_path: str, *args: str) -> float:
@@ -94,6 +115,11 @@ def main() -> None:
 
     import ottla.testing
 
+    workdir = tempfile.mkdtemp(prefix="source-runner-")
+    zips = spark_zips()
+    pyc_zips = [os.path.join(workdir, os.path.basename(z)) for z in zips]
+    for given, copy in zip(zips, pyc_zips):
+        with_bytecode(given, copy)
     with ottla.testing.broker() as broker:
         topic = "runner"
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -107,13 +133,15 @@ def main() -> None:
         results: dict[tuple[str, str, str], list[float]] = {}
         for _ in range(args.rounds):
             for src in sources:
-                for pyspark_from, python_path in (("zip", spark_python_path(src)), ("site", src)):
+                for pyspark_from, python_path in (("zip", os.pathsep.join([*zips, src])),
+                                                  ("pyc-zip", os.pathsep.join([*pyc_zips, src])), ("site", src)):
                     for name, code, extra in (("runner", RUNNER, ()), ("import", RUNNER + "; import ottla.spark", ()),
                                               ("query", QUERY, (pickled,))):
                         cpu = child_cpu(code, python_path, *extra)
                         results.setdefault((pyspark_from, name, src), []).append(cpu)
-        del producer, admin  # closed before the broker stops
         load_after = open("/proc/loadavg").read().split()[:3]
+        del producer, admin  # closed before the broker stops
+    shutil.rmtree(workdir)
 
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; {args.rounds} rounds")
     print(f"{'pyspark':7} {'step':7} {'src':40} {'median s':>9} {'min s':>7} {'max s':>7}")
