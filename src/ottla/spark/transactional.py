@@ -33,7 +33,7 @@ from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRe
 from kio.schema.txn_offset_commit.v3.request import (TxnOffsetCommitRequest, TxnOffsetCommitRequestPartition,
                                                      TxnOffsetCommitRequestTopic)
 
-from ..admin_client import BrokerConnection, ProtocolClientError, api_name, error_name
+from ..admin_client import BrokerConnection, Node, ProtocolClientError, api_name, error_name
 from .options import WriteOptions
 from .producer import OwnProducer, ProduceFailed
 
@@ -74,7 +74,7 @@ class TransactionalProducer(OwnProducer):
 
     def __init__(self, client: dict[str, str], transactional_id: str, timeout_s: float):
         self.transactional_id = transactional_id
-        self._coordinators: dict[tuple[int, str], int] = {}  # (key type, key) -> node id
+        self._coordinators: dict[tuple[int, str], Node] = {}  # (key type, key) -> the coordinator
         self._added: set[tuple[str, int]] = set()  # partitions in the open transaction
         self._open = False  # whether the coordinator has something of this transaction to end
         super().__init__(client, timeout_s)  # InitProducerId, by way of _init_producer_id
@@ -189,7 +189,8 @@ class TransactionalProducer(OwnProducer):
             time.sleep(_BACKOFF_S)
 
     def _coordinator(self, key_type: int, key: str) -> BrokerConnection:
-        """The connection to the coordinator of `key`, looked up with FindCoordinator once and after it moved."""
+        """The connection to the coordinator of `key`, looked up with FindCoordinator once and after it moved. The
+        answer's host and port are the coordinator's address, as Kafka clients take them: no Metadata request."""
         node = self._coordinators.get((key_type, key))
         if node is None:
             find = FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,))
@@ -200,8 +201,8 @@ class TransactionalProducer(OwnProducer):
                 if code not in _AGAIN | _ELSEWHERE:
                     raise ProduceFailed(f"FindCoordinator for {key!r}: {error_name(code)}")
                 raise _Retry(f"FindCoordinator: {error_name(code)}", True)
-            node = self._coordinators[key_type, key] = answer.node_id
-        return self._cluster.node_connection(node)
+            node = self._coordinators[key_type, key] = Node(answer.node_id, answer.host, answer.port)
+        return self._cluster.connection_to(node)
 
     def _reconnect(self) -> None:
         """After a lost connection: take the answers of the Produce requests in flight, then drop every
