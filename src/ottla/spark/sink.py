@@ -61,7 +61,7 @@ _EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exi
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
 _OWN: dict[tuple, "own_producer.OwnProducer"] = {}
 # Exactly-once tasks (`_TransactionalTask`, transactional.Task) by transactional id and client config.
-_TRANSACTIONAL: dict[tuple, "_TransactionalTask | transactional.Task"] = {}
+_TRANSACTIONAL: dict[tuple, MarkerTask] = {}
 _KEEP_AT_MOST = 16  # transactional producers per worker: each holds connections (and librdkafka threads)
 
 
