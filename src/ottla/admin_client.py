@@ -322,6 +322,10 @@ class AdminProtocolClient:
         offered = self.any_connection().versions
         return [api_name(key) for key in api_keys if key not in offered]
 
+    def connection_to(self, node: Node) -> BrokerConnection:
+        """The connection to `node` as an answer named it (FindCoordinator gives host and port): no Metadata."""
+        return self._connect(node.host, node.port)
+
     def node_connection(self, node_id: int) -> BrokerConnection:
         """The connection to broker `node_id`, learning the brokers from Metadata first if needed."""
         if node_id not in self._nodes:

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ottla.admin_client import AdminProtocolClient
+from ottla.admin_client import AdminProtocolClient, BrokerConnection, api_name
 from ottla.spark import sink
 from ottla.spark.options import parse_write_options
 from ottla.spark.record_batches import Columns
@@ -154,6 +154,40 @@ def test_a_partition_new_to_the_transaction_while_a_produce_is_in_flight(ottla_b
     assert "looking up the coordinator again" not in caplog.text
     assert values(bootstrap, out, "read_committed") == [b"p0-1", b"p0-2", b"p1-1", b"p1-2", b"p2-1", b"p2-2"]
     producer.close()
+
+
+def test_a_new_task_sends_what_the_protocol_requires_and_no_more(ottla_broker, monkeypatch):
+    """A write task's first micro-batch with a new producer: one connection (ApiVersions), FindCoordinator and
+    InitProducerId, the marker read (FindCoordinator, OffsetFetch), the transaction, and one Metadata for the
+    topic's leaders. The coordinator is reached at the address FindCoordinator gives: before, a Metadata
+    request for the brokers' addresses came first (two per new producer). The kept task's next micro-batch is
+    the transaction alone, once the first one's markers are written. The requests are read where the client
+    sends them, each still sent."""
+    bootstrap = ottla_broker.bootstrap
+    create(bootstrap, "out", partitions=1)
+    options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": "out",
+                                   "timeoutMs": str(TIMEOUT_S * 1000)}, streaming=True)
+    monkeypatch.setattr(sink, "_TRANSACTIONAL", {})
+    sent = []
+    submit = BrokerConnection.submit
+    monkeypatch.setattr(BrokerConnection, "submit", lambda self, api_key, version, body: sent.append(
+        api_name(api_key)) or submit(self, api_key, version, body))
+
+    def write(batch: int, *values: bytes) -> sink.TaskResult:
+        monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: StreamingTaskContext(batch)))
+        return sink.StreamWriter(options).write(iter([pa.RecordBatch.from_pydict({"value": list(values)})]))
+
+    assert write(0, b"a").records == 1
+    assert sent == ["ApiVersions", "FindCoordinator", "InitProducerId", "FindCoordinator", "OffsetFetch",
+                    "AddOffsetsToTxn", "TxnOffsetCommit", "Metadata", "AddPartitionsToTxn", "Produce", "EndTxn"]
+    with AdminProtocolClient(bootstrap, timeout=TIMEOUT_S) as client:  # markers written: no CONCURRENT_TRANSACTIONS
+        wait_for(lambda: client.describe_transaction("ottla-spark-q1-0")[1].transaction_state == "CompleteCommit",
+                 timeout=LIMIT_S, what="the first transaction complete")
+    sent.clear()
+    assert write(1, b"b").records == 1
+    assert sent == ["AddOffsetsToTxn", "TxnOffsetCommit", "AddPartitionsToTxn", "Produce", "EndTxn"]
+    for task in sink._TRANSACTIONAL.values():
+        task.close()
 
 
 def test_a_kept_task_fenced_by_another_worker_fences_it_back_before_writing(ottla_broker, monkeypatch):

@@ -43,6 +43,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from . import producer as own_producer
 from . import transactional
+from .marker import MarkerTask
 from .options import OptionError, WriteOptions
 from .record_batches import Columns, numbers, valid
 from .source import freeze_worker_heap
@@ -60,7 +61,7 @@ _EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exi
 _IDEMPOTENT: dict[tuple, tuple[Producer, list[str]]] = {}
 _OWN: dict[tuple, "own_producer.OwnProducer"] = {}
 # Exactly-once tasks (`_TransactionalTask`, transactional.Task) by transactional id and client config.
-_TRANSACTIONAL: dict[tuple, "_TransactionalTask | transactional.Task"] = {}
+_TRANSACTIONAL: dict[tuple, MarkerTask] = {}
 _KEEP_AT_MOST = 16  # transactional producers per worker: each holds connections (and librdkafka threads)
 
 
@@ -301,24 +302,18 @@ def _checkin(task) -> None:
         _TRANSACTIONAL.pop(next(iter(_TRANSACTIONAL))).close()
 
 
-class _TransactionalTask:
-    """The transactional producer and marker consumer of one transactional id, kept by the worker process
-    between micro-batches (Spark reuses its Python workers) so a task skips the producer's set-up.
+class _TransactionalTask(MarkerTask):
+    """The exactly-once write task's confluent-kafka producer and marker consumer: send_offsets_to_transaction
+    (AddOffsetsToTxn) tells a kept one that it was fenced (marker.py has the protocol)."""
 
-    Only a producer whose last transaction committed (or that never began one) is kept. A kept producer
-    may have been fenced since: another worker ran the same Spark partition and called
-    init_transactions(). `begin` finds out from the marker's AddOffsetsToTxn, before any row is read,
-    and then fences that worker in turn with a new producer and reads the marker again.
-    """
+    fenced = KafkaException
 
     def __init__(self, ident: str, options: WriteOptions):
-        self.ident, self.options = ident, options
+        super().__init__(ident, options)
         self.failures: list[str] = []
         self.marker = Consumer({**options.client, "group.id": ident, "enable.auto.commit": False,
                                 "isolation.level": "read_committed"})
-        self.last_committed: int | None = None  # the batch this producer committed last
         self.producer = self._fence()
-        self.kept = False
 
     def _fence(self) -> Producer:
         # librdkafka's default re-bootstrap, when every broker it knows is down at once (always, with one
@@ -334,44 +329,27 @@ class _TransactionalTask:
         for _ in range(2):
             producer.list_topics(self.options.marker_topic, timeout=self.options.timeout_s)
         producer.init_transactions(self.options.timeout_s)  # fences every earlier producer of this id
-        self.last_committed = None
         return producer
 
-    def begin(self, batch_id: int) -> bool:
-        """Open the transaction of micro-batch `batch_id` with its marker (offset batch_id + 1) in it;
-        False if an earlier attempt already committed that batch."""
-        while True:
-            marker = TopicPartition(self.options.marker_topic, 0)
-            if self.kept and self.last_committed is not None:
-                # No other producer of this id committed since ours unless it fenced ours, which the
-                # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
-                if self.last_committed >= batch_id:
-                    return False
-            else:
-                # Read once this producer is the id's current epoch: whoever commits a marker after this read
-                # fences this producer first, so the kept producer knows the marker from here on.
-                self.last_committed = self.marker.committed([marker], self.options.timeout_s)[0].offset - 1
-                if self.last_committed >= batch_id:
-                    return False
-            self.failures.clear()
-            self.producer.begin_transaction()
-            try:
-                self.producer.send_offsets_to_transaction([TopicPartition(marker.topic, 0, batch_id + 1)],
-                                                          self.marker.consumer_group_metadata(),
-                                                          self.options.timeout_s)
-                return True
-            except KafkaException:
-                if not self.kept:
-                    raise
-                _abort_quietly(self.producer, self.options.timeout_s)
-                self.producer, self.kept = self._fence(), False  # fenced while kept: fence in turn, look again
+    def _read_marker(self) -> int:
+        marker = TopicPartition(self.options.marker_topic, 0)
+        return self.marker.committed([marker], self.options.timeout_s)[0].offset
 
-    def commit(self, batch_id: int) -> None:
+    def _open(self, offset: int) -> None:
+        self.failures.clear()
+        self.producer.begin_transaction()
+        self.producer.send_offsets_to_transaction([TopicPartition(self.options.marker_topic, 0, offset)],
+                                                  self.marker.consumer_group_metadata(), self.options.timeout_s)
+
+    def _fence_again(self) -> None:
+        _abort_quietly(self.producer, self.options.timeout_s)
+        self.producer = self._fence()
+
+    def _commit(self) -> None:
         self.producer.flush(self.options.timeout_s)
         if self.failures:
             raise RuntimeError(f"{len(self.failures)} record(s) failed; first: {self.failures[0]}")
         self.producer.commit_transaction(self.options.timeout_s)
-        self.last_committed = batch_id
 
     def close(self) -> None:
         self.marker.close()

@@ -33,7 +33,8 @@ from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRe
 from kio.schema.txn_offset_commit.v3.request import (TxnOffsetCommitRequest, TxnOffsetCommitRequestPartition,
                                                      TxnOffsetCommitRequestTopic)
 
-from ..admin_client import BrokerConnection, ProtocolClientError, api_name, error_name
+from ..admin_client import BrokerConnection, Node, ProtocolClientError, api_name, error_name
+from .marker import MarkerTask
 from .options import WriteOptions
 from .producer import OwnProducer, ProduceFailed
 
@@ -74,7 +75,7 @@ class TransactionalProducer(OwnProducer):
 
     def __init__(self, client: dict[str, str], transactional_id: str, timeout_s: float):
         self.transactional_id = transactional_id
-        self._coordinators: dict[tuple[int, str], int] = {}  # (key type, key) -> node id
+        self._coordinators: dict[tuple[int, str], Node] = {}  # (key type, key) -> the coordinator
         self._added: set[tuple[str, int]] = set()  # partitions in the open transaction
         self._open = False  # whether the coordinator has something of this transaction to end
         super().__init__(client, timeout_s)  # InitProducerId, by way of _init_producer_id
@@ -189,7 +190,8 @@ class TransactionalProducer(OwnProducer):
             time.sleep(_BACKOFF_S)
 
     def _coordinator(self, key_type: int, key: str) -> BrokerConnection:
-        """The connection to the coordinator of `key`, looked up with FindCoordinator once and after it moved."""
+        """The connection to the coordinator of `key`, looked up with FindCoordinator once and after it moved. The
+        answer's host and port are the coordinator's address, as Kafka clients take them: no Metadata request."""
         node = self._coordinators.get((key_type, key))
         if node is None:
             find = FindCoordinatorRequest(key_type=key_type, coordinator_keys=(key,))
@@ -200,8 +202,8 @@ class TransactionalProducer(OwnProducer):
                 if code not in _AGAIN | _ELSEWHERE:
                     raise ProduceFailed(f"FindCoordinator for {key!r}: {error_name(code)}")
                 raise _Retry(f"FindCoordinator: {error_name(code)}", True)
-            node = self._coordinators[key_type, key] = answer.node_id
-        return self._cluster.node_connection(node)
+            node = self._coordinators[key_type, key] = Node(answer.node_id, answer.host, answer.port)
+        return self._cluster.connection_to(node)
 
     def _reconnect(self) -> None:
         """After a lost connection: take the answers of the Produce requests in flight, then drop every
@@ -212,52 +214,29 @@ class TransactionalProducer(OwnProducer):
             self._cluster.close()
 
 
-class Task:
-    """The exactly-once write task's transactional producer, which the Python worker keeps between micro-batches
-    of its Spark partition (sink.py's `_checkin`) so that a task skips FindCoordinator and InitProducerId.
+class Task(MarkerTask):
+    """The exactly-once write task's own transactional producer: AddOffsetsToTxn tells a kept one that it was
+    fenced (marker.py has the protocol)."""
 
-    Only a producer whose last transaction committed (or that never began one) is kept. A kept producer may
-    have been fenced since: another worker ran the same Spark partition and initialised the id. `begin` finds
-    out from the marker's AddOffsetsToTxn, before any row is sent, and then fences that worker in turn with a
-    new producer and reads the marker again (sink.py's module docstring has the whole protocol).
-    """
+    fenced = Fenced
 
     def __init__(self, ident: str, options: WriteOptions):
-        self.ident, self.options = ident, options
+        super().__init__(ident, options)
         self.producer = TransactionalProducer(options.client, ident, options.timeout_s)
-        self.last_committed: int | None = None  # the last batch committed, by this producer or before it began
-        self.kept = False
 
-    def begin(self, batch_id: int) -> bool:
-        """Open the transaction of micro-batch `batch_id` with its marker (offset batch_id + 1) in it;
-        False if an earlier attempt already committed that batch."""
-        marker = self.options.marker_topic
-        while True:
-            if self.kept and self.last_committed is not None:
-                # No other producer of this id committed since ours unless it fenced ours, which the
-                # AddOffsetsToTxn below finds out; so the marker is our last commit's, or we look again.
-                if self.last_committed >= batch_id:
-                    return False
-            else:
-                # Read once this producer is the id's current epoch: whoever commits a marker after this read
-                # fences this producer first, so the kept producer knows the marker from here on.
-                self.last_committed = self.producer.committed(self.ident, marker, 0) - 1
-                if self.last_committed >= batch_id:
-                    return False
-            self.producer.begin()
-            try:
-                self.producer.send_offsets(self.ident, marker, 0, batch_id + 1)
-                return True
-            except Fenced:
-                if not self.kept:
-                    raise
-                self.producer.close()  # fenced while kept: fence in turn, look again
-                self.producer = TransactionalProducer(self.options.client, self.ident, self.options.timeout_s)
-                self.kept, self.last_committed = False, None
+    def _read_marker(self) -> int:
+        return self.producer.committed(self.ident, self.options.marker_topic, 0)
 
-    def commit(self, batch_id: int) -> None:
+    def _open(self, offset: int) -> None:
+        self.producer.begin()
+        self.producer.send_offsets(self.ident, self.options.marker_topic, 0, offset)
+
+    def _fence_again(self) -> None:
+        self.producer.close()
+        self.producer = TransactionalProducer(self.options.client, self.ident, self.options.timeout_s)
+
+    def _commit(self) -> None:
         self.producer.commit()
-        self.last_committed = batch_id
 
     def close(self) -> None:
         self.producer.close()
