@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from brokerproc import progress  # noqa: E402
 
 
-def _batch(records: int, value_size: int, compression: str | None = None) -> bytes:
+def _batch(records: int, value_size: int, compression: str | None = None, keys: bool = False) -> bytes:
     values = [os.urandom(value_size) for _ in range(min(records, 64))]
-    return build_batch([Record(None, values[i % len(values)], (), 1_000) for i in range(records)],
-                       compression=compression)
+    return build_batch([Record(b"%07d" % i if keys else None, values[i % len(values)], (), 1_000)
+                        for i in range(records)], compression=compression)
 
 
 def _trial(directory: str, batch: bytes, count: int) -> float:
@@ -60,6 +60,7 @@ def main() -> int:
     args = parser.parse_args()
 
     cases = [("1 record of 100 B", 1, 100, None), ("1,000 records of 100 B", 1_000, 100, None),
+             ("2,500 records of 100 B, 7-byte keys (Spark's sink)", 2_500, 100, None, True),
              ("1,000 records of 1 KiB", 1_000, 1024, None),
              ("1,000 records of 100 B, lz4", 1_000, 100, "lz4"),
              ("1,000 records of 1 KiB, lz4", 1_000, 1024, "lz4"),
@@ -68,8 +69,8 @@ def main() -> int:
           f"median of {args.trials} trials; load average {os.getloadavg()[0]:.2f}\n")
     print("| batch | batch bytes | appends/s | MB/s | us per append |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for name, records, value_size, compression in cases:
-        batch = _batch(records, value_size, compression)
+    for name, records, value_size, compression, *keys in cases:
+        batch = _batch(records, value_size, compression, *keys)
         count = max(1_000, args.megabytes * 1_000_000 // len(batch)) if records > 1 else 50_000
         progress(f"{name}: {count:,} appends x {args.trials} trials")
         seconds = statistics.median(_trial(args.dir, batch, count) for _ in range(args.trials))

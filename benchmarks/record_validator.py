@@ -40,6 +40,7 @@ def main() -> int:
         ("966 x 1 KiB (a full kcat batch)", _batches(lambda: [1024] * 966, stamp_step_us=500)),
         ("170 x 1 KiB", _batches(lambda: [1024] * 170, stamp_step_us=1_500)),
         ("9,000 x 100 B", _batches(lambda: [100] * 9_000, stamp_step_us=50)),
+        ("2,500 x 100 B, 8-byte keys (Spark's sink)", _batches(lambda: [100] * 2_500, keys=True)),
         ("950 x 10-2,000 B", _batches(lambda: [rng.randrange(10, 2_000) for _ in range(950)])),
         ("900 x 10-2,000 B, keys", _batches(lambda: [rng.randrange(10, 2_000) for _ in range(900)], keys=True,
                                             stamp_step_us=30_000)),

@@ -154,3 +154,46 @@ def test_sizes_that_alternate_every_block_do_not_cost_a_run_check_per_block(monk
     data, count = _records_section(([(None, b"", [])] * 16 + [(None, b"x", [])] * 16) * 3_125, 0)
     assert _fast_walk(memoryview(bytes(data)), count) is True
     assert len(checks) <= 20  # 100,000 records: a check per doubling of the stretch, not 6,250
+
+
+def _uniform(data: bytes, count: int) -> bool:
+    """`_uniform_runs` on a records section, as `_fast_walk` calls it."""
+    import numpy as np
+
+    from ottla.records.validator import _record_starts, _uniform_runs
+
+    view = memoryview(data)
+    buf = np.frombuffer(view, dtype=np.uint8)
+    starts = _record_starts(view, buf, count) if 0 < count <= len(data) else None
+    return starts is not None and _uniform_runs(view, buf, starts, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9_000), st.one_of(st.none(), st.binary(max_size=8)), st.integers(0, 300),
+       st.sampled_from([0, 1, 37, 100]))  # stamp deltas of up to three bytes (< 2^20), as the fast path
+def test_records_of_one_size_are_checked_a_column_at_a_time(count, key, value_size, stamp_step):
+    """Runs of records of one size (Spark's sink sends 2,500 of 100 bytes a batch) are checked
+    a byte column at a time, also across the offset deltas that take a byte more (64, 8,192)."""
+    data, n = _records_section([(key, bytes(value_size), [])] * count, stamp_step)
+    sizes = {b - a for a, b in zip(_record_starts(bytes(data)), [*_record_starts(bytes(data))[1:], len(data)])}
+    assert _uniform(bytes(data), n) is (len(sizes) < 16)
+    assert _walk(memoryview(bytes(data)), n) == n
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(2, 400), st.one_of(st.none(), st.binary(max_size=3)), st.integers(0, 300), _mutations,
+       st.integers(-2, 2), st.sampled_from([0, 37, 5_000]))
+@example(100, None, 100, [(70, 3, 1)], 0, 0)     # an offset delta one off, inside a run
+@example(100, b"k", 100, [(50, 3, 128)], 0, 0)   # a key size with a continuation bit
+@example(100, None, 100, [(99, 104, 1)], 0, 0)   # the last record's header count
+@example(100, None, 100, [(30, 2, 128)], 0, 37)  # a timestamp delta a byte longer
+def test_the_column_check_accepts_only_what_the_walk_accepts(count, key, value_size, mutations, count_change,
+                                                             stamp_step):
+    data, n = _records_section([(key, bytes(value_size), [])] * count, stamp_step)
+    starts = _record_starts(bytes(data))
+    for record, field, change in mutations:
+        position = (starts[record % len(starts)] + field) % len(data)
+        data[position] = (data[position] + change) % 256
+    n += count_change
+    if _uniform(bytes(data), n):
+        assert _walk(memoryview(bytes(data)), n) == n

@@ -12,8 +12,9 @@ CORRUPT_MESSAGE.
 Walking records one by one in Python costs about a microsecond each, so batches of many
 records take a fast path first (`_fast_walk`): Python follows only the chain of record
 lengths, numpy takes runs of records of one size at once, and numpy checks every record's
-fields at once. It only ever says "valid"; whatever it does not recognise goes to the full
-walk, which alone decides errors.
+fields at once; records of one size laid out alike (what most producers send) are checked a
+byte column of a run at a time instead (`_uniform_runs`). It only ever says "valid"; whatever it
+does not recognise goes to the full walk, which alone decides errors.
 
 Decompression is bounded: the inflated records may take at most `INFLATE_FACTOR` times the
 topic's `max.message.bytes`, inflated straight into a buffer of that size at most, so a small
@@ -211,6 +212,8 @@ def _fast_walk(data, expected: int) -> bool:
     record_start = _record_starts(data, buf, expected)
     if record_start is None:
         return False
+    if _uniform_runs(data, buf, record_start, expected):
+        return True
     # Positions only move forward, so a record whose header count lands on its last byte
     # had every field inside it: no bound checks are needed on the way.
     record_end = np.append(record_start[1:], end)
@@ -229,6 +232,132 @@ def _fast_walk(data, expected: int) -> bool:
         return False
     p = walked[2]
     return bool((p + 1 == record_end).all() and (buf.take(p, mode="clip") == 0).all())  # no headers
+
+
+# More runs of one size than this: the per-record checks below take the batch (mixed sizes).
+_MAX_RUNS = 16
+# Offset deltas from these on take 2, 3 and 4 varint bytes: a run's layout changes there.
+_DELTA_WIDENS = (64, 1 << 13, 1 << 20)
+
+
+def _uniform_runs(data, buf, record_start, expected: int) -> bool:
+    """True if the records come in a few runs of one size each, every record of a run laid out
+    as its first: False leaves them to the per-record checks.
+
+    Producers mostly send records of one size whose fields take the same bytes each (Spark's
+    sink: 2,500 records of 100 bytes a batch). The first record of each run is walked in Python;
+    then each byte of it that every record must share is compared across the run at once, as
+    one column of bytes (a strided slice, compared in C): the same length, key size, value size
+    and header count bytes, a timestamp delta of the same width, and offset deltas counting up.
+    Each record then has the first record's layout, so it is valid as the first is. A few calls
+    of a few microseconds per column, where numpy's per-call cost made every field of every
+    record cost tens of microseconds a batch."""
+    import numpy as np
+
+    sizes = np.diff(record_start, append=len(data))
+    cuts = np.flatnonzero(sizes[1:] != sizes[:-1]) + 1
+    if len(cuts) >= _MAX_RUNS:
+        return False
+    bounds = sorted({0, expected, *cuts.tolist(), *(d for d in _DELTA_WIDENS if d < expected)})
+    return all(_uniform_run(data, buf, int(record_start[first]), int(sizes[first]), first, stop - first)
+               for first, stop in zip(bounds, bounds[1:]))
+
+
+# Deleted from a column of bytes, these leave only the bytes without a varint's continuation bit.
+_CONTINUED = bytes(range(0x80, 0x100))
+
+
+def _uniform_run(data, buf, start: int, size: int, first: int, count: int) -> bool:
+    """Whether the `count` records of `size` bytes at `start` (offset deltas from `first`) all
+    have the layout of the first of them, which is valid (see `_uniform_runs`)."""
+    layout = _layout(data, start, size, first)
+    if layout is None:
+        return False
+    shared, stamp, delta = layout
+    if 2 * (first + count - 1) >= 1 << 7 * len(delta):
+        return False  # a later delta would need more bytes than the first record's
+    stop = start + count * size
+
+    def column(offset: int) -> bytes:  # byte `offset` of every record of the run (numpy copies it fastest)
+        return buf[start + offset:stop:size].tobytes()
+
+    if any(column(c).count(data[start + c]) != count for c in shared):
+        return False
+    if not column(stamp[-1]).isascii() or any(column(c).translate(None, _CONTINUED) for c in stamp[:-1]):
+        return False
+    return all(column(c) == wanted for c, wanted in zip(delta, _delta_columns(first, count, len(delta))))
+
+
+# Offset deltas below this are sliced from a table kept per varint width (at most 192 KB).
+_DELTA_TABLE = 1 << 16
+
+
+def _delta_columns(first: int, count: int, width: int) -> tuple[bytes, ...]:
+    """Offset deltas `first` .. `first + count - 1` as varints of `width` bytes (zigzag), one
+    column of bytes per varint byte."""
+    stop = first + count
+    if stop > _DELTA_TABLE:
+        return _encoded_deltas(first, stop, width)
+    return tuple(column[first:stop] for column in _delta_table(width, max(1 << 12, 1 << (stop - 1).bit_length())))
+
+
+@cache
+def _delta_table(width: int, size: int) -> tuple[bytes, ...]:
+    """`_encoded_deltas` from 0 up to `size` (a power of two): batches slice it."""
+    return _encoded_deltas(0, size, width)
+
+
+def _encoded_deltas(first: int, stop: int, width: int) -> tuple[bytes, ...]:
+    import numpy as np
+
+    zigzag = np.arange(2 * first, 2 * stop, 2, dtype=np.int64)
+    return tuple((zigzag >> 7 * i & 0x7F | (0x80 if i < width - 1 else 0)).astype(np.uint8).tobytes()
+                 for i in range(width))
+
+
+def _layout(data, start: int, size: int, index: int):
+    """The fields of the record at `start`, `size` bytes long, as column lists (offsets in the
+    record): bytes every record of its run must share (length, key size, value size, header
+    count), the timestamp delta's and the offset delta's; None unless the record is valid, has
+    offset delta `index`, no headers, and varints of at most three bytes."""
+    shared, p = [], start
+    try:
+        length, width = _varint(data, p)
+        if width + length != size:
+            return None
+        shared += range(width)
+        p += width + 1  # attributes: any
+        _, width = _varint(data, p)
+        stamp = list(range(p - start, p - start + width))
+        p += width
+        delta, width = _varint(data, p)
+        if delta != index:
+            return None
+        offset_delta = list(range(p - start, p - start + width))
+        p += width
+        for _ in (0, 1):  # key and value: -1 is null
+            field, width = _varint(data, p)
+            if field < -1:
+                return None
+            shared += range(p - start, p - start + width)
+            p += width + max(field, 0)
+        if p != start + size - 1 or data[p] != 0:  # the header count, 0, ends the record
+            return None
+    except (IndexError, TypeError):  # past the data, or a varint longer than three bytes
+        return None
+    shared.append(size - 1)
+    return shared, stamp, offset_delta
+
+
+def _varint(data, p: int):
+    """The signed varint of at most three bytes at `p` and its width; (None, None) if longer."""
+    value = 0
+    for i in range(3):
+        b = data[p + i]
+        value |= (b & 0x7F) << 7 * i
+        if b < 0x80:
+            return (value >> 1) ^ -(value & 1), i + 1
+    return None, None
 
 
 def _key_and_value(buf, p):
@@ -330,14 +459,18 @@ def _record_starts(data, buf, expected: int):
 
 def _same_length(buf, position: int, size: int, count: int) -> int:
     """How many of the `count` records at `position`, `position + size`, ... in a row start with
-    the same length varint (one or two bytes) as the record `size` bytes before `position`."""
+    the same length varint (one or two bytes) as the record `size` bytes before `position`.
+    Each length byte of the records is one column of bytes (a strided copy, which numpy makes
+    fastest) whose leading run `lstrip` measures in C: a few microseconds where numpy's compare,
+    `all` and `argmin` took tens."""
     if count <= 0:
         return 0
-    first = buf[position - size]
-    same = buf[position:position + count * size:size] == first
-    if first >= 0x80:
-        same &= buf[position + 1:position + count * size:size] == buf[position - size + 1]
-    return count if same.all() else int(same.argmin())
+    stop = position + count * size
+    run = count
+    for i in range(2 if buf[position - size] >= 0x80 else 1):
+        column = buf[position + i:stop:size].tobytes()
+        run = min(run, count - len(column.lstrip(bytes((int(buf[position - size + i]),)))))
+    return run
 
 
 @cache

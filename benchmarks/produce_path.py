@@ -1,0 +1,148 @@
+"""The broker's CPU per produced record for the Spark sinks' requests, without Spark (issue 16).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/produce_path.py               # 1,600,000 x 100 B, 5 runs
+    PYTHONPATH=src .venv/bin/python benchmarks/produce_path.py --size 1024 --runs 3
+
+One broker (`ottla serve`), a topic of 4 partitions (RF 1) per run and path. The records are those of
+`spark_pipeline.py`'s legs (key = the row number as a string, value = the row number padded to the size),
+sent by the sinks' own producers (`ottla.spark.producer`) in Arrow batches of 10,000 rows: one uncompressed
+v2 batch of ~2,500 records per partition per Produce v9 request, acks=all.
+
+- idempotent: the batch sink's `OwnProducer` (one producer, `send` per Arrow batch, then `flush`);
+- transactional: the streaming exactly-once sink's `TransactionalProducer`, one transaction per quarter of
+  the rows (a Spark task's share in `spark_pipeline.py`: AddPartitionsToTxn, Produce..., EndTxn).
+
+The broker's CPU (user + system, /proc/<pid>/stat) is scaled to 400,000 records; the producer runs in this
+process and is not counted. Records/s is wall time, client included (2 CPUs are shared with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from brokerproc import cpu_seconds
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import ottla.testing
+from ottla.spark.producer import OwnProducer
+from ottla.spark.record_batches import Columns
+from ottla.spark.transactional import TransactionalProducer
+
+PARTITIONS = 4
+ROWS_PER_ARROW_BATCH = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch
+PER = 400_000
+
+
+def arrow_batches(n: int, size: int) -> list[Columns]:
+    out = []
+    for low in range(0, n, ROWS_PER_ARROW_BATCH):
+        ids = range(low, min(n, low + ROWS_PER_ARROW_BATCH))
+        out.append(Columns(pa.array([str(i).rjust(size, "x").encode() for i in ids], pa.binary()),
+                           pa.array([str(i) for i in ids], pa.string())))
+    return out
+
+
+def idempotent(bootstrap: str, topic: str, batches: list[Columns]) -> None:
+    producer = OwnProducer({"bootstrap.servers": bootstrap}, 60)
+    try:
+        for columns in batches:
+            producer.send(topic, columns)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def transactional(bootstrap: str, topic: str, batches: list[Columns]) -> None:
+    producer = TransactionalProducer({"bootstrap.servers": bootstrap}, f"bench-{topic}", 60)
+    try:
+        for task in range(PARTITIONS):
+            producer.begin()
+            for columns in batches[task::PARTITIONS]:
+                producer.send(topic, columns)
+            producer.commit()
+    finally:
+        producer.close()
+
+
+PATHS = {"idempotent": idempotent, "transactional": transactional}
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """User and system CPU seconds of each of a process's threads, by thread id and name."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rpartition(")")[2].split()
+        out[f"{tid} {name}"] = (int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4 * PER, help="records per run (CPU is read in 10 ms ticks)")
+    parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--threads", action="store_true", help="print the broker's CPU by thread, all runs")
+    parser.add_argument("--py-spy", metavar="FILE", help="sample the broker with py-spy into FILE (collapsed stacks)")
+    args = parser.parse_args()
+    paths = args.paths.split(",")
+    batches = arrow_batches(args.rows, args.size)
+    results: dict[str, list[tuple[float, float]]] = {path: [] for path in paths}
+    loads = [os.getloadavg()[0]]
+    print(f"| run | path | broker CPU s per {PER:,} records | records/s | load |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    with ottla.testing.broker() as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        spy = args.py_spy and subprocess.Popen(
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(broker.pid), "--rate", "250",
+             "--threads", "--format", "raw", *(["--native"] if os.environ.get("PY_SPY_NATIVE") else []), "--output", args.py_spy], stdout=subprocess.DEVNULL)
+        admin.create_topics([NewTopic("warm-up", PARTITIONS, 1)])["warm-up"].result(30)
+        PATHS[paths[0]](broker.bootstrap, "warm-up", batches[:8])  # imports and first-use costs not counted
+        threads = thread_cpu(broker.pid)
+        for run in range(1, args.runs + 1):
+            for path in paths:  # alternated, so a change in load hits both
+                topic = f"produce-{path}-{run}"
+                admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+                time.sleep(0.2)  # the topic's creation is not counted
+                cpu, wall = cpu_seconds(broker.pid), time.monotonic()
+                PATHS[path](broker.bootstrap, topic, batches)
+                cpu, wall = cpu_seconds(broker.pid) - cpu, time.monotonic() - wall
+                per = cpu * PER / args.rows
+                results[path].append((per, args.rows / wall))
+                loads.append(os.getloadavg()[0])
+                print(f"| {run} | {path} | {per:.3f} | {args.rows / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
+        del admin  # librdkafka's threads gone before the broker stops
+        if args.threads:
+            for thread, (user, system) in sorted(thread_cpu(broker.pid).items()):
+                before = threads.get(thread, (0.0, 0.0))
+                if user + system > sum(before):
+                    print(f"- thread {thread}: user {user - before[0]:.2f} s, system {system - before[1]:.2f} s")
+        if spy:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+    print()
+    for path, rows in results.items():
+        print(f"- {path}: broker CPU per {PER:,} records median {statistics.median(r[0] for r in rows):.3f} s "
+              f"(least {min(r[0] for r in rows):.3f}: load only adds), median {statistics.median(r[1] for r in rows):,.0f} "
+              "records/s")
+    print(f"- {args.rows:,} records of {args.size} bytes per run; {os.cpu_count()} CPUs; load average "
+          f"{min(loads):.1f}-{max(loads):.1f}")
+    print(f"- command: python benchmarks/produce_path.py {' '.join(sys.argv[1:])}".rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
