@@ -21,6 +21,8 @@ from tests.loop_turns import seen_between_turns, with_turns
 
 PRODUCERS = 50
 TXN_PID = 999
+OLD_PID = 500
+HOUR_MS = 3_600_000
 NOW = int(time.time() * 1000)
 
 
@@ -29,14 +31,19 @@ def _batch(pid, seq, *, txn=False):
                        base_sequence=seq, is_transactional=txn)
 
 
-def _restarted_with_the_snapshot_lost(tmp_path):
+def _restarted_with_the_snapshot_lost(tmp_path, configs=None, *, old_segment=False):
     """3.5 steps of idempotent batches (50 producers in turn) and a transaction opened in the
     middle, left open; a clean shutdown (its snapshot at the log end), that snapshot deleted,
-    a start. Returns the replica manager leading t-0, the log, the transaction's first offset
-    and each producer's offsets."""
+    a start. With `old_segment`, a segment holding one batch of producer OLD_PID two hours old
+    comes first. Returns the replica manager leading t-0, the log, the transaction's first
+    offset and each producer's offsets."""
     logs = LogManager(tmp_path, BrokerConfig({}))
-    logs.create_topic("t", 1, {})
+    logs.create_topic("t", 1, configs or {})
     log = logs.get_log("t", 0)
+    if old_segment:
+        log.append(build_batch([Record(b"k", b"old", (), NOW - 2 * HOUR_MS)], producer_id=OLD_PID,
+                               producer_epoch=0, base_sequence=0), now_ms=NOW)
+        log.roll(NOW)
     offsets = [[] for _ in range(PRODUCERS)]
     txn_first = None
     for i in range(RELOAD_STEP_BATCHES * 7 // 2):
@@ -107,6 +114,35 @@ def test_requests_arriving_during_the_load_wait_for_it(tmp_path):
         assert (txn.error, txn.base_offset) == (ErrorCode.none, end + 1)  # sequence 1 follows its 0
         assert log.log_end_offset == end + 2
         assert log.last_stable_offset == txn_first  # the transaction open before the restart holds it
+    finally:
+        replicas.close()
+        replicas.logs.close()
+
+
+def test_retention_leaves_a_never_used_partitions_state_to_its_first_use_which_loads_in_steps(tmp_path):
+    """Retention deleting the oldest segment of a partition not used since the start does not
+    load its producer state (that was the whole replay in one hold of the loop): the first use
+    loads it, in steps, from the new log start, and forgets the producers whose batches went."""
+    replicas, log, txn_first, offsets = _restarted_with_the_snapshot_lost(
+        tmp_path, {"retention.ms": HOUR_MS}, old_segment=True)
+    end = log.log_end_offset
+    try:
+        assert log.apply_retention(NOW) == 1
+        assert log.log_start_offset == 1
+        assert not log.producer_state_ready  # nothing loaded by the deletion
+
+        def loaded_to():
+            state = log._producers.created
+            return None if state is None else state.map_end_offset
+
+        last = len(offsets[0]) - 1
+        seen, results = asyncio.run(seen_between_turns(_produce(replicas, _batch(0, last)), loaded_to))
+
+        assert len({m for m in seen if m is not None and 1 < m < end}) >= 3
+        result = results[("t", 0)]
+        assert (result.error, result.base_offset) == (ErrorCode.none, offsets[0][last])  # a duplicate
+        assert log.last_stable_offset == txn_first
+        assert log.producer_state.entry(OLD_PID) is None  # its only batch was deleted
     finally:
         replicas.close()
         replicas.logs.close()
