@@ -44,6 +44,7 @@ from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
+from .steps import load_producer_state_soon
 
 if TYPE_CHECKING:
     from .cluster_node import ClusterNode
@@ -143,7 +144,8 @@ class Broker:
         self.features_epoch = now_ms()
         self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
-        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
+        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment(),
+                                  load_in_steps=load_producer_state_soon)
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
         self.fetch_sessions = FetchSessionCache(config["max.incremental.fetch.session.cache.slots"])
