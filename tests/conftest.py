@@ -2,6 +2,8 @@
 
 import socket
 import struct
+import threading
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -9,6 +11,9 @@ from kazoo.client import KazooClient
 from ottla.testing.broker import STARTED
 
 BROKER_LOG_LINES = 60
+# How long a kafka-python thread may take to end once its client is closed (close joins it; a
+# producer closed with a short timeout is force-closed and its sender ends just after).
+CLIENT_THREAD_EXIT_S = 10.0
 
 
 def kafka_frame(payload: bytes) -> bytes:
@@ -61,3 +66,30 @@ def pytest_runtest_makereport(item, call):
         lines = handle.read_stderr().splitlines()[-BROKER_LOG_LINES:]
         if lines:
             report.sections.append((f"broker log {handle.stderr_path}", "\n".join(lines)))
+
+
+def _kafka_python_threads() -> set[threading.Thread]:
+    """Live threads of kafka-python clients: a consumer's or admin client's I/O thread (its
+    selector's `run_forever`), a producer's sender, a metrics expiry loop. Every client has one
+    while it is open (with the sockets its selector holds) and none once closed."""
+    def of_kafka(thread: threading.Thread) -> bool:
+        target = getattr(thread, "_target", None)
+        return type(thread).__module__.startswith("kafka.") or getattr(target, "__module__", "").startswith("kafka.")
+    return {thread for thread in threading.enumerate() if of_kafka(thread)}
+
+
+@pytest.fixture(autouse=True)
+def no_kafka_python_client_left_open():
+    """A test that leaves a kafka-python client open fails: its thread keeps polling (a stopped
+    broker's metadata, for the rest of the session) and calls `random`, which shifts later tests'
+    Hypothesis draws. Clients of fixtures with a wider scope started before this check did, so
+    their threads are not counted; function-scoped fixtures are torn down before it runs."""
+    before = _kafka_python_threads()
+    yield
+    left = _kafka_python_threads() - before
+    deadline = time.monotonic() + CLIENT_THREAD_EXIT_S
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = sorted(thread.name for thread in left if thread.is_alive())
+    if left:
+        pytest.fail(f"kafka-python client(s) left open (close them): threads {', '.join(left)}", pytrace=False)

@@ -24,14 +24,13 @@ from typing import Any, Iterable
 
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import TZAware
 
 from .protocol.build import has_field, make, nested
 from .protocol.extensions import DESCRIBE_LOG_DIRS
-from .protocol.schemas import request_schema, response_schema
+from .protocol.schemas import api_name, request_schema, response_schema
 
 __all__ = [
     "AdminProtocolClient",
@@ -73,12 +72,6 @@ CLIENT_VERSIONS = {
 }
 
 TRANSACTION_KEY_TYPE = 1
-
-
-def api_name(api_key: int) -> str:
-    """Kafka's name for an API key, e.g. DescribeProducers for 61."""
-    snake = api_key_map.get(api_key)
-    return "".join(part.title() for part in snake.split("_")) if snake else f"API {api_key}"
 
 
 class ProtocolClientError(Exception):

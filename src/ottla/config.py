@@ -362,14 +362,15 @@ TOPIC_TO_BROKER_SYNONYM = {
 
 
 # Broker configs that change at runtime (KIP-226), Kafka's dynamic ones that Ottla really
-# applies while running: the topic defaults (every log re-reads them, `LogManager.refresh_configs`),
-# the cleaner's throughput settings (read each pass) and the connection limits. Kafka's other
-# dynamic configs (log.cleaner.threads, num.*.threads, unclean.leader.election.enable, whose
-# broker default the controller reads once) are refused as not dynamic rather than stored unapplied.
+# applies while running: the topic defaults (every log re-reads them, `LogManager.refresh_configs`;
+# the controller takes unclean.leader.election.enable and, turned on, elects the offline partitions
+# it now allows, as Kafka's does), the cleaner's throughput settings (read each pass) and the
+# connection limits. Kafka's other dynamic configs (log.cleaner.threads, num.*.threads) are
+# refused as not dynamic rather than stored unapplied.
 # The one exception is a listener's security configs (`coerce_dynamic`): Kafka takes them per
 # broker, and a tool that sets a listener's keystore password must not fail; they are stored and
 # reported as not applied (no SSL or SASL listener yet).
-DYNAMIC_BROKER_CONFIGS = frozenset(set(TOPIC_TO_BROKER_SYNONYM.values()) - {"unclean.leader.election.enable"}) | {
+DYNAMIC_BROKER_CONFIGS = frozenset(TOPIC_TO_BROKER_SYNONYM.values()) | {
     "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
     "max.connections", "max.connections.per.ip",

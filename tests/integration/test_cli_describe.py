@@ -63,6 +63,28 @@ def test_describe_on_a_single_broker(cli, ottla_broker):
         {"BROKER": "0", "HOST:PORT": ottla_broker.bootstrap, "RACK": "-", "CONTROLLER": "yes"}]
 
 
+def test_describe_without_a_topic_describes_every_topic(cli):
+    """As `kafka-topics.sh --describe` without `--topic`: every topic, internal ones too, one
+    block each in name order; with a partition filter, only topics with a partition it keeps."""
+    ok(cli("topics", "create", "beta", "-p", "1", "-c", "cleanup.policy=compact"))
+    ok(cli("topics", "create", "alpha", "-p", "2"))
+    listed = [row["NAME"] for row in table(ok(cli("topics", "list")).out, "NAME")]
+    assert {"alpha", "beta"} <= set(listed)
+
+    described = ok(cli("topics", "describe")).out
+    blocks = ["NAME " + block for block in ("\n" + described).split("\nNAME ")[1:]]
+    assert [fields(block)["NAME"] for block in blocks] == sorted(listed)
+    alpha, beta = (blocks[sorted(listed).index(name)] for name in ("alpha", "beta"))
+    assert [(r["PARTITION"], r["LEADER"], r["STATUS"]) for r in table(alpha, "PARTITION")] == [
+        ("0", "0", "-"), ("1", "0", "-")]
+    assert [(r["PARTITION"], r["DIRTY-RATIO"]) for r in table(beta, "PARTITION")] == [("0", "0.0000")]
+    assert {r["CONFIG"]: r["VALUE"] for r in table(beta, "CONFIG")}["cleanup.policy"] == "compact"
+    assert {r["CONFIG"]: r["VALUE"] for r in table(alpha, "CONFIG")}["cleanup.policy"] == "delete"
+
+    for flag in ("--under-replicated-partitions", "--unavailable-partitions"):
+        assert ok(cli("topics", "describe", flag)).out == ""  # one broker: every partition is whole
+
+
 def test_elect_leaders_on_a_single_broker(cli):
     ok(cli("topics", "create", "solo", "-p", "1"))
     result = ok(cli("cluster", "elect-leaders", "--topic", "solo", "--partition", "0"))

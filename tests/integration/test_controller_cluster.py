@@ -23,6 +23,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                   NewTopic)
 from kafka import KafkaConsumer, KafkaProducer
 from kazoo.exceptions import NoNodeError
+from kio.index import load_request_schema
 from kio.schema.describe_cluster.v0.request import DescribeClusterRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 
@@ -30,10 +31,14 @@ from ottla.admin_client import AdminProtocolClient, BrokerError
 from ottla.controller import wire
 from ottla.controller.requests import ControllerRequest, LeaderAndIsrPayload, PartitionState
 from ottla.errors import ErrorCode
+from ottla.protocol.build import make, nested
 from ottla.server.cluster_node import HOLD_AFTER_CONTROLLED_SHUTDOWN
 from ottla.testing import cluster
 from tests.waiting import wait_for
 from tests.wire import roundtrip
+
+# IncrementalAlterConfigs, its BROKER resource type and its SET and DELETE operations.
+INCREMENTAL_ALTER_CONFIGS, BROKER_RESOURCE, SET, DELETE = 44, 4, 0, 1
 
 
 def broker_logs(three) -> str:
@@ -290,6 +295,45 @@ def test_an_offline_partition_is_elected_once_its_topic_allows_unclean_election(
     wait_for(lambda: partition_state(zk, "stranded", 0)["leader"] == out, what=f"{out} elected uncleanly")
     assert partition_state(zk, "stranded", 0)["isr"] == [out]
     wait_for(lambda: leaders(three.brokers[out].bootstrap, "stranded") == {0: out}, what=f"{out} leading")
+
+
+def test_an_offline_partition_is_elected_once_the_cluster_default_allows_unclean_election(three, zk):
+    """As above, with the operator setting it for the whole cluster, as `kafka-configs
+    --entity-type brokers --entity-default --alter --add-config unclean.leader.election.enable=true`
+    does (a dynamic cluster-wide config in Kafka): the controller elects then too."""
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    last, out = sorted(set(three.brokers) - {controller})
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic("adrift", num_partitions=1, replica_assignment=[[last, out]])])["adrift"].result(60)
+    wait_for(lambda: partition_state(zk, "adrift", 0)["isr"] == [last, out], what="adrift with a full ISR")
+    three.brokers[out].kill()
+    wait_for(lambda: partition_state(zk, "adrift", 0)["isr"] == [last], what=f"{out} out of the ISR")
+    three.brokers[last].kill()
+    wait_for(lambda: partition_state(zk, "adrift", 0)["leader"] == -1, what="adrift offline")
+    three.brokers[out].start()
+    wait_for(lambda: zk.exists(f"/brokers/ids/{out}"), what=f"{out} registered")
+    assert partition_state(zk, "adrift", 0)["leader"] == -1
+    live = three.brokers[controller]
+
+    def cluster_default(operation: int) -> int:
+        """IncrementalAlterConfigs of the default BROKER resource "" on the wire: confluent-kafka
+        and kafka-python cannot name it (Java's admin client, which kafka-configs uses, can)."""
+        schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+        entry = make(nested(schema, "AlterableConfig"), name="unclean.leader.election.enable",
+                     config_operation=operation, value="true" if operation == SET else None)
+        with socket.create_connection((live.host, live.port), timeout=60) as sock:
+            _, response = roundtrip(sock, make(schema, validate_only=False, resources=(make(
+                nested(schema, "AlterConfigsResource"), resource_type=BROKER_RESOURCE, resource_name="",
+                configs=(entry,)),)))
+        return response.responses[0].error_code
+
+    assert cluster_default(SET) == ErrorCode.none
+    try:
+        wait_for(lambda: partition_state(zk, "adrift", 0)["leader"] == out, what=f"{out} elected uncleanly")
+        assert partition_state(zk, "adrift", 0)["isr"] == [out]
+        wait_for(lambda: leaders(three.brokers[out].bootstrap, "adrift") == {0: out}, what=f"{out} leading")
+    finally:
+        assert cluster_default(DELETE) == ErrorCode.none
 
 
 def test_delete_while_a_broker_is_down_completes_when_it_returns(three, zk):

@@ -37,9 +37,11 @@ def test_synonyms_list_every_layer_in_kafkas_order_and_drop_those_before_the_nam
 def test_only_configs_applied_at_runtime_are_dynamic():
     with pytest.raises(ConfigError, match=r"Cannot update these configs dynamically: Set\(log.dirs, log.retention.hours\)"):
         coerce_dynamic({"log.retention.hours": "1", "log.dirs": "/x", "message.max.bytes": "5"})
-    for name in ("log.cleaner.threads", "unclean.leader.election.enable", "num.io.threads", "broker.id"):
+    for name in ("log.cleaner.threads", "num.io.threads", "broker.id"):
         with pytest.raises(ConfigError):
             coerce_dynamic({name: "1"})
+    # Cluster-wide in Kafka: the controller takes it (tests/integration/test_controller_cluster.py).
+    assert coerce_dynamic({"unclean.leader.election.enable": "true"}) == {"unclean.leader.election.enable": True}
     with pytest.raises(ConfigError, match="invalid value"):
         coerce_dynamic({"message.max.bytes": "-1"})
     assert coerce_dynamic({"log.cleanup.policy": "delete,compact", "max.connections": "9"}) == {

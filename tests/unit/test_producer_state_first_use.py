@@ -21,6 +21,8 @@ from tests.loop_turns import seen_between_turns, with_turns
 
 PRODUCERS = 50
 TXN_PID = 999
+OLD_PID = 500
+HOUR_MS = 3_600_000
 NOW = int(time.time() * 1000)
 
 
@@ -29,14 +31,19 @@ def _batch(pid, seq, *, txn=False):
                        base_sequence=seq, is_transactional=txn)
 
 
-def _restarted_with_the_snapshot_lost(tmp_path):
+def _restarted_with_the_snapshot_lost(tmp_path, configs=None, *, old_segment=False):
     """3.5 steps of idempotent batches (50 producers in turn) and a transaction opened in the
     middle, left open; a clean shutdown (its snapshot at the log end), that snapshot deleted,
-    a start. Returns the replica manager leading t-0, the log, the transaction's first offset
-    and each producer's offsets."""
+    a start. With `old_segment`, a segment holding one batch of producer OLD_PID two hours old
+    comes first. Returns the replica manager leading t-0, the log, the transaction's first
+    offset and each producer's offsets."""
     logs = LogManager(tmp_path, BrokerConfig({}))
-    logs.create_topic("t", 1, {})
+    logs.create_topic("t", 1, configs or {})
     log = logs.get_log("t", 0)
+    if old_segment:
+        log.append(build_batch([Record(b"k", b"old", (), NOW - 2 * HOUR_MS)], producer_id=OLD_PID,
+                               producer_epoch=0, base_sequence=0), now_ms=NOW)
+        log.roll(NOW)
     offsets = [[] for _ in range(PRODUCERS)]
     txn_first = None
     for i in range(RELOAD_STEP_BATCHES * 7 // 2):
@@ -112,32 +119,70 @@ def test_requests_arriving_during_the_load_wait_for_it(tmp_path):
         replicas.logs.close()
 
 
-def _handled_in_steps_as_first_use(tmp_path, handler, request, api_version: int, response_type):
-    """Restart a broker over the log of `_restarted_with_the_snapshot_lost` and handle `request`
-    as the partition's first use: the load must run in steps (at least three partial loads seen
-    between turns of the loop). Returns the answer and the open transaction's first offset."""
+def test_retention_leaves_a_never_used_partitions_state_to_its_first_use_which_loads_in_steps(tmp_path):
+    """Retention deleting the oldest segment of a partition not used since the start does not
+    load its producer state (that was the whole replay in one hold of the loop): the first use
+    loads it, in steps, from the new log start, and forgets the producers whose batches went."""
+    replicas, log, txn_first, offsets = _restarted_with_the_snapshot_lost(
+        tmp_path, {"retention.ms": HOUR_MS}, old_segment=True)
+    end = log.log_end_offset
+    try:
+        assert log.apply_retention(NOW) == 1
+        assert log.log_start_offset == 1
+        assert not log.producer_state_ready  # nothing loaded by the deletion
+
+        def loaded_to():
+            state = log._producers.created
+            return None if state is None else state.map_end_offset
+
+        last = len(offsets[0]) - 1
+        seen, results = asyncio.run(seen_between_turns(_produce(replicas, _batch(0, last)), loaded_to))
+
+        assert len({m for m in seen if m is not None and 1 < m < end}) >= 3
+        result = results[("t", 0)]
+        assert (result.error, result.base_offset) == (ErrorCode.none, offsets[0][last])  # a duplicate
+        assert log.last_stable_offset == txn_first
+        assert log.producer_state.entry(OLD_PID) is None  # its only batch was deleted
+    finally:
+        replicas.close()
+        replicas.logs.close()
+
+
+def _in_steps_as_first_use(tmp_path, first_use, configs=None, *, old_segment=False):
+    """Restart a broker over the log of `_restarted_with_the_snapshot_lost` and await
+    `first_use(broker)`, the partition's first use: the load must run in steps (at least three
+    partial loads seen between turns of the loop). Returns its result and the open
+    transaction's first offset."""
     from ottla.server.broker import Broker
 
-    replicas, _, txn_first, _ = _restarted_with_the_snapshot_lost(tmp_path)
+    replicas, _, txn_first, _ = _restarted_with_the_snapshot_lost(tmp_path, configs, old_segment=old_segment)
     replicas.close()
     replicas.logs.close()
     broker = Broker(tmp_path, BrokerConfig({}), host="127.0.0.1", port=0)
     log = broker.logs.get_log("t", 0)
     assert not log.producer_state_ready
-    ctx = SimpleNamespace(broker=broker, api_version=api_version, response_type=response_type)
 
     def loaded_to():
         state = log._producers.created
         return None if state is None else state.map_end_offset
 
     try:
-        seen, response = asyncio.run(seen_between_turns(handler(ctx, request), loaded_to))
-        assert len({m for m in seen if m is not None and 0 < m < log.log_end_offset}) >= 3
-        return response, txn_first
+        seen, result = asyncio.run(seen_between_turns(first_use(broker), loaded_to))
+        assert len({m for m in seen if m is not None and log.log_start_offset < m < log.log_end_offset}) >= 3
+        return result, txn_first
     finally:
         broker.replicas.close()
         broker.logs.close()
         broker.release_data_dir()
+
+
+def _handled_in_steps_as_first_use(tmp_path, handler, request, api_version: int, response_type, configs=None,
+                                   *, old_segment=False):
+    """`_in_steps_as_first_use` with `request` handled as the first use; returns the answer."""
+    def handled(broker):
+        return handler(SimpleNamespace(broker=broker, api_version=api_version, response_type=response_type),
+                       request)
+    return _in_steps_as_first_use(tmp_path, handled, configs, old_segment=old_segment)
 
 
 def test_a_read_committed_fetch_as_first_use_loads_in_steps_and_sees_the_open_transaction(tmp_path):
@@ -177,3 +222,35 @@ def test_a_read_committed_list_offsets_by_time_as_first_use_loads_in_steps(tmp_p
     response, _ = _handled_in_steps_as_first_use(tmp_path, list_offsets.handle, request, 7, ListOffsetsResponse)
     answer = response.topics[0].partitions[0]
     assert (answer.error_code, answer.offset) == (ErrorCode.none, -1)
+
+
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+def test_the_cleaners_dirty_ratio_check_as_first_use_loads_in_steps_then_cleans_below_the_lso(tmp_path):
+    """The check reads the LSO, which needs the state: the cleaner skips the log and has it
+    loaded in steps, a task of its own, and cleans it in a later round."""
+    async def two_rounds(broker):
+        log = broker.logs.get_log("t", 0)
+        first = broker.cleaner.clean_once(lambda f: f())
+        while not log.producer_state_ready:  # the cleaner's load goes on without anyone awaiting it
+            await asyncio.sleep(0)
+        return first, broker.cleaner.clean_once(lambda f: f())
+
+    (first, second), _ = _in_steps_as_first_use(tmp_path, two_rounds, COMPACTED, old_segment=True)
+    assert first is None
+    assert second.end_offset == 1  # the old segment: the active one, with the open transaction, stays dirty
+
+
+def test_a_dirty_ratio_asked_of_describe_log_dirs_as_first_use_loads_in_steps(tmp_path):
+    from ottla.protocol.extensions import DESCRIBE_LOG_DIRS, extended_request, extended_response
+    from ottla.protocol.build import make, nested
+    from ottla.server.handlers import describe_log_dirs
+
+    request_type, response_type = extended_request(DESCRIBE_LOG_DIRS, 4), extended_response(DESCRIBE_LOG_DIRS, 4)
+    request = make(request_type, topics=(make(nested(request_type, "DescribableLogDirTopic"), topic="t",
+                                              partitions=(0,)),), dirty_ratio=True)
+    response, _ = _handled_in_steps_as_first_use(tmp_path, describe_log_dirs.handle, request, 4, response_type,
+                                                 COMPACTED, old_segment=True)
+    answer = response.results[0].topics[0].partitions[0]
+    assert answer.dirty_ratio == 1.0  # the old segment is dirty; the active one is not cleanable

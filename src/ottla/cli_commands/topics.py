@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .common import CommandFailed, Session, UsageError, _command, _key_value, _positive_int, _print_fields, _print_table
-from .partitions import OFFLINE, UNDER_REPLICATED, _ids, partition_states
+from .partitions import OFFLINE, UNDER_REPLICATED, _ids, partition_states, states_of
 
 
 def register(commands, command):
@@ -23,8 +23,8 @@ def register(commands, command):
                         metavar="KEY=VALUE", help="a topic config, e.g. cleanup.policy=compact (repeatable)")
     command(topic_commands, "list", f"{__name__}:topics_list", "list topics")
     describe = command(topic_commands, "describe", f"{__name__}:topics_describe",
-                       "show a topic's partitions, offsets and configs")
-    describe.add_argument("name")
+                       "show a topic's partitions, offsets and configs (every topic's without a name)")
+    describe.add_argument("name", nargs="?", help="the topic (default: every topic, internal ones too)")
     describe.add_argument("--under-replicated-partitions", action="store_true",
                           help="only partitions whose ISR is smaller than their replicas")
     describe.add_argument("--unavailable-partitions", action="store_true",
@@ -74,32 +74,64 @@ def topics_list(args: argparse.Namespace) -> int:
 
 @_command
 def topics_describe(args: argparse.Namespace) -> int:
-    from confluent_kafka import IsolationLevel, TopicCollection
-    from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec, ResourceType
+    """One topic, or as `kafka-topics.sh --describe` without `--topic` every topic in name order
+    (a topic deleted meanwhile is left out; with a partition filter, so is a topic none of whose
+    partitions it keeps)."""
+    from confluent_kafka import IsolationLevel, KafkaError, TopicCollection
+    from confluent_kafka.admin import ConfigResource, OffsetSpec, ResourceType
 
     session = Session(args)
     admin = session.admin()
-    name = args.name
-    session.require_topic(admin, name)
-    description = session.wait(
-        admin.describe_topics(TopicCollection([name]), request_timeout=session.timeout)[name],
-        f"cannot describe topic {name!r}")
-    resource = ConfigResource(ResourceType.TOPIC, name)
-    configs = session.wait(admin.describe_configs([resource], request_timeout=session.timeout)[resource],
-                           f"cannot describe configs of topic {name!r}")
-    compacted = "compact" in getattr(configs.get("cleanup.policy"), "value", "")
+    if args.name is None:
+        names = sorted(session.metadata(admin).topics)
+        if not names:
+            return 0
+    else:
+        session.require_topic(admin, args.name)
+        names = [args.name]
+    gone = None if args.name is not None else KafkaError.UNKNOWN_TOPIC_OR_PART
+    described = admin.describe_topics(TopicCollection(names), request_timeout=session.timeout)
+    resources = {name: ConfigResource(ResourceType.TOPIC, name) for name in names}
+    configs_asked = admin.describe_configs(list(resources.values()), request_timeout=session.timeout)
+    topics = []
     with session.protocol_client() as client:
-        partitions = [p for p in partition_states(client, name)
-                      if (not args.under_replicated_partitions or p.status == UNDER_REPLICATED)
-                      and (not args.unavailable_partitions or p.status == OFFLINE)]
-        dirty = _dirty_ratios(client, name, partitions) if compacted else {}
-    keys = [(name, p.partition) for p in partitions if p.leader >= 0]
-    log_start = session.offsets(keys, OffsetSpec.earliest())
-    high_watermark = session.offsets(keys, OffsetSpec.latest())
-    last_stable = session.offsets(keys, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
+        states: dict[str, list] = {}
+        for state in (partition_states(client, args.name) if args.name is not None  # raises the topic's error
+                      else states_of(client.metadata_response(names))):  # one Metadata for them all
+            states.setdefault(state.topic, []).append(state)
+        for name in names:
+            description = session.wait(described[name], f"cannot describe topic {name!r}", absent=gone)
+            configs = session.wait(configs_asked[resources[name]], f"cannot describe configs of topic {name!r}",
+                                   absent=gone)
+            if description is None or configs is None:
+                continue
+            partitions = [p for p in states.get(name, ())
+                          if (not args.under_replicated_partitions or p.status == UNDER_REPLICATED)
+                          and (not args.unavailable_partitions or p.status == OFFLINE)]
+            if args.name is None and not partitions and (args.under_replicated_partitions
+                                                         or args.unavailable_partitions):
+                continue
+            compacted = "compact" in getattr(configs.get("cleanup.policy"), "value", "")
+            dirty = _dirty_ratios(client, name, partitions) if compacted else None
+            topics.append((description, configs, partitions, dirty))
+    keys = [(d.name, p.partition) for d, _, partitions, _ in topics for p in partitions if p.leader >= 0]
+    offsets = (session.offsets(keys, OffsetSpec.earliest()), session.offsets(keys, OffsetSpec.latest()),
+               session.offsets(keys, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED))
+    for i, topic in enumerate(topics):
+        if i:
+            print()
+        _print_topic(*topic, offsets)
+    return 0
 
+
+def _print_topic(description, configs, partitions, dirty: dict[int, str] | None, offsets) -> None:
+    """A topic's fields, its partitions (DIRTY-RATIO for a compacted topic) and its configs."""
+    from confluent_kafka.admin import ConfigSource
+
+    name = description.name
+    log_start, high_watermark, last_stable = offsets
     _print_fields([
-        ("NAME", description.name),
+        ("NAME", name),
         ("TOPIC-ID", description.topic_id),
         ("INTERNAL", str(description.is_internal).lower()),
         ("PARTITIONS", len(description.partitions)),
@@ -108,16 +140,15 @@ def topics_describe(args: argparse.Namespace) -> int:
     print()
     _print_table(
         ["PARTITION", "LEADER", "LEADER-EPOCH", "REPLICAS", "ISR", "OFFLINE", "LOG-START", "HIGH-WATERMARK",
-         "LAST-STABLE", "STATUS"] + (["DIRTY-RATIO"] if compacted else []),
+         "LAST-STABLE", "STATUS"] + (["DIRTY-RATIO"] if dirty is not None else []),
         [(p.partition, p.leader if p.leader >= 0 else None, p.leader_epoch, _ids(p.replicas), _ids(p.isr),
           _ids(p.offline), log_start.get((name, p.partition)), high_watermark.get((name, p.partition)),
-          last_stable.get((name, p.partition)), p.status) + ((dirty.get(p.partition),) if compacted else ())
+          last_stable.get((name, p.partition)), p.status) + ((dirty.get(p.partition),) if dirty is not None else ())
          for p in partitions])
     print()
     _print_table(["CONFIG", "VALUE", "SOURCE"],
                  [(entry.name, "<sensitive>" if entry.is_sensitive else entry.value,
                    ConfigSource(entry.source).name.lower()) for _, entry in sorted(configs.items())])
-    return 0
 
 
 def _dirty_ratios(client, name: str, partitions) -> dict[int, str]:

@@ -12,6 +12,7 @@ down at once, writing nothing more.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Callable, Iterable, Literal, Mapping
 
 from ..cluster.store import ClusterStore, ControllerMoved, TopicPartition
@@ -120,7 +121,7 @@ class Controller:
 
     def _machines(self) -> None:
         ctx = self.ctx
-        self.partitions = PartitionStateMachine(ctx, self.store, self.config.unclean_leader_election_enable)
+        self.partitions = PartitionStateMachine(ctx, self.store, lambda: self.config.unclean_leader_election_enable)
         self.replicas = ReplicaStateMachine(ctx, self.store)
         self.deletion = TopicDeletionManager(ctx, self.store, self.partitions, self.replicas)
         self.reassignments = ReassignmentManager(ctx, self.store, self.partitions, self.replicas)
@@ -291,6 +292,15 @@ class Controller:
         """A config changed (`/config/changes`): an Offline partition whose topic now allows
         unclean election gets a leader."""
         return self._run(lambda: self.partitions.trigger_unclean())[1]
+
+    def set_unclean_default(self, enabled: bool) -> bool:
+        """The broker's dynamic unclean.leader.election.enable (Kafka's is cluster-wide): the
+        default of every topic without a value of its own, from the next election. True when it
+        was just turned on: then the Offline partitions it allows are to be elected at once
+        (`on_config_changes`), as Kafka's controller does on its UncleanLeaderElectionEnable."""
+        turned_on = enabled and not self.config.unclean_leader_election_enable
+        self.config = replace(self.config, unclean_leader_election_enable=enabled)
+        return turned_on
 
     def on_preferred_election(self, now_ms: int) -> list[ControllerRequest]:
         return self._run(self._take_preferred_requests)[1]

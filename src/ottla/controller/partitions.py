@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..cluster.store import LeaderAndIsr, StaleVersion, TopicPartition
 from . import elections
@@ -33,10 +33,10 @@ class ElectionFailed(Exception):
 
 
 class PartitionStateMachine:
-    def __init__(self, ctx: ControllerContext, store, unclean_default: bool):
+    def __init__(self, ctx: ControllerContext, store, unclean_default: Callable[[], bool]):
         self.ctx = ctx
         self.store = store
-        self.unclean_default = unclean_default
+        self.unclean_default = unclean_default  # the broker's unclean.leader.election.enable now (dynamic)
 
     def startup(self) -> None:
         """Phases from the partition states read at failover, then elect where needed."""
@@ -151,7 +151,7 @@ class PartitionStateMachine:
             return strategy.allow_unclean
         value = self.store.topic_configs(tp[0]).get("unclean.leader.election.enable")
         if value is None:
-            return self.unclean_default
+            return self.unclean_default()
         return str(value).strip().lower() == "true"
 
     def _elect(self, tps, strategy: elections.Strategy) -> dict[TopicPartition, object]:

@@ -133,6 +133,12 @@ class ControllerService:
         self._pending.add(event)
         self._events.put_nowait(event)
 
+    def set_unclean_default(self, enabled: bool) -> None:
+        """The broker's dynamic unclean.leader.election.enable changed (`server/dynamic_configs`):
+        turned on, an active controller elects the Offline partitions it allows now."""
+        if self.controller.set_unclean_default(enabled) and self._events is not None:
+            self._post("config_changes")
+
     async def _call(self, fn, *args):
         return await self._loop.run_in_executor(self._executor, fn, *args)
 

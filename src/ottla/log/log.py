@@ -461,13 +461,20 @@ class Log:
         return deleted
 
     def _advance_log_start(self, offset: int) -> None:
+        """A state not loaded yet stays so (retention of a partition idle since the start would
+        replay in one piece what its first use loads in steps): that load drops the snapshots
+        below the new start and forgets the producers whose batches all lie below it, as a move
+        does. (With the snapshots lost, a transaction all of whose batches went is forgotten
+        rather than holding the LSO at the log start: its records are gone either way.)"""
         self.finish_rebuild()
         self.log_start_offset = offset
         self.leader_epoch_cache.truncate_from_start(offset)
         while len(self._segments) > 1 and self._bases[1] <= offset:
             self._segments.pop(0).delete()
             self._bases.pop(0)
-        self.producer_state.on_log_start_offset(offset)
+        state = self._producers.created
+        if state is not None:
+            state.on_log_start_offset(offset)
 
     def update_high_watermark(self, offset: int) -> int:
         """Set the high watermark, kept within [log start, log end]; the partition decides it

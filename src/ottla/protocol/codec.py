@@ -18,7 +18,6 @@ from functools import cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity
-from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 # kio's own per-field writers, so that a response with `Encoded` items is written exactly as
 # kio writes it (tests/unit/test_metadata_encoded.py compares the bytes for every version).
@@ -27,14 +26,13 @@ from kio.serial._serialize import get_field_writer
 from kio.serial.writers import write_compact_array_length, write_legacy_array_length, write_unsigned_varint
 
 from .errors import FrameTooLarge, MalformedRequest, ProtocolViolation, UnknownApi, UnsupportedApiVersion
-from .legacy import index as legacy_index
-from .schemas import request_schema, response_schema
+from .schemas import api_name, request_schema, response_schema
 from .shape import UnknownTaggedFields, check_request, strip_unknown_tagged_fields
 
 __all__ = ["FrameTooLarge", "MalformedRequest", "ProtocolViolation", "UnknownApi", "UnsupportedApiVersion",
            "FrameDecoder", "DecodedRequest", "decode_request", "encode_response", "Encoded", "EncodedBody",
            "encode_item",
-           "api_name", "peek_header",
+           "peek_header",
            "response_schema"]
 
 _SIZE = struct.Struct(">i")
@@ -221,18 +219,6 @@ def _request_codec(api_key: int, api_version: int):
 def _response_writers(api_key: int, api_version: int):
     schema = response_schema(api_key, api_version)
     return schema.__header_schema__, entity_writer(schema.__header_schema__), entity_writer(schema)
-
-
-@cache
-def api_name(api_key: int) -> str:
-    """Kafka's name for an API ("Metadata" for 3), for log lines."""
-    name = api_key_map.get(api_key)
-    if name is not None:
-        return "".join(part.title() for part in name.split("_"))
-    for (key, _), path in legacy_index.REQUESTS.items():  # APIs only Ottla's generated classes have
-        if key == api_key:
-            return path.rpartition(":")[2].removesuffix("Request")
-    return f"API {api_key}"
 
 
 def peek_header(frame: bytes) -> tuple[int, int, int]:

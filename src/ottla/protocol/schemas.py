@@ -12,6 +12,7 @@ from functools import cache
 from pkgutil import resolve_name
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.index import api_key_map
 
 from .extensions import extended_request, extended_response
 from .legacy import index as legacy_index
@@ -45,3 +46,15 @@ def response_schema(api_key: int, api_version: int) -> type:
             raise
         return resolve_name(path)
 
+
+@cache
+def api_name(api_key: int) -> str:
+    """Kafka's name for an API ("Metadata" for 3), for log lines and errors: kio's, or for the
+    APIs only the generated classes have, theirs."""
+    name = api_key_map.get(api_key)
+    if name is not None:
+        return "".join(part.title() for part in name.split("_"))
+    for (key, _), path in legacy_index.REQUESTS.items():
+        if key == api_key:
+            return path.rpartition(":")[2].removesuffix("Request")
+    return f"API {api_key}"

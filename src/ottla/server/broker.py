@@ -44,6 +44,7 @@ from .interbroker import InterBrokerClient
 from .metadata_cache import BrokerInfo, MetadataCache
 from .network import Connection
 from .replica_manager import ReplicaManager
+from .steps import load_producer_state_soon
 
 if TYPE_CHECKING:
     from .cluster_node import ClusterNode
@@ -143,11 +144,16 @@ class Broker:
         self.features_epoch = now_ms()
         self.connections = Connections(config)
         self.logs = LogManager(self.data_dir, config, disk_worker=DiskWorker())
-        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment())
+        self.cleaner = LogCleaner(self.logs, config, clock=now_ms, failpoints=failpoints_from_environment(),
+                                  load_in_steps=load_producer_state_soon)
         self.metadata = MetadataCache(self.node_id, self.cluster_id)
         self.replicas = ReplicaManager(self.node_id, self.logs, self.metadata)
         self.fetch_sessions = FetchSessionCache(config["max.incremental.fetch.session.cache.slots"])
         self._publish_local_metadata()
+        # In a cluster: this broker's controller candidacy and its side of the controller
+        # protocol; None on a single node, which is its own controller.
+        self.controller_service = None
+        self.controller_link = None
         # Dynamic broker configs (KIP-226) and, in a cluster, topic config changes from the store.
         self.dynamic_configs = DynamicConfigs(self)
         self.authorizer = AllowAllAuthorizer()
@@ -157,10 +163,6 @@ class Broker:
         self.interbroker = InterBrokerClient(f"broker-{self.node_id}")
         self.coordinator_runtime = BrokerCoordinatorRuntime(self)
         self.groups = GroupService(self.coordinator_runtime, config, now_ms)
-        # In a cluster: this broker's controller candidacy and its side of the controller
-        # protocol; None on a single node, which is its own controller.
-        self.controller_service = None
-        self.controller_link = None
         self.cluster: ClusterNode | None = None
         self._stopping = False
         self.transactions = TransactionService(self.coordinator_runtime, BrokerMarkerChannel(self, self.interbroker), config,

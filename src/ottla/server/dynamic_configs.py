@@ -19,7 +19,8 @@ Kafka refuses them. At start, passwords encrypted with `password.encoder.old.sec
 encrypted again with the new secret and written back (Kafka's secret rotation).
 
 Applying a change: the broker's config layers are replaced (`BrokerConfig.set_dynamic`),
-every log resolves its settings again, and the cleaner and connection limits re-read theirs.
+the controller takes unclean.leader.election.enable, every log resolves its settings again,
+and the cleaner and connection limits re-read theirs.
 """
 
 from __future__ import annotations
@@ -240,6 +241,8 @@ class DynamicConfigs:
         if (config.dynamic, config.dynamic_default) == tuple(layers):
             return
         config.set_dynamic(*layers)
+        if self.broker.controller_service is not None:
+            self.broker.controller_service.set_unclean_default(config["unclean.leader.election.enable"])
         self.broker.logs.refresh_configs()
         self.broker.cleaner.reconfigure(config)
         self.broker.connections.reconfigure(config)

@@ -26,10 +26,10 @@ from ..protocol.codec import (
     FrameDecoder,
     ProtocolViolation,
     UnsupportedApiVersion,
-    api_name,
     decode_request,
     encode_response,
 )
+from ..protocol.schemas import api_name
 from ..protocol.shape import produce_entries
 from ..records.legacy import LazyDownConversion
 from .context import CloseConnection, RequestContext

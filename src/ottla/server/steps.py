@@ -4,7 +4,10 @@ of CPU, in one OffsetForLeaderEpoch 0.9 s, in one Fetch 1.8 s. A partition's pro
 loaded on first use in steps too (`producer_state_ready`)."""
 
 import asyncio
+import logging
 import weakref
+
+logger = logging.getLogger(__name__)
 
 # Topic and partition entries handled between two turns of the event loop (a few ms of work).
 ENTRIES_PER_STEP = 256
@@ -54,6 +57,21 @@ async def producer_state_ready(log) -> None:
         loading = _loads[log] = asyncio.ensure_future(_rest_in_steps(log))
         loading.add_done_callback(_retrieved)
     await asyncio.shield(loading)  # a waiter that goes away leaves it to the others
+
+
+def load_producer_state_soon(log) -> None:
+    """For the log cleaner, which cannot wait on the loop: `log`'s producer state is loaded in
+    steps by a task (the one `producer_state_ready` runs, if under way); a failure is logged, and
+    the next use of the state raises it again."""
+    if not log.producer_state_ready and log not in _loads:
+        asyncio.ensure_future(producer_state_ready(log)).add_done_callback(
+            lambda task: _logged(task, log.directory.name))
+
+
+def _logged(task: asyncio.Future, partition: str) -> None:
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        logger.warning("loading the producer state of %s failed: %s", partition, error)
 
 
 async def _rest_in_steps(log) -> None:

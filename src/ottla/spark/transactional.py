@@ -33,7 +33,8 @@ from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRe
 from kio.schema.txn_offset_commit.v3.request import (TxnOffsetCommitRequest, TxnOffsetCommitRequestPartition,
                                                      TxnOffsetCommitRequestTopic)
 
-from ..admin_client import BrokerConnection, Node, ProtocolClientError, api_name, error_name
+from ..admin_client import BrokerConnection, Node, ProtocolClientError, error_name
+from ..protocol.schemas import api_name
 from .marker import MarkerTask
 from .options import WriteOptions
 from .producer import OwnProducer, ProduceFailed

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from ..manager import LogManager
     from ..segment import LogSegment
 
-__all__ = ["LogCleaner", "CLEANER_CHECKPOINT_FILE", "DirtyStats"]
+__all__ = ["LogCleaner", "CLEANER_CHECKPOINT_FILE", "DirtyStats", "compacted"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,11 @@ class DirtyStats(NamedTuple):
         return self.dirty_bytes / total if total else 0.0
 
 
+def compacted(log_: "Log") -> bool:
+    """The cleaner looks at this log (its dirty ratio reads the LSO, so the producer state)."""
+    return "compact" in log_.config["cleanup.policy"]
+
+
 class _Grabbed(NamedTuple):
     key: tuple[str, int]
     log: "Log"
@@ -87,8 +92,14 @@ class _Grabbed(NamedTuple):
 
 class LogCleaner:
     def __init__(self, manager: "LogManager", config: "BrokerConfig", *, clock: Callable[[], int],
-                 failpoints: frozenset[str] = frozenset()):
+                 failpoints: frozenset[str] = frozenset(),
+                 load_in_steps: Callable[["Log"], None] | None = None):
+        """`load_in_steps(log)` starts loading a log's producer state in steps on the owner,
+        without waiting (the server's `steps.load_producer_state_soon`): a compacted log whose
+        state is not loaded is looked at in a later round. Without it (a cleaner driven directly
+        by tests) the dirty-ratio check loads the state in one piece."""
         self._manager = manager
+        self._load_in_steps = load_in_steps
         self._clock = clock
         self._failpoints = failpoints
         self.threads = config["log.cleaner.threads"]
@@ -119,9 +130,9 @@ class LogCleaner:
 
     def dirty_stats(self, key: tuple[str, int], log_: "Log", now_ms: int) -> DirtyStats | None:
         """Where the clean and dirty sections of a compacted log are; None if not compacted."""
-        config = log_.config
-        if "compact" not in config["cleanup.policy"]:
+        if not compacted(log_):
             return None
+        config = log_.config
         if self._logs_seen.setdefault(key, log_) is not log_:  # the topic was deleted and created again
             self._logs_seen[key] = log_
             self._checkpoints.pop(key, None)
@@ -160,6 +171,9 @@ class LogCleaner:
         best = None
         for key, log_ in self._manager.logs.items():
             if key in self._in_progress:
+                continue
+            if self._load_in_steps is not None and not log_.producer_state_ready and compacted(log_):
+                self._load_in_steps(log_)  # its LSO is known once loaded, in a later round
                 continue
             stats = self.dirty_stats(key, log_, now)
             if stats is None or len(log_.segments) < 2:

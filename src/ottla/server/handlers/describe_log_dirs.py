@@ -7,8 +7,10 @@ import shutil
 from datetime import timedelta
 
 from ...errors import ErrorCode
+from ...log.cleaner.service import compacted
 from ...protocol.build import make, nested
 from ..clock import now_ms
+from ..steps import producer_state_ready
 
 API_KEY = 35
 # v0 is v1 (removed in Kafka 4.0, KIP-896); v5 says whether a log directory is cordoned (Kafka
@@ -39,6 +41,10 @@ async def handle(ctx, request):
             continue
         if (topic, partition) not in logs.logs:
             continue  # deleted while this request yielded
+        if dirty and not log.producer_state_ready and compacted(log):
+            await producer_state_ready(log)  # the ratio reads the LSO: loaded in steps
+            if logs.logs.get((topic, partition)) is not log:
+                continue  # deleted meanwhile
         size = sum(segment.size for segment in log.segments)
         stats = cleaner.dirty_stats((topic, partition), log, now) if dirty else None
         by_topic.setdefault(topic, []).append(make(partition_type, partition_index=partition, partition_size=size,
