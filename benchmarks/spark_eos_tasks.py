@@ -32,6 +32,7 @@ from spark_workers import PARTITIONS, spark_batches
 
 import ottla.testing
 from ottla import admin_client
+from ottla.protocol.schemas import api_name
 from ottla.spark import sink
 from ottla.spark.options import parse_write_options
 
@@ -65,7 +66,7 @@ def _count_requests() -> collections.Counter:
     submit = admin_client.BrokerConnection.submit
 
     def counted(self, api_key, version, body):
-        sent[admin_client.api_name(api_key)] += 1
+        sent[api_name(api_key)] += 1
         return submit(self, api_key, version, body)
 
     admin_client.BrokerConnection.submit = counted

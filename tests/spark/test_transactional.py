@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import Consumer, ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ottla.admin_client import AdminProtocolClient, BrokerConnection, api_name
+from ottla.admin_client import AdminProtocolClient, BrokerConnection
+from ottla.protocol.schemas import api_name
 from ottla.spark import sink
 from ottla.spark.options import parse_write_options
 from ottla.spark.record_batches import Columns
