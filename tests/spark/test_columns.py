@@ -124,7 +124,8 @@ def test_read_uncommitted_keeps_aborted_records_and_drops_markers():
     assert columns.next_offset == 7
 
 
-@pytest.mark.parametrize("damage", ["record length", "bytes left", "key length", "count and a length of -1"])
+@pytest.mark.parametrize("damage", ["record length", "bytes left", "key length", "count and a length of -1",
+                                    "negative count"])
 def test_a_malformed_record_is_corrupt_message(damage):
     data = bytearray(build_batch([Record(b"key", b"value", (), 1)]))
     if damage == "record length":
@@ -132,6 +133,8 @@ def test_a_malformed_record_is_corrupt_message(damage):
     elif damage == "count and a length of -1":  # a walk that stays in place, 2**31 - 1 times
         data[57:61] = (2**31 - 1).to_bytes(4, "big")
         data[61] = 0x01
+    elif damage == "negative count":
+        data[57:61] = (-1).to_bytes(4, "big", signed=True)
     elif damage == "bytes left":
         data[61] -= 2  # one byte shorter: the record ends before its header count
     else:

@@ -87,14 +87,15 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     codecs = batches[k.ATTRIBUTES] & COMPRESSION_MASK
     if codecs.any():
         buf, starts, ends = _inflated(records, starts, ends, codecs)
-    if (batches[k.COUNT] * walk.MIN_RECORD_BYTES > ends - starts).any():  # the walkers' arrays are sized by it
-        raise KafkaError(ErrorCode.corrupt_message, f"malformed batch at offsets {start}..{end}: more records than bytes")
+    counts = batches[k.COUNT]
+    if ((counts < 0) | (counts * walk.MIN_RECORD_BYTES > ends - starts)).any():  # the walkers' arrays are sized by it
+        raise KafkaError(ErrorCode.corrupt_message, f"malformed batch at offsets {start}..{end}: its record count")
     log_append = (batches[k.ATTRIBUTES] & TIMESTAMP_TYPE_BIT) != 0
-    rows = k.walk_records(buf, starts, ends, batches[k.COUNT], batches[k.BASE], batches[k.FIRST_TS],
-                          batches[k.MAX_TS], log_append)
+    rows = k.walk_records(buf, starts, ends, counts, batches[k.BASE], batches[k.FIRST_TS], batches[k.MAX_TS],
+                          log_append)
     if rows is None:
         raise KafkaError(ErrorCode.corrupt_message, f"malformed record in a batch at offsets {start}..{end}")
-    log_append = np.repeat(log_append, batches[k.COUNT])
+    log_append = np.repeat(log_append, counts)
     _decoded += rows.shape[1]
     if not rows.shape[1]:  # batches emptied by compaction
         return _empty(next_offset, headers_type)
