@@ -21,6 +21,14 @@ small size starts the JVM's code paths and the Python workers first. Per value s
   any connector whose Spark workers are Python can at best reach: PySpark's Python data source exchange
   (Python workers, Arrow to and from the JVM) with no Kafka in it.
 
+Rounds (`--rounds`) run in one session. Round 1 is cold: Ottla's first large tasks, on Python workers that
+have not run them (Spark keeps several workers and hands tasks to them in turn, so the warm-up's small tasks
+leave most of them without Ottla's imports). In round 1 each ceiling runs before its Ottla leg, so that the
+JVM's compilation (JIT) of PySpark's Arrow exchange paths, which the first large run of each path pays, falls
+on the null source (Spark's cost; round 1's ceilings are the worse for it); later rounds alternate the order.
+Each round prints its table; with two rounds or more a last table sets round 1 (cold) beside the median of
+the later rounds (warm).
+
 Batch legs are timed around the action, streaming legs by Spark's `triggerExecution`. Each leg's CPU seconds
 (the Spark JVM with every process under it, and the broker) are taken around the whole action, the streaming
 legs' query start and stop included; the share by CPU is `range -> noop`'s CPU over the leg's, which a loaded
@@ -275,46 +283,53 @@ class Legs:
         end_spark, end_broker = self.cpu()
         return (wall if seconds is None else seconds), end_spark - spark_cpu, end_broker - broker_cpu
 
-    def run(self, n: int, size: int) -> dict[str, tuple[float, float, float]]:
-        """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values; each
-        Ottla leg is followed by its ceiling (`ceiling_source`)."""
+    def run(self, n: int, size: int, ceiling_first: bool = False) -> dict[str, tuple[float, float, float]]:
+        """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values, in
+        `LEGS`' order. `range -> noop` first, then each Ottla leg and its ceiling (`ceiling_source`), the
+        ceiling first with `ceiling_first`: the first large run of one of PySpark's Arrow exchange paths in a
+        session pays the JVM's compilation of it (JIT), and whichever leg of a pair goes first pays it."""
+        from pyspark.sql.functions import col, lpad
+
         spark, out = self.spark, {}
         df = rows(spark, n, size)
         out["range -> noop"] = self.measured(lambda: df.write.format("noop").mode("overwrite").save())
-        source = self.topic(f"in{size}")
-        out["range -> ottla sink (batch)"] = self.measured(
-            lambda: df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save())
-        out["ceiling: range -> null Python sink (batch)"] = self.measured(
-            lambda: df.write.format("ceiling-python").mode("append").save())
+        source, sink, copy = self.topic(f"in{size}"), self.topic(f"eos{size}"), self.topic(f"copy{size}")
         read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
-        out["ottla source -> noop"] = self.measured(
-            lambda: read.load().write.format("noop").mode("overwrite").save())
         null = spark.read.format("ceiling-python").options(**self.ceiling(n, size))
-        out["ceiling: null Python source -> noop"] = self.ceiling_measured(
-            lambda: null.load().write.format("noop").mode("overwrite").save())
-
-        from pyspark.sql.functions import col, lpad
-        sink = self.topic(f"eos{size}")
         rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", n)
                 .option("numPartitions", PARTITIONS).load()
                 .select(col("value").cast("string").alias("key"),
                         lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
-        out["rate-micro-batch -> ottla sink (streaming, exactly-once)"] = self.measured(lambda: _seconds(
-            run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint()), n))
-        out["ceiling: rate-micro-batch -> null Python sink (streaming)"] = self.measured(lambda: _seconds(
-            run_stream(rate.writeStream.format("ceiling-python"), self.checkpoint()), n))
-
-        copy = self.topic(f"copy{size}")
         stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
                   .load().selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
-        out["ottla -> transform -> ottla (exactly-once)"] = self.measured(lambda: _seconds(
-            run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint()), n))
-        self.check(copy, n)
         null_stream = (spark.readStream.format("ceiling-python").options(**self.ceiling(n, size)).load()
                        .selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
-        out["ceiling: null Python source -> transform -> null Python sink"] = self.ceiling_measured(lambda: _seconds(
-            run_stream(null_stream.writeStream.format("ceiling-python"), self.checkpoint()), n))
-        return out
+
+        def pipeline():
+            measured = self.measured(lambda: _seconds(
+                run_stream(stream.writeStream.format("ottla").options(**self.ottla(topic=copy)), self.checkpoint()), n))
+            self.check(copy, n)
+            return measured
+
+        pairs = [
+            (lambda: self.measured(
+                lambda: df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save()),
+             lambda: self.measured(lambda: df.write.format("ceiling-python").mode("append").save())),
+            (lambda: self.measured(lambda: read.load().write.format("noop").mode("overwrite").save()),
+             lambda: self.ceiling_measured(lambda: null.load().write.format("noop").mode("overwrite").save())),
+            (lambda: self.measured(lambda: _seconds(
+                run_stream(rate.writeStream.format("ottla").options(**self.ottla(topic=sink)), self.checkpoint()), n)),
+             lambda: self.measured(lambda: _seconds(
+                 run_stream(rate.writeStream.format("ceiling-python"), self.checkpoint()), n))),
+            (pipeline,
+             lambda: self.ceiling_measured(lambda: _seconds(
+                 run_stream(null_stream.writeStream.format("ceiling-python"), self.checkpoint()), n))),
+        ]
+        for (ottla_leg, ceiling_leg), (ottla_run, ceiling_run) in zip(PAIRS, pairs):
+            for leg, action in ([(ceiling_leg, ceiling_run), (ottla_leg, ottla_run)] if ceiling_first
+                                else [(ottla_leg, ottla_run), (ceiling_leg, ceiling_run)]):
+                out[leg] = action()
+        return {leg: out[leg] for leg in LEGS}
 
     def ceiling(self, n: int, size: int) -> dict:
         return {"rows": n, "size": size, "builds": self.builds}
@@ -443,21 +458,37 @@ def _seconds(batches: list[tuple[int, float]], n: int) -> float:
     return sum(s for _, s in batches)
 
 
+# Each Ottla leg and its ceiling, in the order they run (the source reads what the batch sink wrote), and
+# every leg in the order of the tables.
+PAIRS = [
+    ("range -> ottla sink (batch)", "ceiling: range -> null Python sink (batch)"),
+    ("ottla source -> noop", "ceiling: null Python source -> noop"),
+    ("rate-micro-batch -> ottla sink (streaming, exactly-once)",
+     "ceiling: rate-micro-batch -> null Python sink (streaming)"),
+    ("ottla -> transform -> ottla (exactly-once)", "ceiling: null Python source -> transform -> null Python sink"),
+]
+LEGS = ["range -> noop"] + [leg for pair in PAIRS for leg in pair]
+
 # Issue 16's targets (share of `range -> noop`) and the ceiling leg each Ottla leg is held against.
 TARGETS = {
-    "ottla source -> noop": (0.8, "ceiling: null Python source -> noop"),
-    "range -> ottla sink (batch)": (0.6, "ceiling: range -> null Python sink (batch)"),
-    "rate-micro-batch -> ottla sink (streaming, exactly-once)": (0.6, "ceiling: rate-micro-batch -> null Python "
-                                                                      "sink (streaming)"),
-    "ottla -> transform -> ottla (exactly-once)": (0.5, "ceiling: null Python source -> transform -> null Python "
-                                                        "sink"),
+    "ottla source -> noop": 0.8,
+    "range -> ottla sink (batch)": 0.6,
+    "rate-micro-batch -> ottla sink (streaming, exactly-once)": 0.6,
+    "ottla -> transform -> ottla (exactly-once)": 0.5,
 }
+CEILING_OF = dict(PAIRS)
 
 
-def _print_legs(n: int, size: int, legs_measured: dict) -> None:
+def _round_label(index: int, rounds: int, ceiling_first: bool) -> str:
+    state = "cold: Ottla's first large tasks in the session" if index == 0 else "warm"
+    order = "each ceiling before its Ottla leg" if ceiling_first else "each Ottla leg before its ceiling"
+    return f"round {index + 1} of {rounds} ({state}; {order})"
+
+
+def _print_legs(n: int, size: int, legs_measured: dict, label: str) -> None:
     base, _, _ = legs_measured["range -> noop"]
     base_cpu = sum(legs_measured["range -> noop"][1:])
-    print(f"\n{n:,} rows of {size}-byte values:\n")
+    print(f"\n{n:,} rows of {size}-byte values, {label}:\n")
     print("| leg | rows/s | MB/s | share of `range -> noop` | CPU s: Spark + broker | share by CPU |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for leg, (s, spark_cpu, broker_cpu) in legs_measured.items():
@@ -466,10 +497,39 @@ def _print_legs(n: int, size: int, legs_measured: dict) -> None:
     print("\nagainst the ceiling (shares of `range -> noop`, wall / by CPU):\n")
     print("| leg | target | Ottla | ceiling (null Python data source) | Ottla's share of its ceiling, by CPU |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for leg, (target, ceiling) in TARGETS.items():
-        (s, *cpu), (cs, *ccpu) = legs_measured[leg], legs_measured[ceiling]
+    for leg, target in TARGETS.items():
+        (s, *cpu), (cs, *ccpu) = legs_measured[leg], legs_measured[CEILING_OF[leg]]
         print(f"| {leg} | {target} | {base / s:.2f} / {base_cpu / sum(cpu):.2f} | {base / cs:.2f} / "
               f"{base_cpu / sum(ccpu):.2f} | {sum(ccpu) / sum(cpu):.2f} |")
+
+
+def _shares(legs_measured: dict, leg: str) -> tuple[float, float, float]:
+    """(share of `range -> noop` by wall, by CPU, CPU seconds: Spark + broker) of one leg in one round."""
+    base, *base_cpu = legs_measured["range -> noop"]
+    seconds, *cpu = legs_measured[leg]
+    return base / seconds, sum(base_cpu) / sum(cpu), sum(cpu)
+
+
+def _print_cold_warm(n: int, size: int, rounds: list[dict]) -> None:
+    """Round 1 (cold) beside the median of the later rounds (warm): a new user's first job is the cold one."""
+
+    def median(leg: str) -> tuple[float, float, float]:
+        per_round = [_shares(measured, leg) for measured in rounds[1:]]
+        return tuple(statistics.median(values) for values in zip(*per_round))
+
+    warm = "round 2" if len(rounds) == 2 else f"median of rounds 2-{len(rounds)}"
+    print(f"\n{n:,} rows of {size}-byte values, cold (round 1) and warm ({warm}), shares of `range -> noop` in the "
+          f"same round, wall / by CPU, and the leg's CPU s (Spark + broker):\n")
+    print("| leg | target | cold: Ottla | cold: ceiling | warm: Ottla | warm: ceiling | Ottla's share of its ceiling "
+          "by CPU, cold / warm |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for leg, target in TARGETS.items():
+        cold, cold_ceiling = _shares(rounds[0], leg), _shares(rounds[0], CEILING_OF[leg])
+        warm, warm_ceiling = median(leg), median(CEILING_OF[leg])
+        cells = [f"{wall:.2f} / {cpu:.2f} ({seconds:.2f} s)" for wall, cpu, seconds in (cold, cold_ceiling, warm,
+                                                                                       warm_ceiling)]
+        print(f"| {leg} | {target} | {' | '.join(cells)} | {cold_ceiling[2] / cold[2]:.2f} / "
+              f"{warm_ceiling[2] / warm[2]:.2f} |")
 
 
 def main() -> int:
@@ -492,23 +552,32 @@ def main() -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TIMING_DIR, os.environ.get("PYTHONPATH")) if p)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    results = []
+    results, summaries = [], []
     with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
         spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf))
         legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
         for size in (int(s) for s in args.sizes.split(",") if s):
             n = args.rows if size < 1024 else args.rows_1k
-            for _ in range(args.rounds):
-                results.append((n, size, legs.run(n, size)))
-                print(f"{size}-byte values, load {os.getloadavg()[0]:.1f}: {results[-1][2]}", file=sys.stderr)
+            rounds = []
+            for index in range(args.rounds):
+                # Round 1 runs each ceiling first, so that Spark's JIT of its exchange paths is charged to the
+                # null source (Spark's cost) and the Ottla leg pays only its own first use; then alternately.
+                ceiling_first = index % 2 == 0
+                rounds.append(legs.run(n, size, ceiling_first))
+                print(f"{size}-byte values, load {os.getloadavg()[0]:.1f}: {rounds[-1]}", file=sys.stderr)
+                results.append((n, size, rounds[-1], _round_label(index, args.rounds, ceiling_first)))
+            summaries.append((n, size, rounds))
         if args.probes:
             open(probes, "w").close()  # the fixed-cost queries only
         costs = legs.fixed_cost(args.small, args.batches) if args.batches else None
         spark.stop()
 
-    for n, size, legs_measured in results:
-        _print_legs(n, size, legs_measured)
+    for n, size, legs_measured, label in results:
+        _print_legs(n, size, legs_measured, label)
+    for n, size, rounds in summaries:
+        if len(rounds) > 1:
+            _print_cold_warm(n, size, rounds)
     if costs:
         spark_cost, python_cost, ottla_cost = costs
         print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "

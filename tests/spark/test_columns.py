@@ -79,13 +79,13 @@ def record_set(history):
 ONE = [Record(b"k", b"v", (), 1)]
 
 
-@pytest.fixture(params=["compiled", "python"], autouse=True)
+@pytest.fixture(params=["compiled", "vectorised"], autouse=True)
 def decoder(request):
-    """Every test runs against both decoders: the compiled loops and, for small answers, records.py's."""
-    saved = columns_module.COMPILED_FROM_BYTES
-    columns_module.COMPILED_FROM_BYTES = 0 if request.param == "compiled" else 1 << 62
+    """Every test runs against both walkers: numba's (kernels.py) and Python with numpy's (walk.py)."""
+    saved = columns_module.COMPILED_AFTER_RECORDS
+    columns_module.COMPILED_AFTER_RECORDS = 0 if request.param == "compiled" else 1 << 62
     yield request.param
-    columns_module.COMPILED_FROM_BYTES = saved
+    columns_module.COMPILED_AFTER_RECORDS = saved
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -124,11 +124,17 @@ def test_read_uncommitted_keeps_aborted_records_and_drops_markers():
     assert columns.next_offset == 7
 
 
-@pytest.mark.parametrize("damage", ["record length", "bytes left", "key length"])
+@pytest.mark.parametrize("damage", ["record length", "bytes left", "key length", "count and a length of -1",
+                                    "negative count"])
 def test_a_malformed_record_is_corrupt_message(damage):
     data = bytearray(build_batch([Record(b"key", b"value", (), 1)]))
     if damage == "record length":
         data[61] = 0x7E  # zigzag 63: runs past the batch
+    elif damage == "count and a length of -1":  # a walk that stays in place, 2**31 - 1 times
+        data[57:61] = (2**31 - 1).to_bytes(4, "big")
+        data[61] = 0x01
+    elif damage == "negative count":
+        data[57:61] = (-1).to_bytes(4, "big", signed=True)
     elif damage == "bytes left":
         data[61] -= 2  # one byte shorter: the record ends before its header count
     else:

@@ -73,3 +73,25 @@ def test_the_driver_streaming_source_process_imports_no_executor_or_sink_module(
     loaded = _modules_after(_RUNNER.format(pickled=CloudPickleSerializer().dumps(source).hex()))
     assert "ottla.spark.source" in loaded
     assert _heavy(loaded) == set()
+
+
+# A Fetch answer of 2,000 100-byte records in one batch, about 230 KB: over the 128 KiB from which the
+# source loaded numba until 2026-11-27.
+_LARGE_ANSWER = ("from ottla.records.records import Record, build_batch; "
+                 "from ottla.spark import columns; "
+                 "answer = build_batch([Record(b'k', bytes(100), (), 1)] * 2000)")
+
+
+def test_a_fresh_worker_decodes_its_first_large_answers_without_numba():
+    # numba's load costs a fresh Spark Python worker 0.4-0.5 s of CPU, more than it saves on a short job's
+    # records (docs/performance.md, Spark section).
+    loaded = _modules_after(f"{_LARGE_ANSWER}; assert len(columns.decode_record_set(answer, 0, 2000, None)) == 2000")
+    assert "numba" not in loaded
+
+
+def test_a_worker_moves_to_numba_once_it_has_decoded_enough_records():
+    statement = (f"{_LARGE_ANSWER}; columns.COMPILED_AFTER_RECORDS = 3000; "
+                 "[columns.decode_record_set(answer, 0, 2000, None) for _ in range(2)]; "
+                 "assert 'numba' not in sys.modules; "
+                 "assert len(columns.decode_record_set(answer, 0, 2000, None)) == 2000")
+    assert "numba" in _modules_after(statement)

@@ -173,8 +173,8 @@ def plan(starts: dict[tuple[str, int], int], ends: dict[tuple[str, int], int], o
 
 def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> Iterator:
     """Yield Arrow record batches of the records of one offset range, one per Fetch answer."""
-    # Imported here, on the executors: numba's import (columns.py) costs 0.2-0.5 s of CPU, which the
-    # driver's Python processes (planning, the streaming source, commits) would pay for nothing.
+    # Imported here, on the executors: the Fetch client's imports (kio's schemas) cost 0.2-0.5 s of CPU,
+    # which the driver's Python processes (planning, the streaming source, commits) would pay for nothing.
     from .fetch import read_columns
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
