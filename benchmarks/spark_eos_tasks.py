@@ -28,7 +28,7 @@ import sys
 import time
 
 from confluent_kafka.admin import AdminClient, NewTopic
-from spark_workers import PARTITIONS, spark_batches
+from spark_workers import PARTITIONS, TaskContext, spark_batches
 
 import ottla.testing
 from ottla import admin_client
@@ -38,26 +38,6 @@ from ottla.spark.options import parse_write_options
 
 MODES = ("at-least-once", "exactly-once, kept", "exactly-once, new")
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class _Context:
-    """What the sink reads of Spark's TaskContext."""
-
-    current: _Context
-
-    def __init__(self, batch: int, partition: int, query: str):
-        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": query}
-        self.partition = partition
-
-    @staticmethod
-    def get() -> _Context:
-        return _Context.current
-
-    def partitionId(self) -> int:
-        return self.partition
-
-    def getLocalProperty(self, key: str) -> str:
-        return self.props[key]
 
 
 def _count_requests() -> collections.Counter:
@@ -87,9 +67,9 @@ def tasks(bootstrap: str, topic: str, mode: str, count: int, rows: list, first_b
     for i in range(count):
         batch, partition = divmod(i, PARTITIONS)
         if mode == "exactly-once, new":
-            _Context.current = _Context(0, partition, f"new-{first_batch + batch}")
+            TaskContext.current = TaskContext(0, partition, f"new-{first_batch + batch}")
         else:
-            _Context.current = _Context(first_batch + batch, partition, "kept")
+            TaskContext.current = TaskContext(first_batch + batch, partition, "kept")
         sink.StreamWriter(options).write(iter(rows))
 
 
@@ -101,7 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     rows = spark_batches(args.rows, 100)
-    sink.TaskContext = _Context
+    sink.TaskContext = TaskContext
     sent = _count_requests()
     results = collections.defaultdict(list)
     requests = {}

@@ -20,42 +20,22 @@ import sys
 import time
 
 from confluent_kafka.admin import AdminClient, NewTopic
-from spark_workers import PARTITIONS, broker_cpu, spark_batches
+from spark_workers import PARTITIONS, TaskContext, broker_cpu, spark_batches
 
 import ottla.testing
 from ottla.spark import sink
 from ottla.spark.options import parse_write_options
 
 
-class _Context:
-    """What the sink reads of Spark's TaskContext."""
-
-    current: _Context
-
-    def __init__(self, batch: int, partition: int):
-        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": "bench"}
-        self.partition = partition
-
-    @staticmethod
-    def get() -> _Context:
-        return _Context.current
-
-    def partitionId(self) -> int:
-        return self.partition
-
-    def getLocalProperty(self, key: str) -> str:
-        return self.props[key]
-
-
 def micro_batches(bootstrap: str, topic: str, batches: list, own: bool) -> int:
     """Two micro-batches of PARTITIONS tasks each; the rows written."""
-    sink.TaskContext = _Context
+    sink.TaskContext = TaskContext
     sink.own_producer.supports = (lambda client: True) if own else (lambda client: False)
     options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": topic}, streaming=True)
     written = 0
     for batch_id in range(2):
         for partition in range(PARTITIONS):
-            _Context.current = _Context(batch_id, partition)
+            TaskContext.current = TaskContext(batch_id, partition)
             written += sink.StreamWriter(options).write(iter(batches[partition::PARTITIONS])).records
     for task in sink._TRANSACTIONAL.values():
         task.close()

@@ -43,6 +43,27 @@ ROWS_PER_SPARK_BATCH = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPer
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+class TaskContext:
+    """What the sink reads of Spark's TaskContext, for driving its write tasks without Spark: the
+    benchmark sets `TaskContext.current` before each task."""
+
+    current: TaskContext
+
+    def __init__(self, batch: int, partition: int, query: str = "bench"):
+        self.props = {"streaming.sql.batchId": str(batch), "sql.streaming.queryId": query}
+        self.partition = partition
+
+    @staticmethod
+    def get() -> TaskContext:
+        return TaskContext.current
+
+    def partitionId(self) -> int:
+        return self.partition
+
+    def getLocalProperty(self, key: str) -> str:
+        return self.props[key]
+
+
 def broker_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
