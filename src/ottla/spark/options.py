@@ -234,28 +234,23 @@ def _json(value: str, name: str, example: str):
 
 
 def _positive_int(options: Mapping[str, str], name: str) -> int | None:
-    value = options.get(name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise OptionError(f"option {name!r} must be a positive integer, not {value!r}")
-    return number
+    return _int_from(options, name, 1, "a positive integer")
 
 
 def _non_negative_int(options: Mapping[str, str], name: str) -> int | None:
+    return _int_from(options, name, 0, "a non-negative integer")
+
+
+def _int_from(options: Mapping[str, str], name: str, lowest: int, what: str) -> int | None:
     value = options.get(name)
     if value is None:
         return None
     try:
         number = int(value)
     except ValueError:
-        number = -1
-    if number < 0:
-        raise OptionError(f"option {name!r} must be a non-negative integer, not {value!r}")
+        number = lowest - 1
+    if number < lowest:
+        raise OptionError(f"option {name!r} must be {what}, not {value!r}")
     return number
 
 
