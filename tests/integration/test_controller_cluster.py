@@ -271,21 +271,30 @@ def test_a_stopping_broker_does_not_rejoin_the_isrs_it_handed_over(three, zk):
     wait_for(lambda: zk.exists(f"/brokers/ids/{leaving}"), what="the broker to rejoin")
 
 
+def _stranded(three, zk, topic: str) -> tuple[int, int, int]:
+    """A one-partition topic on the two brokers that are not the controller, made offline with
+    unclean election off: the follower killed and out of the ISR, then the leader killed, then the
+    follower back. Returns the controller, the last leader and the follower back (the only live
+    replica)."""
+    controller = json.loads(zk.get("/controller")[0])["brokerid"]
+    last, out = sorted(set(three.brokers) - {controller})  # failover is tested above
+    admin = AdminClient({"bootstrap.servers": three.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[last, out]])])[topic].result(60)
+    wait_for(lambda: partition_state(zk, topic, 0)["isr"] == [last, out], what=f"{topic} with a full ISR")
+    three.brokers[out].kill()
+    wait_for(lambda: partition_state(zk, topic, 0)["isr"] == [last], what=f"{out} out of the ISR")
+    three.brokers[last].kill()
+    wait_for(lambda: partition_state(zk, topic, 0)["leader"] == -1, what=f"{topic} offline")
+    three.brokers[out].start()
+    wait_for(lambda: zk.exists(f"/brokers/ids/{out}"), what=f"{out} registered")
+    return controller, last, out
+
+
 def test_an_offline_partition_is_elected_once_its_topic_allows_unclean_election(three, zk):
     """Both replicas down, the one out of the ISR back: offline (unclean.leader.election.enable
     is false by default). An operator who accepts the loss sets it on the topic, and, as in
     Kafka, the controller elects the live replica then, not at the next broker change."""
-    controller = json.loads(zk.get("/controller")[0])["brokerid"]
-    last, out = sorted(set(three.brokers) - {controller})  # failover is tested above
-    admin = AdminClient({"bootstrap.servers": three.bootstrap})
-    admin.create_topics([NewTopic("stranded", num_partitions=1, replica_assignment=[[last, out]])])["stranded"].result(60)
-    wait_for(lambda: partition_state(zk, "stranded", 0)["isr"] == [last, out], what="stranded with a full ISR")
-    three.brokers[out].kill()
-    wait_for(lambda: partition_state(zk, "stranded", 0)["isr"] == [last], what=f"{out} out of the ISR")
-    three.brokers[last].kill()
-    wait_for(lambda: partition_state(zk, "stranded", 0)["leader"] == -1, what="stranded offline")
-    three.brokers[out].start()
-    wait_for(lambda: zk.exists(f"/brokers/ids/{out}"), what=f"{out} registered")
+    controller, last, out = _stranded(three, zk, "stranded")
     state = partition_state(zk, "stranded", 0)
     assert (state["leader"], state["isr"]) == (-1, [last])  # no clean election: the ISR is all gone
     live = AdminClient({"bootstrap.servers": three.brokers[controller].bootstrap})
@@ -301,17 +310,7 @@ def test_an_offline_partition_is_elected_once_the_cluster_default_allows_unclean
     """As above, with the operator setting it for the whole cluster, as `kafka-configs
     --entity-type brokers --entity-default --alter --add-config unclean.leader.election.enable=true`
     does (a dynamic cluster-wide config in Kafka): the controller elects then too."""
-    controller = json.loads(zk.get("/controller")[0])["brokerid"]
-    last, out = sorted(set(three.brokers) - {controller})
-    admin = AdminClient({"bootstrap.servers": three.bootstrap})
-    admin.create_topics([NewTopic("adrift", num_partitions=1, replica_assignment=[[last, out]])])["adrift"].result(60)
-    wait_for(lambda: partition_state(zk, "adrift", 0)["isr"] == [last, out], what="adrift with a full ISR")
-    three.brokers[out].kill()
-    wait_for(lambda: partition_state(zk, "adrift", 0)["isr"] == [last], what=f"{out} out of the ISR")
-    three.brokers[last].kill()
-    wait_for(lambda: partition_state(zk, "adrift", 0)["leader"] == -1, what="adrift offline")
-    three.brokers[out].start()
-    wait_for(lambda: zk.exists(f"/brokers/ids/{out}"), what=f"{out} registered")
+    controller, _, out = _stranded(three, zk, "adrift")
     assert partition_state(zk, "adrift", 0)["leader"] == -1
     live = three.brokers[controller]
 
