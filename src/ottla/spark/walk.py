@@ -2,10 +2,12 @@
 starts, numpy over everything else.
 
 A record's length comes first, so where the next record starts is only known once this one's length is
-read: that walk is serial and runs in Python, a few bytecodes per record (0.2-0.35 us). Every other field
-(timestamp and offset deltas, key and value lengths, the header count) is then decoded for all records
-at once, one vectorised varint read per field. About 0.4-0.5 us per 100-byte record in all, against
-0.1-0.15 us for the numba loops (kernels.py), which take 0.4-0.5 s of CPU to load in each fresh Spark
+read: that walk is serial, a few Python bytecodes per record (0.2-0.35 us), but where records come in runs
+of one size (fixed-size values) a run's starts are guessed and checked in numpy (`_Heads`), 0.01-0.05 us
+per record. Every other field (timestamp and offset deltas, key and value lengths, the header count) is
+then decoded for all records at once, one vectorised varint read per field. About 0.25-0.3 us per
+100-byte record of one size in all and 0.5-0.7 us for values of varied sizes, against 0.1 us for the
+numba loops (kernels.py), which take 0.4-0.5 s of CPU to load in each fresh Spark
 Python worker: columns.py starts with these and moves to numba once a worker has decoded enough records
 to pay for the load.
 """
@@ -48,15 +50,14 @@ def walk_records(buf: np.ndarray, starts, ends, counts, base_offsets, first_time
     """One column per record of the batches whose records section is buf[starts[i]:ends[i]]; None when
     a record is malformed (a length running past its record or batch, bytes left over). The counts must
     fit their sections (`MIN_RECORD_BYTES` each): they bound the walk, even one a bad length sends back."""
-    data = buf.tobytes()  # the walk indexes bytes: an int per index, no numpy scalar
-    heads: list[int] = []
+    heads = _Heads(buf)
     try:
         for start, end, count in zip(starts.tolist(), ends.tolist(), counts.tolist()):
-            if _record_heads(data, start, count, heads) != end:
+            if heads.walk(start, end, count) != end:
                 return None
     except IndexError:  # a length ran past the answer
         return None
-    head = np.array(heads, np.int64)
+    head = heads.array()
     end = np.empty_like(head)  # each record's end: the next one's head, or its batch's end
     end[:-1] = head[1:]
     full = counts > 0
@@ -87,10 +88,104 @@ def walk_records(buf: np.ndarray, starts, ends, counts, base_offsets, first_time
     return out
 
 
-def _record_heads(data, position: int, count: int, heads: list) -> int:
+class _Heads:
+    """Where each record of an answer's batches starts, found in runs where records have one size.
+
+    Fixed-size values make long runs of records of one size, broken only where a varint grows a byte (the
+    offset delta at 64, a key's length at 10...). From a record whose length varint has `width` bytes and
+    says `length`, the next records are guessed at every `width + length` bytes and their length varints
+    compared, bytes for bytes, with this one's in one numpy pass: the matching prefix is the true chain (a
+    record with that same varint is followed by the next at that same stride, by induction), and the walk
+    steps on in Python where it breaks. Where records differ in size (JSON values), a guess that finds
+    fewer than `_RUN` records was not worth its numpy calls: the walk then steps `_backoff` records in
+    Python before it guesses again, twice as many after every failed guess (up to `_MAX_BACKOFF`), so such
+    data pays about one failed guess per thousand records. The heads are those of the plain serial walk
+    (`_steps`) for any bytes, malformed ones included: a guess only starts on a head, keeps to its batch,
+    and a length under `MIN_RECORD_BYTES` is left to the serial walk."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf = buf
+        self.data = buf.tobytes()  # the serial walk indexes bytes: an int per index, no numpy scalar
+        self.parts: list[np.ndarray] = []  # the heads found so far, in order, but for
+        self.pending: list[int] = []  # those stepped in Python since the last run
+        self.due = 0  # records to step in Python before the next guess
+        self.backoff = _FIRST_BACKOFF
+
+    def walk(self, position: int, end: int, count: int) -> int:
+        """Find the heads of `count` records from `position`; return the position after the last one.
+        No bounds here but the batch's `end` for runs: `walk_records` checks afterwards that the walk
+        ended at its batch's end and that every length was at least 1 (so that it only went forward)."""
+        while count:
+            if self.due <= 0 and count >= _RUN:
+                taken, position = self._run(position, end, count)
+                count -= taken
+                if taken >= _RUN:
+                    self.backoff = _FIRST_BACKOFF
+                    continue
+                self.due = self.backoff
+                self.backoff = min(2 * self.backoff, _MAX_BACKOFF)
+                if not count:
+                    break
+            steps = count if self.due <= 0 else min(count, self.due)
+            position = _steps(self.data, position, steps, self.pending)
+            count -= steps
+            self.due -= steps
+        return position
+
+    def _run(self, position: int, end: int, count: int) -> tuple[int, int]:
+        """(records, position after them) of the run of records from the head at `position` whose length
+        varints are byte for byte that one's (at least the record itself, or none when its length is
+        not a well-formed varint of a plausible record)."""
+        if position < 0:  # a negative length went back past the answer's start: the checks will fail it
+            return 0, position
+        data = self.data
+        width = 1
+        while data[position + width - 1] >= 0x80:
+            if width == _MAX_VARINT:
+                return 0, position
+            width += 1
+        raw, _ = _varint(data, position)
+        stride = width + ((raw >> 1) ^ -(raw & 1))
+        if stride < MIN_RECORD_BYTES:
+            return 0, position
+        start, taken, window = position, 0, _FIRST_WINDOW
+        head = self.buf[position:position + width]
+        while taken < count:
+            n = min(window, count - taken, (end - position) // stride)
+            if n <= 0:
+                break
+            rows = self.buf[position:position + n * stride].reshape(n, stride)
+            same = rows[:, 0] == head[0]
+            for i in range(1, width):
+                same &= rows[:, i] == head[i]
+            if not same.all():
+                matched = int(same.argmin())
+                taken, position = taken + matched, position + matched * stride
+                break
+            taken, position, window = taken + n, position + n * stride, 4 * window
+        if taken:
+            if self.pending:
+                self.parts.append(np.array(self.pending, np.int64))
+                self.pending = []
+            self.parts.append(np.arange(start, position, stride, dtype=np.int64))
+        return taken, position
+
+    def array(self) -> np.ndarray:
+        """Every head found, in order."""
+        return np.concatenate(self.parts + [np.array(self.pending, np.int64)])
+
+
+# A run shorter than this did not pay for its numpy calls (about 5 us, against 0.2-0.35 us per record
+# stepped in Python); the first guess looks this many records ahead, then four times more each pass.
+_RUN = 16
+_FIRST_WINDOW = 64
+_FIRST_BACKOFF = 8
+_MAX_BACKOFF = 1024
+
+
+def _steps(data, position: int, count: int, heads: list) -> int:
     """Append where each of `count` records from `position` starts (its length varint); return the
-    position after the last one. No bounds here: `walk_records` checks afterwards that the walk ended at
-    its batch's end and that every length was at least 1 (so that it only went forward)."""
+    position after the last one. The serial walk: a record's length says where the next one starts."""
     append = heads.append
     for _ in range(count):
         append(position)
