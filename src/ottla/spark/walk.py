@@ -96,16 +96,20 @@ class _Heads:
     says `length`, the next records are guessed at every `width + length` bytes and their length varints
     compared, bytes for bytes, with this one's in one numpy pass: the matching prefix is the true chain (a
     record with that same varint is followed by the next at that same stride, by induction), and the walk
-    steps on in Python where it breaks. Where records differ in size (JSON values), a guess that finds
-    fewer than `_RUN` records was not worth its numpy calls: the walk then steps `_backoff` records in
-    Python before it guesses again, twice as many after every failed guess (up to `_MAX_BACKOFF`), so such
-    data pays about one failed guess per thousand records. The heads are those of the plain serial walk
-    (`_steps`) for any bytes, malformed ones included: a guess only starts on a head, keeps to its batch,
-    and a length under `MIN_RECORD_BYTES` is left to the serial walk."""
+    steps on in Python where it breaks. A run under `_RUN` records is not worth its numpy calls: the next
+    record's and the run's last record's varints are compared in Python first, and where records differ
+    in size (JSON values) the walk then steps some records in Python before it guesses again, twice as
+    many after every failed guess (`_FIRST_BACKOFF` up to `_MAX_BACKOFF`). The heads are those of the
+    plain serial walk (`_steps`) for any bytes, malformed ones included: a guess only starts on a head,
+    keeps to its batch, and a length under `MIN_RECORD_BYTES` is left to the serial walk."""
 
     def __init__(self, buf: np.ndarray):
         self.buf = buf
-        self.data = buf.tobytes()  # the serial walk indexes bytes: an int per index, no numpy scalar
+        # The serial walk indexes bytes (an int per index, no numpy scalar): those `buf` views, if it views
+        # a whole bytes object (a Fetch answer's record set, or the inflated one), else a copy.
+        whole = buf.base
+        viewed = type(whole) is bytes and len(whole) == len(buf) and buf.flags.c_contiguous
+        self.data = whole if viewed else buf.tobytes()
         self.parts: list[np.ndarray] = []  # the heads found so far, in order, but for
         self.pending: list[int] = []  # those stepped in Python since the last run
         self.due = 0  # records to step in Python before the next guess
@@ -134,8 +138,8 @@ class _Heads:
 
     def _run(self, position: int, end: int, count: int) -> tuple[int, int]:
         """(records, position after them) of the run of records from the head at `position` whose length
-        varints are byte for byte that one's (at least the record itself, or none when its length is
-        not a well-formed varint of a plausible record)."""
+        varints are byte for byte that one's; (0, position) when that run is under `_RUN` records, or the
+        length not a well-formed varint of a plausible record."""
         if position < 0:  # a negative length went back past the answer's start: the checks will fail it
             return 0, position
         data = self.data
@@ -146,7 +150,13 @@ class _Heads:
             width += 1
         raw, _ = _varint(data, position)
         stride = width + ((raw >> 1) ^ -(raw & 1))
-        if stride < MIN_RECORD_BYTES:
+        if stride < MIN_RECORD_BYTES or position + _RUN * stride > end:
+            return 0, position
+        # Whether the next record and the run's last have this length varint, in Python first: a short run
+        # fails there, without numpy (where either does not, the run cannot reach `_RUN` records).
+        varint = data[position:position + width]
+        second, last = position + stride, position + (_RUN - 1) * stride
+        if data[second:second + width] != varint or data[last:last + width] != varint:
             return 0, position
         start, taken, window = position, 0, _FIRST_WINDOW
         head = self.buf[position:position + width]
@@ -163,11 +173,10 @@ class _Heads:
                 taken, position = taken + matched, position + matched * stride
                 break
             taken, position, window = taken + n, position + n * stride, 4 * window
-        if taken:
-            if self.pending:
-                self.parts.append(np.array(self.pending, np.int64))
-                self.pending = []
-            self.parts.append(np.arange(start, position, stride, dtype=np.int64))
+        if self.pending:
+            self.parts.append(np.array(self.pending, np.int64))
+            self.pending = []
+        self.parts.append(np.arange(start, position, stride, dtype=np.int64))
         return taken, position
 
     def array(self) -> np.ndarray:
@@ -175,12 +184,13 @@ class _Heads:
         return np.concatenate(self.parts + [np.array(self.pending, np.int64)])
 
 
-# A run shorter than this did not pay for its numpy calls (about 5 us, against 0.2-0.35 us per record
-# stepped in Python); the first guess looks this many records ahead, then four times more each pass.
+# A run shorter than this does not pay for its numpy calls (about 5 us, against 0.2-0.35 us per record
+# stepped in Python); a run looks this many records ahead first, then four times more each pass. A guess
+# that fails in Python costs about two records' steps: `_MAX_BACKOFF` keeps that under 2% of a walk.
 _RUN = 16
 _FIRST_WINDOW = 64
-_FIRST_BACKOFF = 8
-_MAX_BACKOFF = 1024
+_FIRST_BACKOFF = 4
+_MAX_BACKOFF = 128
 
 
 def _steps(data, position: int, count: int, heads: list) -> int:
@@ -217,25 +227,33 @@ def _varint(data, position: int) -> tuple[int, int]:
 
 def varints(buf: np.ndarray, positions: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The zigzag varints at `positions` (one each), as int64: (values, the positions after them, whether
-    each lay wholly before its `ends`). Most are one or two bytes: one pass per byte, over those still
-    going."""
+    each lay wholly before its `ends`). Nearly all are one or two bytes: both are read for every varint
+    at once (a field of two-byte varints, a 100-byte value's length, costs no indexing by the ones going
+    on), then one pass per further byte over those still going."""
     ok = positions < ends
-    first = buf[np.where(ok, positions, 0)].astype(np.int64)
-    raw = first & 0x7F
+    first = buf[np.where(ok, positions, 0)]
+    raw = (first & 0x7F).astype(np.int64)
     after = positions + 1
-    going = np.flatnonzero(ok & (first >= 0x80))
-    for shift in range(7, 7 * _MAX_VARINT, 7):
-        if not going.size:
-            break
-        at = positions[going] + shift // 7
-        inside = at < ends[going]
-        ok[going[~inside]] = False
-        going, at = going[inside], at[inside]
-        byte = buf[at].astype(np.int64)
-        raw[going] |= (byte & 0x7F) << shift
-        after[going] = at + 1
-        going = going[byte >= 0x80]
-    ok[going] = False  # over ten bytes
+    more = ok & (first >= 0x80)
+    if more.any():
+        ok &= (after < ends) | ~more
+        more &= ok
+        second = buf[np.where(more, after, 0)]
+        raw |= (second & np.where(more, 0x7F, 0).astype(np.uint8)).astype(np.int64) << 7
+        after += more
+        going = np.flatnonzero(more & (second >= 0x80))
+        for shift in range(14, 7 * _MAX_VARINT, 7):
+            if not going.size:
+                break
+            at = positions[going] + shift // 7
+            inside = at < ends[going]
+            ok[going[~inside]] = False
+            going, at = going[inside], at[inside]
+            byte = buf[at].astype(np.int64)
+            raw[going] |= (byte & 0x7F) << shift
+            after[going] = at + 1
+            going = going[byte >= 0x80]
+        ok[going] = False  # over ten bytes
     return ((raw >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(raw & 1), after, ok
 
 
