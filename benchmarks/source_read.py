@@ -10,8 +10,8 @@ partition's whole range (read_committed):
 
 - fetch: the read tasks' Fetch requests and answers alone (`fetch._Reader._request`), no decoding;
 - decode: `columns.decode_record_set` over the answers the fetch stage kept, with walk.py (what a Spark
-  worker runs until it has decoded `COMPILED_AFTER_RECORDS` records) and with kernels.py (numba; its
-  load is not counted: it is paid once per worker);
+  worker runs until walk.py has cost it `COMPILED_AFTER_SECONDS` more than numba would have) and with
+  kernels.py (numba; its load is not counted: it is paid once per worker);
 - read_range: `source.read_range` whole (Fetch, decode, the Arrow record batches Spark takes), with each
   walker.
 
@@ -121,7 +121,7 @@ def main() -> int:
             answers: list = []
             fetch_all(options, ranges, answers)
             stages = [("fetch", "", lambda: fetch_all(options, ranges, None))]
-            for walker, threshold in (("walk.py", 1 << 62), ("kernels.py", 0)):
+            for walker, threshold in (("walk.py", float("inf")), ("kernels.py", 0)):
                 stages += [("decode", walker, lambda t=threshold: _with(t, lambda: decode_all(answers, []))),
                            ("read_range", walker, lambda t=threshold: _with(t, lambda: read_all(options, ranges)))]
             for stage, walker, action in stages:
@@ -135,14 +135,14 @@ def main() -> int:
     return 0
 
 
-def _with(threshold: int, action):
+def _with(threshold: float, action):
     """Run `action` with the decoder's walker chosen by its numba threshold."""
-    saved = columns.COMPILED_AFTER_RECORDS
-    columns.COMPILED_AFTER_RECORDS = threshold
+    saved = columns.COMPILED_AFTER_SECONDS
+    columns.COMPILED_AFTER_SECONDS = threshold
     try:
         return action()
     finally:
-        columns.COMPILED_AFTER_RECORDS = saved
+        columns.COMPILED_AFTER_SECONDS = saved
 
 
 if __name__ == "__main__":

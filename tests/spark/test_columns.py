@@ -82,10 +82,10 @@ ONE = [Record(b"k", b"v", (), 1)]
 @pytest.fixture(params=["compiled", "vectorised"], autouse=True)
 def decoder(request):
     """Every test runs against both walkers: numba's (kernels.py) and Python with numpy's (walk.py)."""
-    saved = columns_module.COMPILED_AFTER_RECORDS
-    columns_module.COMPILED_AFTER_RECORDS = 0 if request.param == "compiled" else 1 << 62
+    saved = columns_module.COMPILED_AFTER_SECONDS
+    columns_module.COMPILED_AFTER_SECONDS = 0 if request.param == "compiled" else float("inf")
     yield request.param
-    columns_module.COMPILED_AFTER_RECORDS = saved
+    columns_module.COMPILED_AFTER_SECONDS = saved
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

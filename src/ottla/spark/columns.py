@@ -7,10 +7,12 @@ batch headers first (the reader decides in Python, per batch, what to skip: cont
 transactions, offsets outside the range), then the records of the kept batches into numpy arrays (offset,
 timestamp, where each key, value and header list starts and how long it is); keys and values are then
 taken into contiguous Arrow binary buffers. Two walkers give the same answers: walk.py (Python over
-record starts, numpy for the rest) and kernels.py (numba, about 0.3 us per record faster, but 0.4-0.5 s
-of CPU to load in each fresh Spark Python worker). A process starts with walk.py and loads numba once it
-has decoded `COMPILED_AFTER_RECORDS` records, when the time numba would have saved has reached its cost
-(the rent-or-buy rule: never more than twice the better of the two, whatever the job's length).
+record starts where records differ in size, numpy for the rest) and kernels.py (numba, 0.03 us per
+record, but 0.45-0.6 s of CPU to load in each fresh Spark Python worker). A process starts with walk.py
+and loads numba once walk.py has taken `COMPILED_AFTER_SECONDS` of CPU more than numba would have, when
+the time numba would have saved has reached its cost (the rent-or-buy rule: never more than about twice
+the better of the two, whatever the job's length and whatever the records: walk.py's extra cost is
+0.05-0.2 us per 100-byte record of one size, 0.4-0.6 us for values of varied sizes).
 
 Record layout (records.py has the slow, object-per-record path the broker uses): length varint |
 attributes i8 | timestamp_delta varlong | offset_delta varint | key_length varint | key |
@@ -19,6 +21,7 @@ value_length varint | value | header_count varint | (key_length varint | key | v
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,10 +37,12 @@ from .walk import binary_column
 
 __all__ = ["FetchedColumns", "decode_record_set"]
 
-# Records a process decodes with walk.py before it loads numba's kernels: their 0.5 s of CPU to load over
-# the 0.45 us per 100-byte record they save (in-process, 2026-11-27; docs/performance.md, Spark section).
-COMPILED_AFTER_RECORDS = 1_000_000
-_decoded = 0  # records decoded by this process so far
+# CPU seconds walk.py may take over numba's kernels (their estimate: `_KERNEL_SECONDS_PER_RECORD`) before
+# a process loads them: their cost to load, 0.45-0.6 s (in-process, 2026-11-27; docs/performance.md,
+# Spark section). Counted in time, not records: what walk.py loses per record depends on the records.
+COMPILED_AFTER_SECONDS = 0.5
+_KERNEL_SECONDS_PER_RECORD = 0.03e-6  # kernels.walk_records, 100-byte records
+_walk_over_kernels = 0.0  # CPU seconds walk.py took in this process over the kernels' estimate
 
 
 @dataclass
@@ -62,8 +67,8 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     """The records of a Fetch answer's record set at offsets [start, end). Control batches are skipped;
     with `aborted` (read_committed: the answer's (producer id, first offset) list) so are the batches of
     aborted transactions. `headers_type`: build the headers column with it (else none)."""
-    global _decoded
-    if _decoded >= COMPILED_AFTER_RECORDS:
+    global _walk_over_kernels
+    if _walk_over_kernels >= COMPILED_AFTER_SECONDS:
         from . import kernels as k
     else:
         k = walk
@@ -91,12 +96,14 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     if ((counts < 0) | (counts * walk.MIN_RECORD_BYTES > ends - starts)).any():  # the walkers' arrays are sized by it
         raise KafkaError(ErrorCode.corrupt_message, f"malformed batch at offsets {start}..{end}: its record count")
     log_append = (batches[k.ATTRIBUTES] & TIMESTAMP_TYPE_BIT) != 0
+    walking = time.thread_time()
     rows = k.walk_records(buf, starts, ends, counts, batches[k.BASE], batches[k.FIRST_TS], batches[k.MAX_TS],
                           log_append)
+    if k is walk:
+        _walk_over_kernels += time.thread_time() - walking - _KERNEL_SECONDS_PER_RECORD * int(counts.sum())
     if rows is None:
         raise KafkaError(ErrorCode.corrupt_message, f"malformed record in a batch at offsets {start}..{end}")
     log_append = np.repeat(log_append, counts)
-    _decoded += rows.shape[1]
     if not rows.shape[1]:  # batches emptied by compaction
         return _empty(next_offset, headers_type)
     if rows[k.OFFSET, 0] < start or rows[k.OFFSET, -1] >= end:  # only the first and last batch can cross the range

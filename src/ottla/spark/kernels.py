@@ -1,7 +1,8 @@
 """The compiled loops of the source's decoder (columns.py): numba, cached on disk; the same answers as
-walk.py's, at 0.1-0.15 us per 100-byte record instead of 0.4-0.5.
+walk.py's, decoding at about 0.1 us per 100-byte record instead of 0.2 (records of one size) to 0.6
+(sizes that vary).
 
-Imported only once a process has decoded enough records to pay for it: numba's import and its first
+Imported only once walk.py has cost a process enough CPU to pay for it: numba's import and its first
 call in a process (the cached machine code loaded, numba's CPU target set up) cost 0.4-0.5 s of CPU on a
 quiet machine, once per Spark Python worker, which a short job's first tasks would otherwise pay on
 every fresh worker.
