@@ -12,7 +12,7 @@ record, but 0.45-0.6 s of CPU to load in each fresh Spark Python worker). A proc
 and loads numba once walk.py has taken `COMPILED_AFTER_SECONDS` of CPU more than numba would have, when
 the time numba would have saved has reached its cost (the rent-or-buy rule: never more than about twice
 the better of the two, whatever the job's length and whatever the records: walk.py's extra cost is
-0.05-0.2 us per 100-byte record of one size, 0.4-0.6 us for values of varied sizes).
+0.1-0.2 us per 100-byte record of one size, 0.35-0.6 us for values of varied sizes).
 
 Record layout (records.py has the slow, object-per-record path the broker uses): length varint |
 attributes i8 | timestamp_delta varlong | offset_delta varint | key_length varint | key |

@@ -3,13 +3,12 @@ starts, numpy over everything else.
 
 A record's length comes first, so where the next record starts is only known once this one's length is
 read: that walk is serial, a few Python bytecodes per record (0.2-0.35 us), but where records come in runs
-of one size (fixed-size values) a run's starts are guessed and checked in numpy (`_Heads`), 0.01-0.05 us
+of one size (fixed-size values) a run's starts are guessed and checked in numpy (`_Heads`), 0.03-0.06 us
 per record. Every other field (timestamp and offset deltas, key and value lengths, the header count) is
-then decoded for all records at once, one vectorised varint read per field. About 0.25-0.3 us per
-100-byte record of one size in all and 0.5-0.7 us for values of varied sizes, against 0.1 us for the
-numba loops (kernels.py), which take 0.4-0.5 s of CPU to load in each fresh Spark
-Python worker: columns.py starts with these and moves to numba once a worker has decoded enough records
-to pay for the load.
+then decoded for all records at once, one vectorised varint read per field. About 0.2-0.3 us per
+100-byte record of one size in all and 0.45-0.7 us for values of varied sizes, against 0.1 us for the
+numba loops (kernels.py), which take 0.45-0.6 s of CPU to load in each fresh Spark Python worker:
+columns.py starts with these and moves to numba once they have cost a worker that much more.
 """
 
 from __future__ import annotations
