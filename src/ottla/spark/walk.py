@@ -118,7 +118,7 @@ class _Heads:
         """Find the heads of `count` records from `position`; return the position after the last one.
         No bounds here but the batch's `end` for runs: `walk_records` checks afterwards that the walk
         ended at its batch's end and that every length was at least 1 (so that it only went forward)."""
-        while count:
+        while count > 0:
             if self.due <= 0 and count >= _RUN:
                 taken, position = self._run(position, end, count)
                 count -= taken
