@@ -56,6 +56,13 @@ class LoopLag:
     def __init__(self):
         self.worst_ms = 0.0
         self.worst_cpu_ms = 0.0
+        self.measuring = False  # from `start`: the broker's own start-up is not a hold
+        self._woke = self._read_at = time.perf_counter()
+        self._cpu = time.thread_time()
+
+    def start(self) -> None:
+        """Measure from the end of the current iteration on."""
+        self.measuring = True
         self._woke = self._read_at = time.perf_counter()
         self._cpu = time.thread_time()
 
@@ -67,6 +74,8 @@ class LoopLag:
 
     def polling(self) -> None:
         """The selector is about to poll: the iteration that began at `woke` is over."""
+        if not self.measuring:
+            return
         held_ms = (time.perf_counter() - self._woke) * 1000
         if held_ms < _CPU_READ_S * 1000:  # its CPU is less still: below every threshold
             self.worst_ms = max(self.worst_ms, held_ms)

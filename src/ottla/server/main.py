@@ -99,6 +99,7 @@ def run(args) -> int:
                 membership.close()
             raise
         await broker.start()
+        lag.start()
         gc_pauses = GcPauses()
         gc.callbacks.append(gc_pauses)
         broker.stop_on_signals()
