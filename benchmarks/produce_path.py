@@ -14,6 +14,11 @@ v2 batch of ~2,500 records per partition per Produce v9 request, acks=all.
 
 The broker's CPU (user + system, /proc/<pid>/stat) is scaled to 400,000 records; the producer runs in this
 process and is not counted. Records/s is wall time, client included (2 CPUs are shared with it).
+
+`--transactions N` then runs N small transactions of one producer as the exactly-once sink's tasks make them
+(`TransactionalProducer`: begin, AddOffsetsToTxn + TxnOffsetCommit of a marker offset, one Arrow batch of 100
+rows over the 4 partitions, EndTxn commit) and prints the broker's CPU and the wall time per transaction:
+the fixed cost a micro-batch pays per task, whatever its size.
 """
 
 from __future__ import annotations
@@ -73,6 +78,29 @@ def transactional(bootstrap: str, topic: str, batches: list[Columns]) -> None:
 
 
 PATHS = {"idempotent": idempotent, "transactional": transactional}
+
+
+def small_transactions(broker, admin, count: int) -> tuple[float, float]:
+    """(broker CPU ms, wall ms) per transaction of `count` small ones (see the module's docstring)."""
+    for name, partitions in (("txn-data", PARTITIONS), ("txn-marker", 1)):
+        admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    rows = arrow_batches(100, 100)[0]
+    producer = TransactionalProducer({"bootstrap.servers": broker.bootstrap}, "bench-small-txn", 60)
+
+    def one(i: int) -> None:
+        producer.begin()
+        producer.send_offsets("bench-small-txn", "txn-marker", 0, i)
+        producer.send("txn-data", rows)
+        producer.commit()
+    try:
+        for i in range(5):  # first-use costs not counted
+            one(i)
+        cpu, wall = cpu_seconds(broker.pid), time.monotonic()
+        for i in range(5, 5 + count):
+            one(i)
+        return (cpu_seconds(broker.pid) - cpu) * 1000 / count, (time.monotonic() - wall) * 1000 / count
+    finally:
+        producer.close()
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -95,6 +123,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100, help="value bytes")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--transactions", type=int, default=0, help="then this many small transactions")
     parser.add_argument("--threads", action="store_true", help="print the broker's CPU by thread, all runs")
     parser.add_argument("--py-spy", metavar="FILE", help="sample the broker with py-spy into FILE (collapsed stacks)")
     args = parser.parse_args()
@@ -124,6 +153,7 @@ def main() -> int:
                 results[path].append((per, args.rows / wall))
                 loads.append(os.getloadavg()[0])
                 print(f"| {run} | {path} | {per:.3f} | {args.rows / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
+        per_txn = small_transactions(broker, admin, args.transactions) if args.transactions else None
         del admin  # librdkafka's threads gone before the broker stops
         if args.threads:
             for thread, (user, system) in sorted(thread_cpu(broker.pid).items()):
@@ -138,6 +168,9 @@ def main() -> int:
         print(f"- {path}: broker CPU per {PER:,} records median {statistics.median(r[0] for r in rows):.3f} s "
               f"(least {min(r[0] for r in rows):.3f}: load only adds), median {statistics.median(r[1] for r in rows):,.0f} "
               "records/s")
+    if per_txn:
+        print(f"- {args.transactions} small transactions (100 rows each): broker CPU {per_txn[0]:.2f} ms and wall "
+              f"{per_txn[1]:.1f} ms per transaction, load {os.getloadavg()[0]:.1f}")
     print(f"- {args.rows:,} records of {args.size} bytes per run; {os.cpu_count()} CPUs; load average "
           f"{min(loads):.1f}-{max(loads):.1f}")
     print(f"- command: python benchmarks/produce_path.py {' '.join(sys.argv[1:])}".rstrip())

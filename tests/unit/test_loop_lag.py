@@ -85,3 +85,26 @@ def test_a_collection_inside_a_step_is_not_charged_to_the_request(monkeypatch):
     collection_ms = (loop_lag._loop_gc_cpu[0] - collected_before) * 1000
     assert collection_ms > 10  # a million objects walked
     assert loop_lag.longest_steps["ApiVersions v0"] < collection_ms / 2
+
+
+
+def test_the_selector_times_each_iteration_of_the_loop(caplog):
+    """The hold probe is told by the loop's selector when an iteration begins and ends (it has no
+    timer of its own): a callback that holds the loop is its worst lag and its worst CPU, each
+    logged as the worst so far."""
+    from ottla.server.event_loop import new_event_loop
+
+    lag = loop_lag.LoopLag()
+    loop = new_event_loop(probe=lag)
+    try:
+        loop.call_soon(_spin, 0.05)  # before `start`: not measured (a broker's start-up)
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert lag.worst_ms == 0
+        lag.start()
+        with caplog.at_level("INFO", logger="ottla.loop"):
+            loop.call_soon(_spin, 0.15)
+            loop.run_until_complete(asyncio.sleep(0.01))
+    finally:
+        loop.close()
+    assert lag.worst_ms >= 150 and lag.worst_cpu_ms >= 150
+    assert "event loop lag" in caplog.text and "ms of CPU between two wake-ups" in caplog.text

@@ -9,7 +9,8 @@ cancelled request loops: 58-81 ms of CPU each on an idle machine (docs/performan
 Asking the kernel for at most `READY_SLICE` keeps every iteration bounded; what is left stays
 ready (epoll is level-triggered) and comes with the next iteration, which does not sleep.
 epoll hands back ready descriptors round-robin (a returned one goes to the back of its
-ready list), so a few busy connections cannot starve the others.
+ready list), so a few busy connections cannot starve the others. It also tells the loop's hold
+probe (`loop_lag.LoopLag`) when each iteration begins and ends, so the probe needs no wake-ups.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ if hasattr(selectors, "EpollSelector"):
     class SlicedEpollSelector(selectors.EpollSelector):
         """`EpollSelector` whose `select` returns at most `ready_slice` ready descriptors."""
 
-        def __init__(self, ready_slice: int = READY_SLICE):
+        def __init__(self, ready_slice: int = READY_SLICE, probe=None):
             super().__init__()
             self.ready_slice = ready_slice
+            self.probe = probe  # `loop_lag.LoopLag`, or None
 
         def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
             if timeout is None:
@@ -38,10 +40,15 @@ if hasattr(selectors, "EpollSelector"):
                 timeout = 0
             else:
                 timeout = math.ceil(timeout * 1e3) * 1e-3  # epoll counts ms: wait at least `timeout`
+            probe = self.probe
+            if probe is not None:
+                probe.polling()
             try:
                 polled = self._selector.poll(timeout, self.ready_slice)
             except InterruptedError:
-                return []
+                polled = ()
+            if probe is not None:
+                probe.woke()
             ready = []
             for fd, mask in polled:
                 key = self._key_from_fd(fd)
@@ -54,8 +61,9 @@ if hasattr(selectors, "EpollSelector"):
             return ready
 
 
-def new_event_loop(ready_slice: int = READY_SLICE) -> asyncio.AbstractEventLoop:
-    """The loop `ottla serve` runs on; asyncio's default where there is no epoll."""
+def new_event_loop(ready_slice: int = READY_SLICE, probe=None) -> asyncio.AbstractEventLoop:
+    """The loop `ottla serve` runs on, its iterations timed by `probe` (a `loop_lag.LoopLag`);
+    asyncio's default where there is no epoll (and no probe)."""
     if not hasattr(selectors, "EpollSelector"):
         return asyncio.new_event_loop()
-    return asyncio.SelectorEventLoop(SlicedEpollSelector(ready_slice))
+    return asyncio.SelectorEventLoop(SlicedEpollSelector(ready_slice, probe))

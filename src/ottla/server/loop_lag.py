@@ -3,11 +3,15 @@
 Every request, timer and reply runs on one event loop, so a callback that runs for 400 ms
 freezes every client for 400 ms. Two measures:
 
-- `LoopLag`, a probe task that sleeps `interval_s` at a time and records how much later than
-  asked it woke (wall clock), and how much CPU the loop's thread used in that time: on a busy
-  machine the wall-clock lag also counts time spent waiting for a CPU, the CPU figure only the
-  loop's own work. The interval is short (10 ms) so that the CPU figure is one hold plus at
-  most 10 ms of other work. Each new worst over 100 ms is logged at INFO (and each new worst
+- `LoopLag`, told by the loop's selector (`server/event_loop.py`) when it wakes and when it
+  polls again: the time between the two is one iteration of the loop, the longest any timer or
+  socket can wait for it (wall clock: on a busy machine it also counts time spent waiting for a
+  CPU), and the loop thread's CPU since a reading taken at most 10 ms before the iteration began
+  (one hold plus at most 10 ms of other work; the CPU clock is a system call, read at most every
+  10 ms while the loop iterates and only once after it slept). It wakes nothing: a probe task
+  sleeping 10 ms at a time cost 20 ms of CPU per second on a 2-CPU VM (each wake-up about
+  200 us, mostly the kernel's), as much as a Spark source leg's Fetch answers
+  (docs/performance.md). Each new worst over 100 ms is logged at INFO (and each new worst
   CPU figure from 20 ms), a freeze of a second or more as a WARNING, and both worst figures at
   shutdown (INFO).
 - `timed`, which runs one request's coroutine and measures each synchronous step of it (from
@@ -24,7 +28,6 @@ freezes every client for 400 ms. Two measures:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -43,30 +46,52 @@ longest_steps: dict[str, float] = {}
 _loop_gc_cpu = [0.0]
 
 
+# The loop thread's CPU clock is read again once this much wall time has passed since the last reading.
+_CPU_READ_S = 0.01
+
+
 class LoopLag:
-    def __init__(self, interval_s: float = 0.01):
-        self.interval_s = interval_s
+    """The longest iteration of the event loop, from the selector's two calls (`woke`, `polling`)."""
+
+    def __init__(self):
         self.worst_ms = 0.0
         self.worst_cpu_ms = 0.0
+        self.measuring = False  # from `start`: the broker's own start-up is not a hold
+        self._woke = self._read_at = time.perf_counter()
+        self._cpu = time.thread_time()
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started, cpu_started = loop.time(), time.thread_time()
-            await asyncio.sleep(self.interval_s)
-            lag_ms = (loop.time() - started - self.interval_s) * 1000
-            cpu_ms = (time.thread_time() - cpu_started) * 1000
-            if lag_ms >= _WARN_MS:
-                log.warning("event loop held for %.0f ms (%.0f ms of CPU)", lag_ms, cpu_ms)
-            if lag_ms > self.worst_ms:
-                if lag_ms >= _NOTE_MS:
-                    log.info("event loop lag %.0f ms (%.0f ms of CPU), the worst so far", lag_ms, cpu_ms)
-                self.worst_ms = lag_ms
-            if cpu_ms > self.worst_cpu_ms:
-                if cpu_ms >= _NOTE_CPU_MS:  # timestamped, so a benchmark can tell which phase held it
-                    log.info("event loop: %.0f ms of CPU between two wake-ups (%.0f ms late), the worst so far",
-                             cpu_ms, lag_ms)
-                self.worst_cpu_ms = cpu_ms
+    def start(self) -> None:
+        """Measure from the end of the current iteration on."""
+        self.measuring = True
+        self._woke = self._read_at = time.perf_counter()
+        self._cpu = time.thread_time()
+
+    def woke(self) -> None:
+        """The selector returned: an iteration begins."""
+        now = self._woke = time.perf_counter()
+        if now - self._read_at >= _CPU_READ_S:
+            self._read_at, self._cpu = now, time.thread_time()
+
+    def polling(self) -> None:
+        """The selector is about to poll: the iteration that began at `woke` is over."""
+        if not self.measuring:
+            return
+        held_ms = (time.perf_counter() - self._woke) * 1000
+        if held_ms < _CPU_READ_S * 1000:  # its CPU is less still: below every threshold
+            self.worst_ms = max(self.worst_ms, held_ms)
+            return
+        cpu_ms = (time.thread_time() - self._cpu) * 1000
+        if held_ms >= _WARN_MS:
+            log.warning("event loop held for %.0f ms (%.0f ms of CPU)", held_ms, cpu_ms)
+        if held_ms > self.worst_ms:
+            if held_ms >= _NOTE_MS:
+                log.info("event loop lag %.0f ms (%.0f ms of CPU), the worst so far", held_ms, cpu_ms)
+            self.worst_ms = held_ms
+        if cpu_ms > self.worst_cpu_ms:
+            if cpu_ms >= _NOTE_CPU_MS:  # timestamped, so a benchmark can tell which phase held it
+                log.info("event loop: %.0f ms of CPU between two wake-ups (%.0f ms late), the worst so far",
+                         cpu_ms, held_ms)
+            self.worst_cpu_ms = cpu_ms
 
 
 class _Timed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -98,10 +99,9 @@ def run(args) -> int:
                 membership.close()
             raise
         await broker.start()
-        lag = LoopLag()
+        lag.start()
         gc_pauses = GcPauses()
         gc.callbacks.append(gc_pauses)
-        probe = asyncio.get_running_loop().create_task(lag.run())
         broker.stop_on_signals()
         if await broker.ready():
             # What start-up made (the protocol schema classes, the logs and their indexes) lives
@@ -114,14 +114,14 @@ def run(args) -> int:
             if args.ready_file:
                 _write_ready_file(args.ready_file, broker.host, broker.port)
         await broker.serve_forever()
-        probe.cancel()
         logging.getLogger("ottla.loop").info("event loop: worst lag %.0f ms, worst CPU between two wake-ups %.0f ms",
                                              lag.worst_ms, lag.worst_cpu_ms)
         logging.getLogger("ottla.loop").info("event loop: longest single steps: %s; longest garbage "
                                              "collections: %s", steps_summary(), gc_pauses.summary())
 
     try:
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        lag = LoopLag()
+        with asyncio.Runner(loop_factory=functools.partial(new_event_loop, probe=lag)) as runner:
             runner.run(main())
     except (OSError, StoreError) as exc:
         print(f"ottla serve: {exc}", file=sys.stderr)
