@@ -21,7 +21,7 @@ from ottla.records.batch import parse_batches, validate_client_batch
 from ottla.records.records import decode_batch
 from ottla.records.validator import check_records
 from ottla.spark.producer import OwnProducer
-from ottla.spark.record_batches import Columns, encode_batches, murmur2_partitions
+from ottla.spark.record_batches import Columns, encode_batches, encode_sets, murmur2_partitions
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
@@ -62,6 +62,32 @@ def test_batches_hold_the_rows_and_pass_the_brokers_validation(rows, max_bytes, 
         assert [r.timestamp for r in records] == [1_700_000_000_000] * len(records)
         decoded += [(r.key, r.value, r.headers) for r in records]
     assert decoded == expected(rows, with_headers)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(row, min_size=1, max_size=40), cuts=st.lists(st.integers(0, 40), max_size=4),
+       max_bytes=st.sampled_from([300, 1_000_000]), with_headers=st.booleans(), short_keys=st.booleans())
+def test_sets_of_rows_encoded_at_once_are_each_partitions_batches(rows, cuts, max_bytes, with_headers, short_keys):
+    """A producer encodes each partition's rows (a set) in one call: every set's batches hold its rows, offset
+    deltas from 0 in each batch, sequence numbers following on from the set's own."""
+    if short_keys:  # keys a head holds (the others are joined as pieces of their own)
+        rows = [(None if k is None else k[:8], v, h) for k, v, h in rows]
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    sets = [(start, stop, 100 * i) for i, (start, stop) in enumerate(zip(bounds, bounds[1:]))]
+    encoded = encode_sets(columns(rows, with_headers=with_headers), sets, max_bytes=max_bytes, timestamp=5,
+                          producer_id=5, producer_epoch=3, transactional=True)
+    assert len(encoded) == len(sets)
+    for (start, stop, sequence), batches in zip(sets, encoded):
+        decoded, next_sequence = [], sequence
+        for batch in batches:
+            (head,) = parse_batches(batch.data)
+            validate_client_batch(head)
+            check_records(batch.data, head, 1 << 20)
+            assert (head.base_sequence, head.records_count, head.is_transactional) == (next_sequence, batch.records,
+                                                                                      True)
+            next_sequence += batch.records
+            decoded += [(r.key, r.value, r.headers) for r in decode_batch(batch.data)]
+        assert decoded == expected(rows[start:stop], with_headers)
 
 
 @settings(max_examples=60, deadline=None)
