@@ -13,20 +13,23 @@ import os
 import subprocess
 import sys
 
+import pyarrow as pa
 from pyspark.serializers import CloudPickleSerializer
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import BinaryType, StructType
 
 from ottla.spark import OttlaDataSource
 
-# Imported only to read, or only on the librdkafka path.
+# Imported only to read, or only on the librdkafka path; and pyarrow.compute, whose Python wrappers of every
+# Arrow compute function a Spark worker has not loaded (record_batches calls the few it needs by name).
 _NOT_IN_A_WRITER = {"ottla.spark.source", "ottla.spark.fetch", "ottla.spark.columns", "ottla.spark.kernels",
-                    "ottla.spark.rdkafka", "ottla.end_offsets", "confluent_kafka"}
+                    "ottla.spark.rdkafka", "ottla.end_offsets", "confluent_kafka", "pyarrow.compute"}
 
-# A write task as Spark's worker runs it: the writer unpickled, then `write` over the task's Arrow batches.
+# A write task as Spark's worker runs it: the writer unpickled, then `write` over the task's Arrow batches, read
+# from an Arrow stream as the worker reads them from the JVM.
 _TASK = """
 import sys
-import pyarrow as pa
+import pyarrow.ipc
 import pyspark.sql.worker.write_into_data_source
 from pyspark import TaskContext
 from pyspark.serializers import CPickleSerializer
@@ -40,21 +43,26 @@ class Context:
 
 TaskContext.get = staticmethod(Context)
 writer = CPickleSerializer().loads(bytes.fromhex({pickled!r}))
-result = writer.write(iter([pa.RecordBatch.from_pydict({{"value": [b"a", b"b", b"c"]}})]))
+result = writer.write(iter(pyarrow.ipc.open_stream(bytes.fromhex({rows!r}))))
 assert result.records == 3, result
 print(" ".join(sys.modules))
 """
 
 
 def _modules_of_a_task(writer) -> set[str]:
-    code = _TASK.format(pickled=CloudPickleSerializer().dumps(writer).hex())
+    batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as stream:
+        stream.write_batch(batch)
+    code = _TASK.format(pickled=CloudPickleSerializer().dumps(writer).hex(), rows=sink.getvalue().to_pybytes().hex())
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                             env=os.environ.copy(), timeout=120)
     return set(result.stdout.split())
 
 
 def _not_for_writing(loaded: set[str]) -> set[str]:
-    return {name for name in loaded if name in _NOT_IN_A_WRITER or name.split(".")[0] in _NOT_IN_A_WRITER}
+    return {name for name in loaded
+            if name in _NOT_IN_A_WRITER or name.split(".")[0] in _NOT_IN_A_WRITER - {"pyarrow"}}
 
 
 def _source(kafka, topic: str) -> OttlaDataSource:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+from pyarrow._compute import call_function  # not pyarrow.compute: see record_batches
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
@@ -148,7 +149,7 @@ def _send_batch(producer: own_producer.OwnProducer, batch, default_topic: str | 
         return
     if batch.column("topic").null_count:
         raise ValueError("a row has a null 'topic' and no option 'topic' is set")
-    topics = batch.column("topic").dictionary_encode()
+    topics = call_function("dictionary_encode", [batch.column("topic")])
     indices = numbers(topics.indices, np.int32)
     for index, topic in enumerate(topics.dictionary.to_pylist()):
         rows = np.flatnonzero(indices == index)
