@@ -210,3 +210,25 @@ def test_a_partitions_rows_over_one_batch_go_in_separate_requests(broker):
     finally:
         producer.close()
     assert _read_confluent(broker.bootstrap, topic, 2) == {0: [(k, v, ()) for k, v, _ in rows], 1: []}
+
+
+@pytest.mark.timeout(300)
+def test_up_to_five_requests_per_leader_are_in_flight_and_a_crash_loses_or_repeats_none(ottla_broker):
+    """The producer sends the next Produce request without waiting for the answers to the last four (Kafka's
+    limit for an idempotent producer). The broker is killed (-9) with five requests in flight, some written and
+    some not: after its restart the producer resends them in order and every row is read back once, in order
+    (the ones written before the crash are answered DUPLICATE_SEQUENCE_NUMBER)."""
+    topic = _topic(ottla_broker.bootstrap, 1)
+    producer = OwnProducer({"bootstrap.servers": ottla_broker.bootstrap}, 60)
+    sent = []
+    try:
+        for send in range(7):
+            rows = [(None, f"{send}-{i}".encode(), None) for i in range(200)]
+            producer.send(topic, columns(rows), np.zeros(len(rows), np.int64))
+            sent += rows
+        assert [len(queue) for queue in producer._in_flight.values() if queue] == [5]
+        ottla_broker.restart(crash=True)
+        producer.flush()
+    finally:
+        producer.close()
+    assert _read_confluent(ottla_broker.bootstrap, topic, 1) == {0: [(k, v, ()) for k, v, _ in sent]}
