@@ -98,6 +98,23 @@ def test_string_keys_are_written_as_their_utf8_bytes(keys):
     assert [r.key for r in decode_batch(batch.data)] == [None if k is None else k.encode() for k in keys]
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(row, min_size=1, max_size=20), with_headers=st.booleans(), large_keys=st.booleans())
+def test_large_binary_and_string_columns_are_written_as_their_bytes(rows, with_headers, large_keys):
+    """Spark sends large_binary and large_string columns with spark.sql.execution.arrow.useLargeVarTypes: the
+    join refused to mix them with the encoder's binary pieces (ArrowNotImplementedError)."""
+    plain = columns(rows)
+    keys = pa.array([None if k is None else k.decode("latin-1") for k, _, _ in rows], pa.large_string())
+    headers = plain.headers.cast(pa.list_(pa.struct([("key", pa.large_string()), ("value", pa.large_binary())])))
+    large = Columns(plain.values.cast(pa.large_binary()), keys if large_keys else plain.keys,
+                    headers if with_headers else None)
+    (batch,) = encode_batches(large, max_bytes=1 << 30, timestamp=0)
+    decoded = [(r.key, r.value, r.headers) for r in decode_batch(batch.data)]
+    latin = [(None if k is None else k.decode("latin-1").encode(), v, h) if large_keys else (k, v, h)
+             for k, v, h in rows]
+    assert decoded == expected(latin, with_headers)
+
+
 @settings(max_examples=200, deadline=None)
 @given(keys=st.lists(st.none() | st.binary(max_size=24), min_size=1, max_size=50), partitions=st.integers(1, 50))
 def test_keys_go_where_javas_partitioner_puts_them(keys, partitions):

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 # Arrow's compute functions called by name: `pyarrow.compute` builds a Python wrapper for each of several
 # hundred at its import, 50-100 ms of a fresh Spark Python worker, which has not imported it.
-from pyarrow._compute import JoinOptions, call_function
+from pyarrow._compute import CastOptions, JoinOptions, call_function
 
 from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from ..records.crc import crc32c
@@ -33,6 +33,9 @@ _BOUNDS = np.uint64(1) << _SHIFTS[1:]  # a value at or above bound k needs more 
 _CRC = struct.Struct(">I")
 _NOTHING = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.zeros(2, np.int32)), pa.py_buffer(b"")])[0]
 _REPLACE_NULLS = JoinOptions(null_handling="replace", null_replacement="")
+_TO_LARGE = CastOptions.safe(pa.large_binary())
+_NOTHING_LARGE = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.zeros(2, np.int64)),
+                                                              pa.py_buffer(b"")])[0]
 # Keys up to this long are copied into the records' heads with numpy, a pass per byte; longer ones are joined.
 _SHORT_KEY = 16
 _RECORD_MOST = 24  # a record's bytes besides key, value, headers and offset delta: at most 4 varints, 1 attribute
@@ -211,7 +214,11 @@ def as_binary(column: pa.Array) -> pa.Array:
 
 def _join(*columns) -> pa.Array:
     """Row by row, the columns' bytes end to end; a null adds nothing (its length field says -1)."""
-    return call_function("binary_join_element_wise", [*columns, _NOTHING], _REPLACE_NULLS)
+    if not any(pa.types.is_large_binary(column.type) for column in columns):
+        return call_function("binary_join_element_wise", [*columns, _NOTHING], _REPLACE_NULLS)
+    # Arrow joins columns of one type only: large ones (Spark's with spark.sql.execution.arrow.useLargeVarTypes)
+    large = [c if pa.types.is_large_binary(c.type) else call_function("cast", [c], _TO_LARGE) for c in columns]
+    return call_function("binary_join_element_wise", [*large, _NOTHING_LARGE], _REPLACE_NULLS)
 
 
 def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -227,7 +234,8 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     np.cumsum(counts, out=offsets[1:])
     rows = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
                                     encoded)
-    return call_function("binary_join", [rows, _NOTHING]), counts
+    nothing = _NOTHING_LARGE if pa.types.is_large_binary(encoded.type) else _NOTHING
+    return call_function("binary_join", [rows, nothing]), counts
 
 
 @dataclass(frozen=True)
