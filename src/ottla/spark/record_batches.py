@@ -121,20 +121,21 @@ def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) ->
     byte matrix that its widest varint needs, filled one numpy pass per byte; the rows are the matrix's rows,
     less the bytes of shorter varints (one mask, only when some varint is shorter than its column's widest)."""
     width = sum(len(p) if isinstance(p, bytes) else p.width for p in parts)
-    matrix = np.zeros((n, width), np.uint8)
+    matrix = np.empty((n, width), np.uint8)
     mask = None
     sizes: np.ndarray | int = 0
     at = 0
     for part in parts:
         if isinstance(part, bytes):
-            if part.strip(b"\0"):  # the matrix starts zeroed
-                matrix[:, at:at + len(part)] = np.frombuffer(part, np.uint8)
+            matrix[:, at:at + len(part)] = np.frombuffer(part, np.uint8)
             at += len(part)
             sizes = sizes + len(part)
             continue
         widths, top = part.widths, part.width
-        if isinstance(part, _Short):  # a shorter value's bytes past its end are masked out below
-            matrix[:, at:at + top] = part.data[np.minimum(part.starts[:, None] + np.arange(top), len(part.data) - 1)]
+        if isinstance(part, _Short):
+            last = len(part.data) - 1
+            for byte in range(top):  # a shorter value's bytes past its end are masked out below
+                matrix[:, at + byte] = part.data[np.minimum(part.starts + byte, last)]
         else:
             zigzag = part.zigzag
             for byte in range(top):
@@ -145,7 +146,7 @@ def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) ->
         if not isinstance(widths, int):
             if mask is None:
                 mask = np.ones((n, width), bool)
-            np.less(np.arange(top), widths[:, None], out=mask[:, at:at + top])
+            mask[:, at:at + top] = np.arange(top) < widths[:, None]
         at += top
         sizes = sizes + widths
     if lead_skipped is not None and len(lead_skipped):
