@@ -1,10 +1,11 @@
 """Record batches (magic v2) encoded straight from Arrow columns, and Kafka's murmur2 partitioner over them.
 
 The sink's per-record cost was a Python call per row into confluent-kafka (issue 16). Here no Python runs
-per record: a record's fields are varints of lengths and deltas, computed for all rows at once with numpy;
-Arrow's `binary_join_element_wise` then lays out, row by row in C++, the varints, key, value and headers of
-each record end to end, which is the batch's records section. A header costs the same way (its varints,
-key and value joined, then a row's headers joined by `binary_join`).
+per record: a record's fields are varints of lengths and deltas, computed for all rows at once with numpy and
+laid out with a short key as one head per record; Arrow's `binary_join_element_wise` then lays out, row by row
+in C++, the head, value and headers of each record end to end, which is the batch's records section (`_records`:
+every partition's rows of a send at once). A header costs the same way (its varints, key and value joined, then
+a row's headers joined by `binary_join`).
 
 Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
 value length | value | header count | (key length | key | value length | value)* ; varints zigzag-encoded,
@@ -116,10 +117,11 @@ class _Short:
 
 def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | int]:
     """Per row, `parts` end to end, and each row's size: a part is a `_Varints` column, a `_Short` column or
-    bytes that every row has. The rows in `lead_skipped` go without their first part (one byte: the previous record's header count,
-    which the first record of a batch has no previous record for). Each part takes the columns of an n x width
-    byte matrix that its widest varint needs, filled one numpy pass per byte; the rows are the matrix's rows,
-    less the bytes of shorter varints (one mask, only when some varint is shorter than its column's widest)."""
+    bytes that every row has. The rows in `lead_skipped` go without their first part (one byte: the previous
+    record's header count, which the first record of a batch has no previous record for). Each part takes the
+    columns of an n x width byte matrix that its widest value needs, filled one numpy pass per byte; the rows are
+    the matrix's rows, less the bytes of shorter values (one mask, only when some value is shorter than its
+    column's widest)."""
     width = sum(len(p) if isinstance(p, bytes) else p.width for p in parts)
     matrix = np.empty((n, width), np.uint8)
     mask = None
@@ -307,7 +309,8 @@ def _records(rows: _Rows, starts: np.ndarray, counts: np.ndarray) -> tuple[memor
     records = _join(*pieces)
     _, offsets, data = records.buffers()
     wide = pa.types.is_large_binary(records.type)
-    return memoryview(data), np.frombuffer(offsets, np.int64 if wide else np.int32)[records.offset:records.offset + n + 1]
+    starts = np.frombuffer(offsets, np.int64 if wide else np.int32)
+    return memoryview(data), starts[records.offset:records.offset + n + 1]
 
 
 def _batch(records: memoryview, first: int, last: int, n: int, tail: int, *, timestamp: int, producer_id: int = -1,
