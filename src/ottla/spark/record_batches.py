@@ -68,7 +68,7 @@ class Columns:
 class Batch:
     """One encoded batch and how many records (sequence numbers) it holds."""
 
-    data: bytes
+    data: bytearray  # kept as built: a copy into bytes would cost a pass over the batch for nothing
     records: int
 
 
@@ -314,7 +314,7 @@ def _records(rows: _Rows, starts: np.ndarray, counts: np.ndarray) -> tuple[memor
 
 
 def _batch(records: memoryview, first: int, last: int, n: int, tail: int, *, timestamp: int, producer_id: int = -1,
-           producer_epoch: int = -1, base_sequence: int = -1, transactional: bool = False) -> bytes:
+           producer_epoch: int = -1, base_sequence: int = -1, transactional: bool = False) -> bytearray:
     """One uncompressed v2 batch of the `n` records in records[first:last] and `tail` zero bytes, all with
     `timestamp` (CreateTime, ms)."""
     out = bytearray(HEADER_SIZE + last - first + tail)
@@ -322,7 +322,7 @@ def _batch(records: memoryview, first: int, last: int, n: int, tail: int, *, tim
     HEADER.pack_into(out, 0, 0, len(out) - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_BIT if transactional else 0,
                      n - 1, timestamp, timestamp, producer_id, producer_epoch, base_sequence, n)
     _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[CRC_START:]))
-    return bytes(out)
+    return out
 
 
 def encode_sets(columns: Columns, sets: list[tuple[int, int, int]], *, max_bytes: int, **header) -> list[list[Batch]]:
