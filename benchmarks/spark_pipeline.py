@@ -543,6 +543,10 @@ def main() -> int:
                         help="micro-batches for the fixed cost (first left out; 0: no fixed cost)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
+    parser.add_argument("--python", metavar="PATH",
+                        help="the Spark Python workers' interpreter (default: this one), e.g. a venv with only "
+                             "`pip install ottla[spark]`, as a new user has: no test tools (Hypothesis, which kio "
+                             "loads when installed); Ottla's modules as PYTHONPATH or that venv has them")
     parser.add_argument("--probes", action="store_true",
                         help="time each Kafka client call and data-source call in every Spark Python process")
     args = parser.parse_args()
@@ -554,7 +558,7 @@ def main() -> int:
     started = time.monotonic()
     results, summaries = [], []
     with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
-        spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf))
+        spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf), args.python)
         legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
         for size in (int(s) for s in args.sizes.split(",") if s):

@@ -7,7 +7,7 @@ One broker (`ottla serve`), a topic of 4 partitions. What a Spark Python worker 
 records as `spark_pipeline.py`'s 100-byte legs (key = the row number as a string, value = the row number
 padded to the size):
 
-- sink: the at-least-once writer's produce path (`_produce_batch` over Arrow batches of 10,000 rows, then
+- sink: the at-least-once writer's produce path (`rdkafka.produce_batch` over Arrow batches of 10,000 rows, then
   `flush`) with a new idempotent producer per run, through confluent-kafka and through Ottla's own producer
   (`_send_batch`: batches encoded from the Arrow columns);
 - source: `read_range` over each partition's whole range (read_committed), every Arrow batch taken.
@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import ottla.testing
-from ottla.spark import sink, source
+from ottla.spark import rdkafka, sink, source
 from ottla.spark.options import parse_read_options, parse_write_options
 from ottla.spark.producer import OwnProducer
 from ottla.spark.source import OffsetRange, source_schema
@@ -83,11 +83,11 @@ def spark_batches(n: int, size: int) -> list:
 def write(bootstrap: str, topic: str, batches: list) -> float:
     options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": topic}, streaming=False)
     failures: list[str] = []
-    producer = Producer(sink._producer_config(options, failures, **{"enable.idempotence": True}))
+    producer = Producer(rdkafka.producer_config(options, failures, **{"enable.idempotence": True}))
     producer.list_topics(topic, timeout=30)  # connected before the clock starts, as a kept producer is
     started = time.thread_time()
     for batch in batches:
-        sink._produce_batch(producer, batch, topic)
+        rdkafka.produce_batch(producer, batch, topic)
     if producer.flush(60) or failures:
         raise RuntimeError(f"not delivered: {failures[:1]}")
     return time.thread_time() - started
@@ -134,7 +134,7 @@ def main() -> int:
             topic = f"workers-{run}"
             admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
             main_thread, cpu, wall, broker_s = measured(broker.pid, lambda: write(broker.bootstrap, topic, batches))
-            print(f"| {run} | sink: `_produce_batch` + flush | {cpu / n * 1e6:.2f} | {main_thread / n * 1e6:.2f} | "
+            print(f"| {run} | sink: `rdkafka.produce_batch` + flush | {cpu / n * 1e6:.2f} | {main_thread / n * 1e6:.2f} | "
                   f"{wall:.2f} | {broker_s:.2f} |", flush=True)
             own = f"{topic}-own"
             admin.create_topics([NewTopic(own, PARTITIONS, 1)])[own].result(30)

@@ -9,7 +9,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ottla.spark import sink
+from ottla.spark import rdkafka, sink
 from ottla.spark.options import parse_write_options
 
 ROWS = 500
@@ -38,7 +38,7 @@ def test_a_full_local_queue_loses_and_repeats_no_row(ottla_broker, monkeypatch):
     admin = AdminClient({"bootstrap.servers": ottla_broker.bootstrap})
     admin.create_topics([NewTopic("out", 3, 1)])["out"].result(30)
     monkeypatch.setattr(sink.TaskContext, "get", staticmethod(lambda: Task()))
-    monkeypatch.setattr(sink, "_IDEMPOTENT", {})
+    monkeypatch.setattr(rdkafka, "_IDEMPOTENT", {})
     options = parse_write_options({"kafka.bootstrap.servers": ottla_broker.bootstrap, "topic": "out",
                                    "kafka.queue.buffering.max.messages": "7"}, streaming=False)
     header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))

@@ -14,7 +14,7 @@ import pytest
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from ottla.spark import sink
+from ottla.spark import rdkafka, sink
 from ottla.spark.options import parse_write_options
 
 
@@ -99,8 +99,8 @@ class FakeTask:
 @pytest.fixture
 def broker(monkeypatch) -> Broker:
     state = Broker()
-    monkeypatch.setattr(sink, "Producer", lambda config: FakeProducer(state, config))
-    monkeypatch.setattr(sink, "Consumer", lambda config: FakeConsumer(state, config))
+    monkeypatch.setattr(rdkafka, "Producer", lambda config: FakeProducer(state, config))
+    monkeypatch.setattr(rdkafka, "Consumer", lambda config: FakeConsumer(state, config))
     monkeypatch.setattr(sink, "_TRANSACTIONAL", {})  # clients a worker keeps between tasks: none yet
     # The librdkafka path (client settings the own producer does not speak); test_transactional.py runs the
     # own transactional producer's path against a real broker.

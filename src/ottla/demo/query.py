@@ -46,14 +46,15 @@ def enrich(payments):
     return parsed.selectExpr("p.id AS key", f"{_ENRICHED} AS value")
 
 
-def spark_session(app_name: str, conf: dict | None = None):
+def spark_session(app_name: str, conf: dict | None = None, python: str | None = None):
     """local[2,3]: two cores, and a failed task gets retried as on a cluster. Quiet: no progress bar,
-    no UI, errors only. `conf`: more Spark settings (the benchmarks try some)."""
+    no UI, errors only. `conf`: more Spark settings (the benchmarks try some). `python`: the Python workers'
+    interpreter (a benchmark measures a user's venv so), by default this one."""
     from pyspark.sql import SparkSession
 
     import ottla.spark
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers must see this venv's packages
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable  # Python workers must see this venv's packages
     builder = (SparkSession.builder.master("local[2,3]").appName(app_name)
                .config("spark.sql.shuffle.partitions", 2)
                .config("spark.ui.enabled", False)

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from .options import OptionError, parse_read_options, parse_write_options
-from .source import BatchReader, Cluster, DataLossError, StreamReader, source_schema
+from .options import DataLossError, OptionError, parse_read_options, parse_write_options
 
 if TYPE_CHECKING:
     from .sink import BatchWriter, StreamWriter
+    from .source import BatchReader, StreamReader
 
 __all__ = ["OttlaDataSource", "OptionError", "DataLossError", "register"]
 
@@ -33,17 +33,27 @@ class OttlaDataSource(DataSource):
     def name(cls) -> str:
         return "ottla"
 
+    # The source is imported where something is read, as the sink where something is written: a write task's
+    # fresh Python worker unpickles its writer from this package and would otherwise pay for the source's
+    # modules (confluent-kafka's admin client among them) without reading a row.
+
     def schema(self) -> StructType:
+        from .source import Cluster, source_schema
+
         options = parse_read_options(self.options)
         Cluster(options).partitions()
         return source_schema(options.include_headers)
 
     def reader(self, schema: StructType) -> BatchReader:
+        from .source import BatchReader
+
         options = parse_read_options(self.options)
         _check_read_schema(schema, options.include_headers)
         return BatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> StreamReader:
+        from .source import StreamReader
+
         options = parse_read_options(self.options)
         _check_read_schema(schema, options.include_headers)
         return StreamReader(options, schema)
@@ -73,6 +83,8 @@ class OttlaDataSource(DataSource):
 
 
 def _check_read_schema(schema: StructType, include_headers: bool) -> None:
+    from .source import source_schema
+
     expected = source_schema(include_headers)
     if schema.simpleString() != expected.simpleString():
         raise OptionError(f"the ottla source has a fixed schema {expected.simpleString()}; "

@@ -1,5 +1,5 @@
 """The exactly-once write task's marker protocol (sink.py's module docstring has it whole), written once for
-both of its producers: Ottla's own (transactional.Task) and confluent-kafka's (sink._TransactionalTask).
+both of its producers: Ottla's own (transactional.Task) and confluent-kafka's (rdkafka.TransactionalTask).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Record batches (magic v2) encoded straight from Arrow columns, and Kafka's murmur2 partitioner over them.
 
 The sink's per-record cost was a Python call per row into confluent-kafka (issue 16). Here no Python runs
-per record: a record's fields are varints of lengths and deltas, computed for all rows at once with numpy;
-Arrow's `binary_join_element_wise` then lays out, row by row in C++, the varints, key, value and headers of
-each record end to end, which is the batch's records section. A header costs the same way (its varints,
-key and value joined, then a row's headers joined by `binary_join`).
+per record: a record's fields are varints of lengths and deltas, computed for all rows at once with numpy and
+laid out with a short key as one head per record; Arrow's `binary_join_element_wise` then lays out, row by row
+in C++, the head, value and headers of each record end to end, which is the batch's records section (`_records`:
+every partition's rows of a send at once). A header costs the same way (its varints, key and value joined, then
+a row's headers joined by `binary_join`).
 
 Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
 value length | value | header count | (key length | key | value length | value)* ; varints zigzag-encoded,
@@ -18,18 +19,26 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+# Arrow's compute functions called by name: `pyarrow.compute` builds a Python wrapper for each of several
+# hundred at its import, 50-100 ms of a fresh Spark Python worker, which has not imported it.
+from pyarrow._compute import CastOptions, JoinOptions, call_function
 
 from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from ..records.crc import crc32c
 
-__all__ = ["Batch", "Columns", "encode_batches", "murmur2_partitions"]
+__all__ = ["Batch", "Columns", "encode_batches", "encode_sets", "murmur2_partitions"]
 
 _VARINT_BYTES = 5  # lengths and deltas are 32-bit: a zigzag varint of one takes at most 5 bytes
 _SHIFTS = np.arange(_VARINT_BYTES, dtype=np.uint64) * np.uint64(7)
 _BOUNDS = np.uint64(1) << _SHIFTS[1:]  # a value at or above bound k needs more than k bytes
 _CRC = struct.Struct(">I")
 _NOTHING = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.zeros(2, np.int32)), pa.py_buffer(b"")])[0]
+_REPLACE_NULLS = JoinOptions(null_handling="replace", null_replacement="")
+_TO_LARGE = CastOptions.safe(pa.large_binary())
+_NOTHING_LARGE = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.zeros(2, np.int64)),
+                                                              pa.py_buffer(b"")])[0]
+# Keys up to this long are copied into the records' heads with numpy, a pass per byte; longer ones are joined.
+_SHORT_KEY = 16
 _RECORD_MOST = 24  # a record's bytes besides key, value, headers and offset delta: at most 4 varints, 1 attribute
 
 
@@ -47,7 +56,8 @@ class Columns:
 
     def take(self, rows: np.ndarray) -> Columns:
         pick = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows.astype(np.int64))])
-        return Columns(*(None if c is None else c.take(pick) for c in (self.values, self.keys, self.headers)))
+        return Columns(*(None if c is None else call_function("take", [c, pick])
+                         for c in (self.values, self.keys, self.headers)))
 
     def slice(self, start: int, stop: int) -> Columns:
         return Columns(*(None if c is None else c.slice(start, stop - start)
@@ -58,46 +68,113 @@ class Columns:
 class Batch:
     """One encoded batch and how many records (sequence numbers) it holds."""
 
-    data: bytes
+    data: bytearray  # kept as built: a copy into bytes would cost a pass over the batch for nothing
     records: int
 
 
-def _sizes(zigzag: np.ndarray) -> np.ndarray:
-    sizes = np.ones(zigzag.shape, np.uint8)
-    for bound in _BOUNDS:  # one pass per bound: a reduction over a short last axis is numpy's slow case
-        sizes += zigzag >= bound
-    return sizes
-
-
 def _zigzag(values: np.ndarray) -> np.ndarray:
-    values = values.astype(np.int64)
+    values = values.astype(np.int64, copy=False)
     return ((values << 1) ^ (values >> 63)).view(np.uint64)
 
 
-def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The zigzag varints of 2-d int64 `values` end to end in row-major order (uint8), and the bytes per row.
-    Each pass writes one byte of every varint that has one there: most have one or two."""
-    rows, columns = values.shape
-    zigzag = _zigzag(values).ravel()
-    if not len(zigzag) or zigzag.max() < 0x80:  # one byte each: the varint is the value
-        return zigzag.astype(np.uint8), np.full(rows, columns, np.int64)
-    sizes = _sizes(zigzag)
-    ends = np.cumsum(sizes, dtype=np.int64)
-    position = ends - sizes
-    out = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
-    while len(zigzag):
-        more = sizes > 1
-        out[position] = (zigzag & np.uint64(0x7F)).astype(np.uint8) | (more.view(np.uint8) << np.uint8(7))
-        zigzag, sizes, position = zigzag[more] >> np.uint64(7), sizes[more] - 1, position[more] + 1
-    per_row = ends[columns - 1::columns] - np.concatenate([[0], ends[columns - 1:-1:columns]]) if rows else ends
-    return out, per_row
+def _widths(zigzag: np.ndarray) -> np.ndarray | int:
+    """Each varint's size in bytes, or one int when all have the same (lengths of one order: most columns)."""
+    if not len(zigzag):
+        return 1
+    low, high = (int(np.searchsorted(_BOUNDS, bound, "right")) + 1 for bound in (zigzag.min(), zigzag.max()))
+    if low == high:
+        return low
+    return np.searchsorted(_BOUNDS, zigzag, "right").astype(np.int64) + 1
 
 
-def _binary(stream: np.ndarray, sizes: np.ndarray) -> pa.Array:
-    """A binary array over `stream` cut into pieces of `sizes` bytes (no copy)."""
-    offsets = np.zeros(len(sizes) + 1, np.int32)
-    np.cumsum(sizes, out=offsets[1:])
-    return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(stream)])
+class _Varints:
+    """A column of zigzag varints and their sizes (an int when all have one size)."""
+
+    __slots__ = ("zigzag", "widths")
+
+    def __init__(self, values: np.ndarray):
+        self.zigzag = _zigzag(values)
+        self.widths = _widths(self.zigzag)
+
+    @property
+    def width(self) -> int:
+        return self.widths if isinstance(self.widths, int) else int(self.widths.max())
+
+
+class _Short:
+    """A binary column of short values (keys of a few bytes), to lay out in a head rather than join as a piece."""
+
+    __slots__ = ("data", "starts", "widths", "width")
+
+    def __init__(self, column: pa.Array, lengths: np.ndarray):
+        data = column.buffers()[2]
+        self.data = np.frombuffer(data, np.uint8) if data is not None and data.size else np.zeros(1, np.uint8)
+        self.starts = _offsets(column)[:-1].astype(np.int64)
+        sizes = lengths.clip(0)
+        self.width = int(sizes.max()) if len(sizes) else 0
+        self.widths = self.width if (sizes == self.width).all() else sizes
+
+
+def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | int]:
+    """Per row, `parts` end to end, and each row's size: a part is a `_Varints` column, a `_Short` column or
+    bytes that every row has. The rows in `lead_skipped` go without their first part (one byte: the previous
+    record's header count, which the first record of a batch has no previous record for). Each part takes the
+    columns of an n x width byte matrix that its widest value needs, filled one numpy pass per byte; the rows are
+    the matrix's rows, less the bytes of shorter values (one mask, only when some value is shorter than its
+    column's widest)."""
+    width = sum(len(p) if isinstance(p, bytes) else p.width for p in parts)
+    matrix = np.empty((n, width), np.uint8)
+    mask = None
+    sizes: np.ndarray | int = 0
+    at = 0
+    for part in parts:
+        if isinstance(part, bytes):
+            matrix[:, at:at + len(part)] = np.frombuffer(part, np.uint8)
+            at += len(part)
+            sizes = sizes + len(part)
+            continue
+        widths, top = part.widths, part.width
+        if isinstance(part, _Short):
+            last = len(part.data) - 1
+            for byte in range(top):  # a shorter value's bytes past its end are masked out below
+                matrix[:, at + byte] = part.data[np.minimum(part.starts + byte, last)]
+        else:
+            zigzag = part.zigzag
+            for byte in range(top):
+                chunk = (zigzag >> np.uint64(7 * byte)) & np.uint64(0x7F)
+                if byte < top - 1:
+                    chunk |= np.uint64(0x80) if isinstance(widths, int) else (widths > byte + 1).astype(np.uint64) << 7
+                matrix[:, at + byte] = chunk
+        if not isinstance(widths, int):
+            if mask is None:
+                mask = np.ones((n, width), bool)
+            mask[:, at:at + top] = np.arange(top) < widths[:, None]
+        at += top
+        sizes = sizes + widths
+    if lead_skipped is not None and len(lead_skipped):
+        if mask is None:
+            mask = np.ones((n, width), bool)
+        mask[lead_skipped, 0] = False
+        sizes = np.full(n, sizes, np.int64) if isinstance(sizes, int) else sizes.copy()
+        sizes[lead_skipped] -= 1
+    if mask is None:
+        return matrix.ravel(), sizes
+    return matrix[mask], sizes
+
+
+def _binary(stream: np.ndarray, sizes: np.ndarray | int, n: int) -> pa.Array:
+    """A binary array of `n` rows over `stream` cut into pieces of `sizes` bytes (no copy)."""
+    if isinstance(sizes, int):
+        offsets = np.arange(0, (n + 1) * sizes, sizes, dtype=np.int32)
+    else:
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(sizes, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(stream)])
+
+
+def _varint_column(values: np.ndarray) -> pa.Array:
+    """The zigzag varint of each of `values` as a binary array."""
+    return _binary(*_varint_rows([_Varints(values)], len(values)), len(values))
 
 
 def numbers(column: pa.Array, dtype) -> np.ndarray:
@@ -138,9 +215,13 @@ def as_binary(column: pa.Array) -> pa.Array:
     return column
 
 
-def _join(*columns: pa.Array) -> pa.Array:
+def _join(*columns) -> pa.Array:
     """Row by row, the columns' bytes end to end; a null adds nothing (its length field says -1)."""
-    return pc.binary_join_element_wise(*columns, _NOTHING, null_handling="replace", null_replacement=b"")
+    if not any(pa.types.is_large_binary(column.type) for column in columns):
+        return call_function("binary_join_element_wise", [*columns, _NOTHING], _REPLACE_NULLS)
+    # Arrow joins columns of one type only: large ones (Spark's with spark.sql.execution.arrow.useLargeVarTypes)
+    large = [c if pa.types.is_large_binary(c.type) else call_function("cast", [c], _TO_LARGE) for c in columns]
+    return call_function("binary_join_element_wise", [*large, _NOTHING_LARGE], _REPLACE_NULLS)
 
 
 def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -151,12 +232,13 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
     if keys.null_count:
         raise ValueError("a header has a null key")
-    encoded = _join(_varint_column(_lengths(keys))[0], keys, _varint_column(_lengths(values))[0], values)
+    encoded = _join(_varint_column(_lengths(keys)), keys, _varint_column(_lengths(values)), values)
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     rows = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
                                     encoded)
-    return pc.binary_join(rows, _NOTHING), counts
+    nothing = _NOTHING_LARGE if pa.types.is_large_binary(encoded.type) else _NOTHING
+    return call_function("binary_join", [rows, nothing]), counts
 
 
 @dataclass(frozen=True)
@@ -164,8 +246,8 @@ class _Rows:
     """The columns as the encoder joins them, with each row's lengths: computed once for all of a set's batches."""
 
     values: pa.Array
-    keys: pa.Array
-    headers: pa.Array  # per row its headers encoded end to end (null: none)
+    keys: pa.Array | None  # None: every key is null
+    headers: pa.Array | None  # per row its headers encoded end to end (null: none); None: no header column
     value_lengths: np.ndarray
     key_lengths: np.ndarray
     header_counts: np.ndarray
@@ -175,94 +257,109 @@ class _Rows:
     def of(cls, columns: Columns) -> _Rows:
         n = len(columns)
         values = as_binary(columns.values)
-        keys = as_binary(columns.keys) if columns.keys is not None else pa.nulls(n, pa.binary())
+        keys = as_binary(columns.keys) if columns.keys is not None else None
         if columns.headers is not None:
             headers, counts = _header_sections(columns.headers)
+            header_lengths = _lengths(headers).clip(0)
         else:
-            headers, counts = pa.nulls(n, pa.binary()), np.zeros(n, np.int64)
-        return cls(values, keys, headers, _lengths(values), _lengths(keys), counts, _lengths(headers).clip(0))
+            headers, counts, header_lengths = None, np.zeros(n, np.int64), np.zeros(n, np.int64)
+        key_lengths = _lengths(keys) if keys is not None else np.full(n, -1, np.int64)
+        return cls(values, keys, headers, _lengths(values), key_lengths, counts, header_lengths)
 
     def sizes(self) -> np.ndarray:
         """Each record's encoded size at most, bar its offset delta's varint."""
         return self.value_lengths.clip(0) + self.key_lengths.clip(0) + self.header_lengths + _RECORD_MOST
 
 
-def _varint_column(values: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-    """The zigzag varint of each of `values` (1-d int64) as a binary array, and its size in bytes. When every
-    varint has the same size (a column of 100-byte values, record lengths of one order) the bytes are laid
-    out as an n x size matrix, one numpy pass per byte, with no scatter."""
-    zigzag = _zigzag(values)
-    sizes = _sizes(zigzag)
-    width = int(sizes[0]) if len(sizes) else 1
-    if not len(sizes) or (sizes == width).all():
-        out = np.empty((len(values), width), np.uint8)
-        for byte in range(width):
-            part = (zigzag >> np.uint64(7 * byte)) & np.uint64(0x7F)
-            out[:, byte] = part | np.uint64(0x80) if byte < width - 1 else part
-        offsets = np.arange(0, (len(values) + 1) * width, width, dtype=np.int32)
-        column = pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
-        return column, sizes.astype(np.int64)
-    stream, per_row = varints(values[:, None])
-    return _binary(stream, per_row), per_row
+def _records(rows: _Rows, starts: np.ndarray, counts: np.ndarray) -> tuple[memoryview, np.ndarray]:
+    """Every row's record, each batch's rows (from `starts`, `counts` of them) with offset deltas from 0; returns
+    the records end to end and where each row's begins (n + 1 offsets). Without headers, every batch's records
+    lack their last header count (0, one byte).
 
-
-_deltas: list = []  # [binary array of the varints of 0..n-1], grown on demand (`_offset_deltas`)
-
-
-def _offset_deltas(n: int) -> tuple[pa.Array, np.ndarray]:
-    """The varints of offset deltas 0..n-1 and their sizes: the same for every batch of n records or more,
-    so computed once per process (and again only for a larger batch)."""
-    if not _deltas or len(_deltas[0]) < n:
-        _deltas[:] = _varint_column(np.arange(max(n, 4096), dtype=np.int64))
-    column, sizes = _deltas
-    return column.slice(0, n), sizes[:n]
-
-
-# A record's attributes (0) and timestamp delta (0: the batch's timestamp). Built from buffers: pyarrow's
-# conversion of a Python scalar imports pandas (see `numbers`).
-_ZEROS = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.array([0, 2], np.int32)),
-                                                pa.py_buffer(b"\x00\x00")])[0]
-
-
-def _encode(rows: _Rows, start: int, stop: int, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
-            base_sequence: int = -1, transactional: bool = False) -> bytes:
-    """One uncompressed v2 batch of rows [start, stop), all with `timestamp` (CreateTime, ms)."""
-    n = stop - start
-    # Per record: length | attributes | timestamp delta | offset delta | key length | key | value length | value |
-    # header count | headers. Each varint column is encoded on its own (`_varint_column`).
-    key_lengths, value_lengths = rows.key_lengths[start:stop], rows.value_lengths[start:stop]
-    deltas, delta_sizes = _offset_deltas(n)
-    key_varints, key_sizes = _varint_column(key_lengths)
-    value_varints, value_sizes = _varint_column(value_lengths)
-    count_varints, count_sizes = _varint_column(rows.header_counts[start:stop])
-    lengths = (2 + delta_sizes + key_sizes + key_lengths.clip(0) + value_sizes + value_lengths.clip(0) + count_sizes
-               + rows.header_lengths[start:stop])
-    records = _join(_varint_column(lengths)[0], _ZEROS, deltas, key_varints, rows.keys.slice(start, n),
-                    value_varints, rows.values.slice(start, n), count_varints, rows.headers.slice(start, n))
+    A record is: length | attributes 0 | timestamp delta 0 | offset delta | key length | key | value length |
+    value | header count | headers. Arrow's join lays the records out from as few pieces per row as there can
+    be, its cost being per piece: everything before the value is one piece (a head), built for all rows at once
+    in numpy (`_varint_rows`), unless a key is longer than `_SHORT_KEY` (then the head ends before the key, and
+    the key and the value length are pieces of their own); without headers a record's header count (0) goes at
+    the start of the next record's head."""
+    n = len(rows.values)
+    delta = _Varints(np.arange(n, dtype=np.int64) - np.repeat(starts, counts))
+    key_length, value_length = _Varints(rows.key_lengths), _Varints(rows.value_lengths)
+    if rows.headers is None:
+        count, after = None, 1  # the header count, 0: one byte
+    else:
+        count = _Varints(rows.header_counts)
+        after = count.widths + rows.header_lengths
+    length = _Varints(2 + delta.widths + key_length.widths + rows.key_lengths.clip(0) + value_length.widths
+                      + rows.value_lengths.clip(0) + after)
+    head = [length, b"\0\0", delta, key_length]
+    short_keys = rows.keys is None or not len(rows.key_lengths) or rows.key_lengths.max() <= _SHORT_KEY
+    if rows.keys is not None and short_keys:
+        head.append(_Short(rows.keys, rows.key_lengths))
+    if short_keys:
+        head.append(value_length)
+    if count is None:
+        head.insert(0, b"\0")  # the previous record's header count
+    pieces = [_binary(*_varint_rows(head, n, None if count is not None else starts), n)]
+    if not short_keys:
+        pieces += [rows.keys, _binary(*_varint_rows([value_length], n), n)]
+    pieces.append(rows.values)
+    if count is not None:
+        pieces += [_binary(*_varint_rows([count], n), n), rows.headers]
+    records = _join(*pieces)
     _, offsets, data = records.buffers()
-    first, last = np.frombuffer(offsets, np.int32)[[records.offset, records.offset + n]]
-    out = bytearray(HEADER_SIZE) + memoryview(data)[first:last]
+    wide = pa.types.is_large_binary(records.type)
+    starts = np.frombuffer(offsets, np.int64 if wide else np.int32)
+    return memoryview(data), starts[records.offset:records.offset + n + 1]
+
+
+def _batch(records: memoryview, first: int, last: int, n: int, tail: int, *, timestamp: int, producer_id: int = -1,
+           producer_epoch: int = -1, base_sequence: int = -1, transactional: bool = False) -> bytearray:
+    """One uncompressed v2 batch of the `n` records in records[first:last] and `tail` zero bytes, all with
+    `timestamp` (CreateTime, ms)."""
+    out = bytearray(HEADER_SIZE + last - first + tail)
+    out[HEADER_SIZE:HEADER_SIZE + last - first] = records[first:last]
     HEADER.pack_into(out, 0, 0, len(out) - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_BIT if transactional else 0,
                      n - 1, timestamp, timestamp, producer_id, producer_epoch, base_sequence, n)
     _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[CRC_START:]))
-    return bytes(out)
+    return out
+
+
+def encode_sets(columns: Columns, sets: list[tuple[int, int, int]], *, max_bytes: int, **header) -> list[list[Batch]]:
+    """The rows of each set [start, stop) of `columns` (consecutive sets that cover them all: a partition's rows
+    each) as consecutive uncompressed batches of at most `max_bytes` each (a record larger than that goes
+    alone), their sequence numbers following on from the set's `sequence` unless it is -1 (no producer id).
+    `header`: the batch header's timestamp (every record's, CreateTime ms), producer_id, producer_epoch,
+    transactional. All sets' records are laid out at once: numpy's and Arrow's cost per call, not per row, is
+    paid once per call, not per partition."""
+    rows = _Rows.of(columns)
+    ends = np.cumsum(rows.sizes() + _VARINT_BYTES)
+    cuts = []  # (set, start, stop, sequence) per batch
+    for index, (start, stop, sequence) in enumerate(sets):
+        first = start
+        while start < stop:
+            limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
+            end = min(max(int(np.searchsorted(ends, limit, "right")), start + 1), stop)
+            # sequences wrap after Int32 max, as Kafka's
+            cuts.append((index, start, end, -1 if sequence < 0 else (sequence + start - first) % 2**31))
+            start = end
+    if not cuts:
+        return [[] for _ in sets]
+    starts = np.array([cut[1] for cut in cuts], np.int64)
+    counts = np.array([cut[2] - cut[1] for cut in cuts], np.int64)
+    records, offsets = _records(rows, starts, counts)
+    tail = int(rows.headers is None)
+    out: list[list[Batch]] = [[] for _ in sets]
+    for index, start, stop, sequence in cuts:
+        data = _batch(records, int(offsets[start]), int(offsets[stop]), stop - start, tail,
+                      base_sequence=sequence, **header)
+        out[index].append(Batch(data, stop - start))
+    return out
 
 
 def encode_batches(columns: Columns, *, max_bytes: int, sequence: int = -1, **header) -> list[Batch]:
-    """`columns` as consecutive uncompressed batches of at most `max_bytes` each (a record larger than that
-    goes alone), their sequence numbers following on from `sequence` unless it is -1 (no producer id).
-    `header`: the batch header's timestamp (every record's, CreateTime ms), producer_id, producer_epoch,
-    transactional."""
-    rows = _Rows.of(columns)
-    ends = np.cumsum(rows.sizes() + _VARINT_BYTES)
-    batches, start = [], 0
-    while start < len(columns):
-        limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
-        stop = max(int(np.searchsorted(ends, limit, "right")), start + 1)
-        first = -1 if sequence < 0 else (sequence + start) % 2**31  # sequences wrap after Int32 max, as Kafka's
-        batches.append(Batch(_encode(rows, start, stop, base_sequence=first, **header), stop - start))
-        start = stop
-    return batches
+    """`columns` as consecutive batches of one partition (`encode_sets`)."""
+    return encode_sets(columns, [(0, len(columns), sequence)], max_bytes=max_bytes, **header)[0]
 
 
 _M = np.uint32(0x5BD1E995)
@@ -280,8 +377,8 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     data = np.frombuffer(keys.buffers()[2], np.uint8) if keys.buffers()[2] is not None else np.empty(0, np.uint8)
     result = np.full(len(keys), -1, np.int64)
     with np.errstate(over="ignore"):
-        for length in np.unique(lengths[present]):
-            rows = np.flatnonzero((lengths == length) & present)
+        for length in np.flatnonzero(np.bincount(lengths[present], minlength=1)):  # no sort, as unique() has
+            rows = np.flatnonzero(lengths == length)
             block = data[starts[rows, None] + np.arange(length)]
             h = np.full(len(rows), _SEED ^ np.uint32(length), np.uint32)
             words = length // 4
