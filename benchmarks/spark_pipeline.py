@@ -119,7 +119,8 @@ def ceiling_source():
                                         DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition,
                                         WriterCommitMessage)
 
-    from ottla.spark.source import freeze_worker_heap, source_schema
+    from ottla.spark.heap import freeze_worker_heap
+    from ottla.spark.source import source_schema
 
     def read(options, first: int, end: int, partition: int):
         freeze_worker_heap()  # what any Python connector can do (ottla's tasks do it)

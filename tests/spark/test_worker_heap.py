@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from ottla.spark.source import freeze_worker_heap
+from ottla.spark.heap import freeze_worker_heap
 
 
 class _Node:

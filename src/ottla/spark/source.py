@@ -11,7 +11,6 @@ reader skips.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import math
@@ -31,6 +30,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
                                TimestampType)
 
 from ..end_offsets import list_offsets
+from .heap import freeze_worker_heap
 from .options import (EARLIEST, FETCH_OFFSET_NUM_RETRIES, FETCH_OFFSET_RETRY_INTERVAL_MS, LATEST, DataLossError,
                       OptionError, ReadOptions, TopicPartitionOffsets)
 
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 # transaction: more than reading and writing this many 100-byte records.
 _OFFSETS_PER_SHARED_TASK = 10_000
 _METADATA_TIMEOUT_S = 30.0
-_FREEZE_AT_LEAST = 10_000  # objects in the collector's oldest generation (freeze_worker_heap)
 
 
 def source_schema(include_headers: bool) -> StructType:
@@ -196,21 +195,6 @@ def read_range(rng: OffsetRange, options: ReadOptions, schema: StructType) -> It
         if headers_type is not None:
             columns.append(fetched.headers)
         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
-
-
-def freeze_worker_heap() -> None:
-    """Called at the start of every task. Spark's worker daemon runs a full `gc.collect()` after every task
-    (pyspark/daemon.py), which walks the whole heap of the Python worker: PySpark, pyarrow, numpy, pandas,
-    45,000-80,000 objects, 20-50 ms of CPU per task here, more than a task of a few thousand records costs
-    the connector. Nearly all of that heap lives as long as the worker (modules, classes, caches, kept
-    clients), so whenever it has grown by `_FREEZE_AT_LEAST` objects the collector follows (the first task, and
-    those that import more lazily), it moves to the collector's permanent generation (`gc.freeze()`): the
-    collections after each task walk only what tasks create. Frozen objects are still freed when their
-    last reference goes; only cyclic garbage frozen with them would stay, and there is none just after a
-    collection."""
-    if len(gc.get_objects(generation=2)) >= _FREEZE_AT_LEAST:
-        gc.collect()
-        gc.freeze()
 
 
 def _read(partition: InputPartition, options: ReadOptions, schema: StructType) -> Iterator:
