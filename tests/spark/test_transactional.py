@@ -157,6 +157,23 @@ def test_a_partition_new_to_the_transaction_while_a_produce_is_in_flight(ottla_b
     producer.close()
 
 
+def test_offsets_sent_while_a_produce_is_in_flight(ottla_broker, caplog):
+    """AddOffsetsToTxn and TxnOffsetCommit after a Produce still unanswered on the same connection (one broker
+    is the coordinator and the leader): the Produce's answer must not be read as theirs."""
+    bootstrap = ottla_broker.bootstrap
+    out = create(bootstrap, "out", partitions=1)
+    producer = TransactionalProducer({"bootstrap.servers": bootstrap}, "t-0", TIMEOUT_S)
+    with caplog.at_level(logging.INFO, logger="ottla.spark.transactional"):
+        producer.begin()
+        producer.send("out", rows(b"a-1", b"a-2"), partitions=np.array([0, 0]))
+        producer.send_offsets("g", "out", 0, 7)
+        producer.commit()
+    assert "looking up the coordinator again" not in caplog.text
+    assert values(bootstrap, out, "read_committed") == [b"a-1", b"a-2"]
+    assert committed(bootstrap, "g", "out") == 7
+    producer.close()
+
+
 def test_a_new_task_sends_what_the_protocol_requires_and_no_more(ottla_broker, monkeypatch):
     """A write task's first micro-batch with a new producer: one connection (ApiVersions), FindCoordinator and
     InitProducerId, the marker read (FindCoordinator, OffsetFetch), the transaction, and one Metadata for the

@@ -121,12 +121,9 @@ class TransactionalProducer(OwnProducer):
                   lambda r: _first_error(p.error_code for t in r.topics for p in t.partitions))
 
     def _submit(self, batches: list) -> None:
-        """Add the partitions new to the transaction (AddPartitionsToTxn) before their first Produce. The
-        Produce requests in flight are answered first: the coordinator may lead partitions too, and a
-        connection's answers are read in the order its requests went."""
+        """Add the partitions new to the transaction (AddPartitionsToTxn) before their first Produce."""
         new = sorted({(topic, partition) for topic, partition, _ in batches} - self._added)
         if new:
-            self._settle(list(self._in_flight))
             topics: dict[str, list[int]] = {}
             for topic, partition in new:
                 topics.setdefault(topic, []).append(partition)
@@ -164,7 +161,10 @@ class TransactionalProducer(OwnProducer):
 
     def _ask(self, key_type: int, key: str, request, error: Callable[[object], int]):
         """Send `request` (a kio request class, which names its API and version) to the coordinator of `key`
-        and return the answer, retrying until `timeout_s`."""
+        and return the answer, retrying until `timeout_s`. The Produce requests in flight are answered first:
+        the coordinator may lead partitions too, and a connection's answers are read in the order its requests
+        went."""
+        self._settle(list(self._in_flight))
         api_key, version, what = request.__api_key__, request.__version__, api_name(request.__api_key__)
         deadline = time.monotonic() + self._timeout_s
         while True:
