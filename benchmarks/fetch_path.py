@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from brokerproc import cpu_seconds
 from confluent_kafka.admin import AdminClient, NewTopic
-from produce_path import PARTITIONS, PER, arrow_batches, idempotent, thread_cpu
+from produce_path import PARTITIONS, PER, arrow_batches, idempotent, watched
 
 import ottla.testing
 from ottla.spark.fetch import read_columns
@@ -113,35 +111,23 @@ def main() -> int:
         idle = cpu_seconds(broker.pid)
         time.sleep(args.idle)
         idle = (cpu_seconds(broker.pid) - idle) / args.idle
-        spy = args.py_spy and subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(broker.pid), "--rate", "250",
-             "--threads", "--format", "raw", *(["--native"] if os.environ.get("PY_SPY_NATIVE") else []),
-             "--output", args.py_spy], stdout=subprocess.DEVNULL)
-        threads = thread_cpu(broker.pid)
         print(f"| run | topic | isolation | broker CPU s per {PER:,} records | records | Fetch answers | "
               "MB | records/s | load |")
         print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for run in range(1, args.runs + 1):
-            for kind in kinds:
-                for committed in ((True, False) if run % 2 else (False, True)):  # alternated
-                    isolation = "read_committed" if committed else "read_uncommitted"
-                    cpu, wall = cpu_seconds(broker.pid), time.monotonic()
-                    records, answers = read_all(broker.bootstrap, kind, committed, ends[kind])
-                    cpu, wall = cpu_seconds(broker.pid) - cpu, time.monotonic() - wall
-                    per = cpu * PER / records
-                    results.setdefault((kind, isolation), []).append(per)
-                    loads.append(os.getloadavg()[0])
-                    print(f"| {run} | {kind} | {isolation} | {per:.3f} | {records:,} | {answers} | "
-                          f"{sizes[kind] / 1e6:.1f} | {records / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
-        del admin
-        if args.threads:
-            for thread, (user, system) in sorted(thread_cpu(broker.pid).items()):
-                before = threads.get(thread, (0.0, 0.0))
-                if user + system > sum(before):
-                    print(f"- thread {thread}: user {user - before[0]:.2f} s, system {system - before[1]:.2f} s")
-        if spy:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
+        with watched(broker.pid, args.py_spy, args.threads):
+            for run in range(1, args.runs + 1):
+                for kind in kinds:
+                    for committed in ((True, False) if run % 2 else (False, True)):  # alternated
+                        isolation = "read_committed" if committed else "read_uncommitted"
+                        cpu, wall = cpu_seconds(broker.pid), time.monotonic()
+                        records, answers = read_all(broker.bootstrap, kind, committed, ends[kind])
+                        cpu, wall = cpu_seconds(broker.pid) - cpu, time.monotonic() - wall
+                        per = cpu * PER / records
+                        results.setdefault((kind, isolation), []).append(per)
+                        loads.append(os.getloadavg()[0])
+                        print(f"| {run} | {kind} | {isolation} | {per:.3f} | {records:,} | {answers} | "
+                              f"{sizes[kind] / 1e6:.1f} | {records / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
+            del admin
     print()
     for (kind, isolation), values in results.items():
         print(f"- {kind} {isolation}: broker CPU per {PER:,} records median {statistics.median(values):.3f} s "

@@ -30,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -117,6 +119,28 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
     return out
 
 
+@contextmanager
+def watched(pid: int, py_spy: str | None, threads: bool) -> Iterator[None]:
+    """While the body runs: py-spy samples the broker into `py_spy` (if given); after it, with `threads`, the
+    broker's CPU by thread over the body is printed."""
+    spy = py_spy and subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--rate", "250", "--threads",
+         "--format", "raw", *(["--native"] if os.environ.get("PY_SPY_NATIVE") else []), "--output", py_spy],
+        stdout=subprocess.DEVNULL)
+    before = thread_cpu(pid)
+    try:
+        yield
+    finally:
+        if threads:
+            for thread, (user, system) in sorted(thread_cpu(pid).items()):
+                start = before.get(thread, (0.0, 0.0))
+                if user + system > sum(start):
+                    print(f"- thread {thread}: user {user - start[0]:.2f} s, system {system - start[1]:.2f} s")
+        if spy:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4 * PER, help="records per run (CPU is read in 10 ms ticks)")
@@ -135,34 +159,23 @@ def main() -> int:
     print("| ---: | --- | ---: | ---: | ---: |")
     with ottla.testing.broker() as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        spy = args.py_spy and subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(broker.pid), "--rate", "250",
-             "--threads", "--format", "raw", *(["--native"] if os.environ.get("PY_SPY_NATIVE") else []), "--output", args.py_spy], stdout=subprocess.DEVNULL)
         admin.create_topics([NewTopic("warm-up", PARTITIONS, 1)])["warm-up"].result(30)
         PATHS[paths[0]](broker.bootstrap, "warm-up", batches[:8])  # imports and first-use costs not counted
-        threads = thread_cpu(broker.pid)
-        for run in range(1, args.runs + 1):
-            for path in paths:  # alternated, so a change in load hits both
-                topic = f"produce-{path}-{run}"
-                admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-                time.sleep(0.2)  # the topic's creation is not counted
-                cpu, wall = cpu_seconds(broker.pid), time.monotonic()
-                PATHS[path](broker.bootstrap, topic, batches)
-                cpu, wall = cpu_seconds(broker.pid) - cpu, time.monotonic() - wall
-                per = cpu * PER / args.rows
-                results[path].append((per, args.rows / wall))
-                loads.append(os.getloadavg()[0])
-                print(f"| {run} | {path} | {per:.3f} | {args.rows / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
-        per_txn = small_transactions(broker, admin, args.transactions) if args.transactions else None
-        del admin  # librdkafka's threads gone before the broker stops
-        if args.threads:
-            for thread, (user, system) in sorted(thread_cpu(broker.pid).items()):
-                before = threads.get(thread, (0.0, 0.0))
-                if user + system > sum(before):
-                    print(f"- thread {thread}: user {user - before[0]:.2f} s, system {system - before[1]:.2f} s")
-        if spy:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
+        with watched(broker.pid, args.py_spy, args.threads):
+            for run in range(1, args.runs + 1):
+                for path in paths:  # alternated, so a change in load hits both
+                    topic = f"produce-{path}-{run}"
+                    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+                    time.sleep(0.2)  # the topic's creation is not counted
+                    cpu, wall = cpu_seconds(broker.pid), time.monotonic()
+                    PATHS[path](broker.bootstrap, topic, batches)
+                    cpu, wall = cpu_seconds(broker.pid) - cpu, time.monotonic() - wall
+                    per = cpu * PER / args.rows
+                    results[path].append((per, args.rows / wall))
+                    loads.append(os.getloadavg()[0])
+                    print(f"| {run} | {path} | {per:.3f} | {args.rows / wall:,.0f} | {loads[-1]:.1f} |", flush=True)
+            per_txn = small_transactions(broker, admin, args.transactions) if args.transactions else None
+            del admin  # librdkafka's threads gone before the broker stops
     print()
     for path, rows in results.items():
         print(f"- {path}: broker CPU per {PER:,} records median {statistics.median(r[0] for r in rows):.3f} s "
