@@ -254,7 +254,10 @@ def _uniform_runs(data, buf, record_start, expected: int) -> bool:
     record cost tens of microseconds a batch."""
     import numpy as np
 
-    sizes = np.diff(record_start, append=len(data))
+    # np.diff(record_start, append=len(data)), without its concatenation: a third of the time
+    sizes = np.empty_like(record_start)
+    np.subtract(record_start[1:], record_start[:-1], out=sizes[:-1])
+    sizes[-1] = len(data) - record_start[-1]
     cuts = np.flatnonzero(sizes[1:] != sizes[:-1]) + 1
     if len(cuts) >= _MAX_RUNS:
         return False
