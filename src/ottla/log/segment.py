@@ -30,6 +30,10 @@ __all__ = ["LogSegment", "segment_name"]
 
 # How much of the .log one pread takes while walking batch headers.
 _SCAN_CHUNK = 64 * 1024
+# The first pread of a walk expected to end within about one index interval (`index.interval.bytes`,
+# 4 KiB by default) of an indexed batch: a Fetch's `find` and the batches `read` walks past its
+# boundary. 64 KiB there was most of what a Fetch of a partition read besides the records it sends.
+_SHORT_SCAN_CHUNK = 8 * 1024
 # Bigger chunks for recovery, which reads whole batches to check their CRCs.
 _RECOVERY_CHUNK = 4 * 1024 * 1024
 
@@ -304,7 +308,7 @@ class LogSegment:
 
     # -- read --------------------------------------------------------------------------------
 
-    def headers_from(self, position: int) -> Iterator[BatchHeader]:
+    def headers_from(self, position: int, first_chunk: int = _SCAN_CHUNK) -> Iterator[BatchHeader]:
         """Headers of the batches from byte `position` on, read a chunk at a time.
 
         The positions in the yielded headers are file positions. The descriptor is looked up
@@ -313,8 +317,10 @@ class LogSegment:
         """
         self._open()  # a sealed file opened afresh learns its size here
         end = self._size
+        chunk_size = first_chunk
         while end - position >= HEADER_SIZE:
-            chunk = os.pread(self._open(), min(_SCAN_CHUNK, end - position), position)
+            chunk = os.pread(self._open(), min(chunk_size, end - position), position)
+            chunk_size = _SCAN_CHUNK
             offset = 0
             while len(chunk) - offset >= HEADER_SIZE:
                 header = read_header(chunk, offset)
@@ -330,7 +336,7 @@ class LogSegment:
     def find(self, offset: int) -> BatchHeader | None:
         """Header of the first batch whose last offset is >= `offset`, or None past the end."""
         _, position = self.offset_index.lookup(offset)
-        for header in self.headers_from(position):
+        for header in self.headers_from(position, _SHORT_SCAN_CHUNK):
             if header.base_offset + header.last_offset_delta >= offset:
                 return header
         return None
@@ -343,42 +349,70 @@ class LogSegment:
         The offset index supplies a batch boundary that is both inside the byte limit and below
         `max_offset`; only the batches after it are walked, unpacking just offset and length.
         Base offsets ascend, so only the last batch kept can straddle `max_offset`. `lazy`
-        reads only those walked bytes and returns a FileRecords the connection reads as the
-        socket drains (when it is at least LAZY_MIN_BYTES long).
+        reads only the headers of those walked batches and returns a FileRecords the connection
+        reads as the socket drains (when it is at least LAZY_MIN_BYTES long).
         """
         fd = self._open()
         available = self._size - position
+        limit = min(max_bytes, available)
         boundary = min(
-            self.offset_index.floor_position(position + min(max_bytes, available)),
+            self.offset_index.floor_position(position + limit),
             self.offset_index.lookup(max_offset)[1],
         )
-        skip = max(0, boundary - position) if lazy else 0  # data[0] is `skip` bytes after position
-        data = os.pread(fd, max(0, min(max_bytes, available) - skip), position + skip)
-        length = skip + len(data)
+        if lazy:
+            return self._read_lazy(fd, position, max(0, boundary - position), limit, max_offset, min_one_batch)
+        data = os.pread(fd, max(0, limit), position)
+        length = len(data)
         end = max(0, boundary - position)
         last = -1
         while length - end >= HEADER_SIZE:
-            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end - skip)
+            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(data, end)
             size = batch_length + LOG_OVERHEAD
             if base_offset >= max_offset or size < HEADER_SIZE or end + size > length:
                 break
             last = end
             end += size
-        if last >= 0 and _last_offset(data, last - skip) >= max_offset:
+        if last >= 0 and _last_offset(data, last) >= max_offset:
             end = last
-        if end == 0 and min_one_batch and available >= HEADER_SIZE:  # then skip == 0
+        if end == 0 and min_one_batch and available >= HEADER_SIZE:
             first = data if length >= HEADER_SIZE else os.pread(fd, HEADER_SIZE, position)
             if _last_offset(first, 0) >= max_offset:
                 return b""
             size = _BASE_AND_LENGTH.unpack_from(first, 0)[1] + LOG_OVERHEAD
-            if lazy and size >= LAZY_MIN_BYTES:
-                return FileRecords(self, position, size)
             return data[:size] if length >= size else os.pread(fd, size, position)
-        if lazy and end >= LAZY_MIN_BYTES:
-            return FileRecords(self, position, end)
-        if skip:
-            return os.pread(fd, end, position)
         return data if end == length else memoryview(data)[:end]  # no copy of what is kept
+
+    def _read_lazy(self, fd: int, position: int, end: int, limit: int, max_offset: int,
+                   min_one_batch: bool) -> "bytes | FileRecords":
+        """`read` with `lazy`, `end` its boundary's distance from `position`: the batches past
+        the boundary are walked by their headers alone, read `_SHORT_SCAN_CHUNK` at a time (the
+        bytes up to the limit were read whole before: up to a whole batch, copied and dropped,
+        for each partition of each Fetch)."""
+        chunk, at = b"", end  # `chunk` holds the bytes from `position + at`
+        last = last_offset = -1
+        while limit - end >= HEADER_SIZE:
+            if end + HEADER_SIZE > at + len(chunk):
+                at = end
+                chunk = os.pread(fd, min(_SHORT_SCAN_CHUNK, limit - end), position + end)
+                if len(chunk) < HEADER_SIZE:
+                    break
+            base_offset, batch_length = _BASE_AND_LENGTH.unpack_from(chunk, end - at)
+            size = batch_length + LOG_OVERHEAD
+            if base_offset >= max_offset or size < HEADER_SIZE or end + size > limit:
+                break
+            last, last_offset = end, _last_offset(chunk, end - at)
+            end += size
+        if last >= 0 and last_offset >= max_offset:
+            end = last
+        if end == 0 and min_one_batch and self._size - position >= HEADER_SIZE:
+            first = os.pread(fd, HEADER_SIZE, position)
+            if _last_offset(first, 0) >= max_offset:
+                return b""
+            size = _BASE_AND_LENGTH.unpack_from(first, 0)[1] + LOG_OVERHEAD
+            return FileRecords(self, position, size) if size >= LAZY_MIN_BYTES else os.pread(fd, size, position)
+        if end >= LAZY_MIN_BYTES:
+            return FileRecords(self, position, end)
+        return os.pread(fd, end, position) if end else b""
 
     # -- truncation and recovery -------------------------------------------------------------
 
