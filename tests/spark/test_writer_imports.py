@@ -14,11 +14,12 @@ import subprocess
 import sys
 
 import pyarrow as pa
+import pytest
 from pyspark.serializers import CloudPickleSerializer
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import BinaryType, StructType
 
-from ottla.spark import OttlaDataSource
+from ottla.spark import OttlaDataSource, OptionError
 
 # Imported only to read, or only on the librdkafka path; and pyarrow.compute, whose Python wrappers of every
 # Arrow compute function a Spark worker has not loaded (record_batches calls the few it needs by name).
@@ -84,3 +85,48 @@ def test_an_exactly_once_write_task_imports_no_reading_or_librdkafka_module(kafk
     loaded = _modules_of_a_task(_source(kafka, "writer-imports-eos").streamWriter(SCHEMA, overwrite=False))
     assert "ottla.spark.transactional" in loaded
     assert _not_for_writing(loaded) == set()
+
+
+# The driver's planning of a write (Spark's Python planner process: `writer` or `streamWriter`, pickled to the
+# tasks), with its modules. librdkafka's admin client took 55-60 ms to start and answer there before every write
+# job; the own producer's protocol client, imported with the sink anyway, asks Metadata directly.
+_PLAN = """
+import sys
+from pyspark.sql.datasource import CaseInsensitiveDict
+from pyspark.sql.types import BinaryType, StructType
+from ottla.spark import OttlaDataSource
+
+options = CaseInsensitiveDict({{"kafka.bootstrap.servers": {bootstrap!r}, "topic": {topic!r}}})
+OttlaDataSource(options).{method}(StructType().add("value", BinaryType()), overwrite=False)
+print(" ".join(sys.modules))
+"""
+
+
+def _modules_of_planning(kafka, topic: str, method: str) -> set[str]:
+    code = _PLAN.format(bootstrap=kafka.bootstrap, topic=topic, method=method)
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                            env=os.environ.copy(), timeout=120)
+    return set(result.stdout.split())
+
+
+def test_the_driver_looks_for_the_topic_without_librdkafka(kafka):
+    kafka.create_topic("planned-write")
+    for method in ("writer", "streamWriter"):
+        loaded = _modules_of_planning(kafka, "planned-write", method)
+        assert "ottla.spark.sink" in loaded
+        assert not any(name.split(".")[0] == "confluent_kafka" for name in loaded), method
+
+
+def test_a_write_to_an_unknown_topic_fails_when_planned(kafka):
+    kafka.create_topic("known-topic")
+    source = OttlaDataSource(CaseInsensitiveDict({"kafka.bootstrap.servers": kafka.bootstrap,
+                                                  "topic": "no-such-topic"}))
+    with pytest.raises(OptionError, match=r"unknown topic\(s\) \['no-such-topic'\]"):
+        source.writer(SCHEMA, overwrite=False)
+    marked = OttlaDataSource(CaseInsensitiveDict({"kafka.bootstrap.servers": kafka.bootstrap, "topic": "known-topic",
+                                                  "markerTopic": "no-such-marker"}))
+    with pytest.raises(OptionError, match=r"unknown topic\(s\) \['no-such-marker'\]"):
+        marked.streamWriter(SCHEMA, overwrite=False)
+    marked_known = OttlaDataSource(CaseInsensitiveDict({"kafka.bootstrap.servers": kafka.bootstrap,
+                                                        "topic": "known-topic", "markerTopic": "known-topic"}))
+    assert marked_known.streamWriter(SCHEMA, overwrite=False) is not None

@@ -28,15 +28,18 @@ partition on replay (true for Kafka sources and stateless or checkpointed-state 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+from kio.schema.errors import ErrorCode
 from pyarrow._compute import call_function  # not pyarrow.compute: see record_batches
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
+from ..admin_client import AdminProtocolClient, ProtocolClientError
 from . import producer as own_producer
 from .heap import freeze_worker_heap
 from .marker import MarkerTask
@@ -45,7 +48,7 @@ from .record_batches import Columns, numbers, valid
 
 # A write task's fresh Python worker imports this module and what it needs: Ottla's own producer, and its
 # transactional variant only for an exactly-once task. confluent-kafka (rdkafka.py) is imported only where
-# the own producer cannot serve the client settings, its admin client only on the driver.
+# the own producer cannot serve the client settings, its admin client only on the driver and for those settings.
 
 _BATCH_ID = "streaming.sql.batchId"
 _QUERY_ID = "sql.streaming.queryId"
@@ -55,6 +58,8 @@ _EXISTING: set[tuple] = set()  # (client config, topic) found by check_topic_exi
 _OWN: dict[tuple, "own_producer.OwnProducer"] = {}
 # Exactly-once tasks (rdkafka.TransactionalTask, transactional.Task) by transactional id and client config.
 _TRANSACTIONAL: dict[tuple, MarkerTask] = {}
+_CHECK_TIMEOUT_S = 30  # how long the driver looks for the topics before the query fails
+_CHECK_BACKOFF_S = 0.1
 _KEEP_AT_MOST = 16  # transactional producers per worker: each holds connections (and librdkafka threads)
 
 
@@ -95,13 +100,34 @@ def check_topic_exists(options: WriteOptions) -> None:
     wanted = {t for t in (options.topic, options.marker_topic) if t and (config, t) not in _EXISTING}
     if not wanted:
         return
-    from confluent_kafka.admin import AdminClient  # the driver's, once per query
+    if own_producer.supports(options.client):
+        missing = _missing_topics(options, sorted(wanted))
+    else:
+        from confluent_kafka.admin import AdminClient  # settings only librdkafka speaks (TLS, SASL)
 
-    topics = AdminClient(options.client).list_topics(timeout=30).topics
-    missing = sorted(t for t in wanted if t not in topics or topics[t].error is not None)
+        topics = AdminClient(options.client).list_topics(timeout=_CHECK_TIMEOUT_S).topics
+        missing = sorted(t for t in wanted if t not in topics or topics[t].error is not None)
     if missing:
         raise OptionError(f"unknown topic(s) {missing}")
     _EXISTING.update((config, t) for t in wanted)
+
+
+def _missing_topics(options: WriteOptions, topics: list[str]) -> list[str]:
+    """One Metadata request for the wanted topics through the own producer's protocol client, which the
+    driver has imported with this module: librdkafka's admin client took 55-60 ms to start and answer
+    before every write job (docs/performance.md, branch coldsink). A broker not reachable yet is tried
+    again for as long as librdkafka's lookup waited."""
+    deadline = time.monotonic() + _CHECK_TIMEOUT_S
+    while True:
+        with AdminProtocolClient(options.client["bootstrap.servers"], timeout=_CHECK_TIMEOUT_S,
+                                 client_id=options.client.get("client.id", "ottla-spark")) as cluster:
+            try:
+                response = cluster.metadata_response(topics)
+                return sorted(t.name for t in response.topics if t.error_code != ErrorCode.none)
+            except ProtocolClientError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(_CHECK_BACKOFF_S)
 
 
 def _rows(batches: Iterator) -> Iterator:
