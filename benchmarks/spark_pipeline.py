@@ -37,8 +37,10 @@ micro-batch: the median `triggerExecution` (and each phase of Spark's `durationM
 micro-batches (`--small` rows, all partitions) of the `ottla -> ottla` exactly-once query minus that of
 `rate-micro-batch -> noop`, first batch of each left out; and the CPU seconds per micro-batch of the Spark
 JVM, every process under it and the broker over the same micro-batches: on a shared machine wall time
-mostly measures the wait for a core, CPU time what the work costs. `--probes` adds the median wall and CPU
-time of each Kafka client call and data-source call in every Spark Python process (spark_timing/).
+mostly measures the wait for a core, CPU time what the work costs. `--probes` times each Kafka client call,
+data-source call and first import of the connector's modules in every Spark Python process (spark_timing/): per
+leg and round, the calls' summed wall and CPU (a fresh worker's imports show in the round where it first runs
+a task of the leg), and the median per call over the fixed-cost queries.
 """
 
 from __future__ import annotations
@@ -261,6 +263,8 @@ class Legs:
         self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         self.topics = 0
         self.builds = os.path.join(workdir, "ceiling-builds")
+        self.probes: str | None = None  # with --probes: the file each leg's probe records are taken from
+        self.probed: dict[str, list[dict]] = {}  # leg -> its probe records, of the last `run`
         spark.dataSource.register(ceiling_source())
 
     def topic(self, label: str) -> str:
@@ -294,6 +298,8 @@ class Legs:
         spark, out = self.spark, {}
         df = rows(spark, n, size)
         out["range -> noop"] = self.measured(lambda: df.write.format("noop").mode("overwrite").save())
+        if self.probes:
+            self.probed["range -> noop"] = _take_probes(self.probes)
         source, sink, copy = self.topic(f"in{size}"), self.topic(f"eos{size}"), self.topic(f"copy{size}")
         read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
         null = spark.read.format("ceiling-python").options(**self.ceiling(n, size))
@@ -326,10 +332,14 @@ class Legs:
              lambda: self.ceiling_measured(lambda: _seconds(
                  run_stream(null_stream.writeStream.format("ceiling-python"), self.checkpoint()), n))),
         ]
+        if self.probes:  # the DataFrames' planning above (the streaming source's schema): not a leg's
+            self.probed[SET_UP] = _take_probes(self.probes)
         for (ottla_leg, ceiling_leg), (ottla_run, ceiling_run) in zip(PAIRS, pairs):
             for leg, action in ([(ceiling_leg, ceiling_run), (ottla_leg, ottla_run)] if ceiling_first
                                 else [(ottla_leg, ottla_run), (ceiling_leg, ceiling_run)]):
                 out[leg] = action()
+                if self.probes:
+                    self.probed[leg] = _take_probes(self.probes)
         return {leg: out[leg] for leg in LEGS}
 
     def ceiling(self, n: int, size: int) -> dict:
@@ -433,6 +443,34 @@ def _phases(progress: list) -> dict[str, float]:
     return {phase: statistics.median(p["durationMs"].get(phase, 0) / 1000 for p in progress) for phase in PHASES[:-2]}
 
 
+def _take_probes(path: str) -> list[dict]:
+    """The probe records written since the last call, and the file emptied."""
+    import json
+
+    with open(path) as lines:
+        records = [json.loads(line) for line in lines]
+    open(path, "w").close()
+    return records
+
+
+def _leg_probe_table(n: int, size: int, probed: list[dict[str, list[dict]]]) -> None:
+    """Per leg and call, the calls' summed wall and CPU in each round (`--probes`)."""
+    print(f"\nprobes during the legs, {n:,} rows of {size}-byte values: per call, how many and their summed wall / "
+          f"CPU ms in each round (every Spark Python process; a worker's first import of a module is in the round "
+          f"where it first runs a task that needs it):\n")
+    print("| leg | call | " + " | ".join(f"round {i + 1}" for i in range(len(probed))) + " |")
+    print("| --- | --- |" + " ---: |" * len(probed))
+    for leg in [SET_UP] + LEGS:
+        names = sorted({r["name"] for rounds in probed for r in rounds.get(leg, ())})
+        for name in names:
+            cells = []
+            for rounds in probed:
+                calls = [r for r in rounds.get(leg, ()) if r["name"] == name]
+                cells.append(f"{len(calls)}: {sum(r['wall'] for r in calls) * 1000:.0f} / "
+                             f"{sum(r['cpu'] for r in calls) * 1000:.0f}" if calls else "")
+            print(f"| {leg} | {name} | " + " | ".join(cells) + " |")
+
+
 def _probe_table(path: str, batches: int) -> None:
     """Medians of the probes' calls (see spark_timing/sitecustomize.py), and their total per micro-batch."""
     import collections
@@ -469,6 +507,7 @@ PAIRS = [
     ("ottla -> transform -> ottla (exactly-once)", "ceiling: null Python source -> transform -> null Python sink"),
 ]
 LEGS = ["range -> noop"] + [leg for pair in PAIRS for leg in pair]
+SET_UP = "(the round's set-up: its DataFrames planned)"
 
 # Issue 16's targets (share of `range -> noop`) and the ceiling leg each Ottla leg is held against.
 TARGETS = {
@@ -562,6 +601,9 @@ def main() -> int:
         spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf), args.python)
         legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
         print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
+        legs.probes, probed = (probes if args.probes else None), []
+        if args.probes:
+            open(probes, "w").close()  # not the warm-up's
         for size in (int(s) for s in args.sizes.split(",") if s):
             n = args.rows if size < 1024 else args.rows_1k
             rounds = []
@@ -570,6 +612,7 @@ def main() -> int:
                 # null source (Spark's cost) and the Ottla leg pays only its own first use; then alternately.
                 ceiling_first = index % 2 == 0
                 rounds.append(legs.run(n, size, ceiling_first))
+                probed.append((n, size, index, dict(legs.probed)))
                 print(f"{size}-byte values, load {os.getloadavg()[0]:.1f}: {rounds[-1]}", file=sys.stderr)
                 results.append((n, size, rounds[-1], _round_label(index, args.rounds, ceiling_first)))
             summaries.append((n, size, rounds))
@@ -583,6 +626,8 @@ def main() -> int:
     for n, size, rounds in summaries:
         if len(rounds) > 1:
             _print_cold_warm(n, size, rounds)
+        if args.probes:
+            _leg_probe_table(n, size, [legs_probed for n2, size2, _, legs_probed in probed if (n2, size2) == (n, size)])
     if costs:
         spark_cost, python_cost, ottla_cost = costs
         print(f"\nfixed cost per micro-batch ({args.small} rows, {PARTITIONS} partitions, median of "
@@ -595,7 +640,7 @@ def main() -> int:
         for phase in PHASES:
             print(f"| {phase} | {spark_cost[phase]:.3f} | {python_cost[phase]:.3f} | {ottla_cost[phase]:.3f} | "
                   f"{ottla_cost[phase] - spark_cost[phase]:.3f} | {ottla_cost[phase] - python_cost[phase]:.3f} |")
-    if args.probes:
+    if args.probes and costs:
         _probe_table(probes, args.batches)
     print()
     print(f"- {os.cpu_count()} CPUs, Spark local[2,3]; load average {load_before:.1f} before, "

@@ -1,11 +1,15 @@
-"""Timing probes for `benchmarks/spark_pipeline.py --breakdown`: every Python process Spark starts (the
-driver's source runner, the sink's commit runner, the executors' workers) imports this through
-PYTHONPATH, and appends one JSON line per Kafka client call and per data-source call to
-$OTTLA_SPARK_TIMING: process id, name, wall seconds, process CPU seconds (librdkafka's threads
-included). The probes wrap the classes the connector imports; they change no behaviour."""
+"""Timing probes for `benchmarks/spark_pipeline.py --probes`: every Python process Spark starts (the
+driver's planner and source runners, the sink's commit runner, the executors' workers) imports this through
+PYTHONPATH, and appends one JSON line per Kafka client call, per data-source call and per first import of the
+connector's modules to $OTTLA_SPARK_TIMING: process id, name, wall seconds, process CPU seconds (librdkafka's
+threads included). The probes import nothing themselves: each module is wrapped when the process first imports
+it, so a worker's imports (what a fresh one pays in its first task) are timed, not moved to its start. They
+change no behaviour."""
 
+import importlib.abc
 import json
 import os
+import sys
 import time
 
 _PATH = os.environ.get("OTTLA_SPARK_TIMING")
@@ -37,21 +41,23 @@ def _timed_generator(name, function):
     return wrapper
 
 
-def _subclass(base, label, methods):
-    namespace = {m: _timed(f"{label}.{m}", getattr(base, m)) for m in methods}
-    return type(base.__name__, (base,), namespace)
+def _patch(cls, label, methods):
+    for m in methods:
+        if hasattr(cls, m):
+            setattr(cls, m, _timed(f"{label}.{m}", getattr(cls, m)))
 
 
-def _install() -> None:
-    import confluent_kafka
-    import confluent_kafka.admin
+def _confluent_kafka(module) -> None:
+    module.Producer = type("Producer", (module.Producer,), {m: _timed(f"Producer.{m}", getattr(module.Producer, m))
+                           for m in ["__init__", "init_transactions", "begin_transaction",
+                                     "send_offsets_to_transaction", "flush", "commit_transaction",
+                                     "abort_transaction"]})
+    module.Consumer = type("Consumer", (module.Consumer,), {m: _timed(f"Consumer.{m}", getattr(module.Consumer, m))
+                           for m in ["__init__", "committed", "assign", "unassign", "close"]})
 
-    confluent_kafka.Producer = _subclass(confluent_kafka.Producer, "Producer", [
-        "__init__", "init_transactions", "begin_transaction", "send_offsets_to_transaction", "flush",
-        "commit_transaction", "abort_transaction"])
-    confluent_kafka.Consumer = _subclass(confluent_kafka.Consumer, "Consumer", [
-        "__init__", "committed", "assign", "unassign", "close"])
-    admin = confluent_kafka.admin.AdminClient  # a Python class that names itself in super(): patch it in place
+
+def _admin(module) -> None:
+    admin = module.AdminClient  # a Python class that names itself in super(): patch it in place
     for m in ("__init__", "list_topics"):
         setattr(admin, m, _timed(f"AdminClient.{m}", getattr(admin, m)))
 
@@ -63,17 +69,62 @@ def _install() -> None:
     base_list_offsets = admin.list_offsets
     admin.list_offsets = _timed("AdminClient.list_offsets", list_offsets)
 
-    import ottla.spark
-    from ottla.spark import sink, source
 
-    for cls, methods in [(ottla.spark.OttlaDataSource, ["schema", "streamReader", "streamWriter"]),
-                         (source.StreamReader, ["initialOffset", "latestOffset", "partitions", "commit",
-                                                "prepareForTriggerAvailableNow"]),
-                         (sink.StreamWriter, ["write", "commit"])]:
-        for m in methods:
-            setattr(cls, m, _timed(f"{cls.__name__}.{m}", getattr(cls, m)))
-    source.StreamReader.read = _timed_generator("StreamReader.read", source.StreamReader.read)
+def _package(module) -> None:
+    _patch(module.OttlaDataSource, "OttlaDataSource", ["schema", "writer", "streamReader", "streamWriter"])
+
+
+def _source(module) -> None:
+    _patch(module.StreamReader, "StreamReader", ["initialOffset", "latestOffset", "partitions", "commit",
+                                                 "prepareForTriggerAvailableNow"])
+    module.StreamReader.read = _timed_generator("StreamReader.read", module.StreamReader.read)
+
+
+def _sink(module) -> None:
+    _patch(module.StreamWriter, "StreamWriter", ["write", "commit"])
+    _patch(module.BatchWriter, "BatchWriter", ["write"])
+    module.check_topic_exists = _timed("check_topic_exists", module.check_topic_exists)
+
+
+def _producer(module) -> None:
+    _patch(module.OwnProducer, "OwnProducer", ["__init__", "_refresh", "flush"])
+
+
+# Module -> what to wrap in it once imported; each module's first import is timed too.
+_WATCHED = {"confluent_kafka": _confluent_kafka, "confluent_kafka.admin": _admin, "ottla.spark": _package,
+            "ottla.spark.source": _source, "ottla.spark.sink": _sink, "ottla.spark.producer": _producer,
+            "ottla.spark.transactional": None, "kio.static.primitive": None}
+
+
+class _TimedLoader(importlib.abc.Loader):
+    def __init__(self, loader, name: str):
+        self._loader, self._name = loader, name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _record(f"import {self._name}", time.perf_counter() - wall, time.process_time() - cpu)
+        if _WATCHED[self._name] is not None:
+            _WATCHED[self._name](module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    spec.loader = _TimedLoader(spec.loader, name)
+                    return spec
+        return None
 
 
 if _PATH:
-    _install()
+    sys.meta_path.insert(0, _Finder())
