@@ -70,7 +70,8 @@ def main() -> int:
         for columns in batches:
             own.send("t", columns)
         per_record.append((time.thread_time() - started) / args.rows * 1e6)
-    print(f"| encoder | rounds | min us/record | median us/record | load before / after |\n| --- | ---: | ---: | ---: | --- |\n"
+    print("| encoder | rounds | min us/record | median us/record | load before / after |\n"
+          "| --- | ---: | ---: | ---: | --- |\n"
           f"| {encoder} | {args.rounds} | {min(per_record):.3f} | {statistics.median(per_record):.3f} | "
           f"{load:.1f} / {os.getloadavg()[0]:.1f} |")
     print(f"- {args.rows:,} records of {args.size} bytes per round; command: python benchmarks/sink_encoder.py "

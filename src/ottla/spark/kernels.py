@@ -163,8 +163,8 @@ def partitions_of(partitions, keys, key_offsets, key_lengths, count, spare):
         words = length // 4
         for i in range(words):
             at = start + 4 * i
-            k = (np.uint64(keys[at]) | (np.uint64(keys[at + 1]) << np.uint64(8)) | (np.uint64(keys[at + 2]) << np.uint64(16))
-                 | (np.uint64(keys[at + 3]) << np.uint64(24)))
+            k = (np.uint64(keys[at]) | (np.uint64(keys[at + 1]) << np.uint64(8))
+                 | (np.uint64(keys[at + 2]) << np.uint64(16)) | (np.uint64(keys[at + 3]) << np.uint64(24)))
             k = (k * _M) & _LOW
             k ^= k >> np.uint64(24)
             k = (k * _M) & _LOW
@@ -244,17 +244,14 @@ def _put_bytes(out, at, data, start, length):
 
 
 @numba.njit(cache=True)
-def lay_out(order, batch_starts, batch_counts, keys, key_offsets, key_lengths, values, value_offsets, value_lengths,
-            headers, header_offsets, header_lengths, header_counts):
+def lay_out(out, order, batch_starts, batch_counts, keys, key_offsets, key_lengths, values, value_offsets,
+            value_lengths, headers, header_offsets, header_lengths, header_counts):
     """Batch after batch, HEADER_SIZE zero bytes (the batch's header, packed afterwards) then its records: batch
     b's are the rows order[batch_starts[b]:][:batch_counts[b]], offset deltas from 0, timestamp deltas 0. A row's
     headers are headers[header_offsets[row]:][:header_lengths[row]], already encoded, `header_counts[row]` of them.
-    Returns the bytes and where each batch starts (and the last ends)."""
-    total = HEADER_SIZE * len(batch_starts)
-    for row in order:
-        # 5 varints of up to 5 bytes (32-bit values), attributes and timestamp delta
-        total += max(key_lengths[row], 0) + max(value_lengths[row], 0) + header_lengths[row] + 27
-    out = np.empty(total, np.uint8)
+    Writes into `out`, which must have room for HEADER_SIZE per batch and 27 bytes per record (5 varints of up to
+    5 bytes, attributes and timestamp delta) over its key, value and headers; returns where each batch starts
+    (and the last ends)."""
     bounds = np.empty(len(batch_starts) + 1, np.int64)
     at = np.int64(0)
     for b in range(len(batch_starts)):
@@ -278,4 +275,4 @@ def lay_out(order, batch_starts, batch_counts, keys, key_offsets, key_lengths, v
             at = _put_varint(out, at, count)
             at = _put_bytes(out, at, headers, np.int64(header_offsets[row]), header_length)
     bounds[len(batch_starts)] = at
-    return out, bounds
+    return bounds

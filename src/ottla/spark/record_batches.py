@@ -465,6 +465,23 @@ def _bytes(column: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
             _offsets(column)[:-1])
 
 
+_SCRATCH_KEPT = 8 << 20  # the layout's buffer kept between sends (a Spark batch of 10,000 100-byte rows: 1.3 MB)
+_scratch_buffer = np.empty(0, np.uint8)
+
+
+def _scratch(size: int) -> np.ndarray:
+    """A buffer of at least `size` bytes for the compiled layout, which each batch is copied out of: kept between
+    sends, as a fresh one costs a page fault per 4 KiB once glibc hands large blocks back to the kernel (half of
+    the compiled encoder's CPU in runs where it did)."""
+    global _scratch_buffer
+    if size <= len(_scratch_buffer):
+        return _scratch_buffer
+    if size > _SCRATCH_KEPT:
+        return np.empty(size, np.uint8)
+    _scratch_buffer = np.empty(max(size, min(2 * len(_scratch_buffer), _SCRATCH_KEPT)), np.uint8)
+    return _scratch_buffer
+
+
 def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences,
                    max_bytes: int, header: dict) -> tuple[np.ndarray, list[tuple[int, list[Batch]]]]:
     """`_numpy_sets` in numba: the partitions by key, the rows' order by partition and their records laid out in
@@ -479,16 +496,17 @@ def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int
     for p in np.flatnonzero(sizes).tolist():
         sets.append((start, start + int(sizes[p]), p))
         start += int(sizes[p])
-    cuts = _cuts(np.cumsum(rows.sizes()[order] + _VARINT_BYTES), [(a, b, sequences[p]) for a, b, p in sets],
-                 max_bytes)
+    ends = np.cumsum(rows.sizes()[order] + _VARINT_BYTES)
+    cuts = _cuts(ends, [(a, b, sequences[p]) for a, b, p in sets], max_bytes)
     if not cuts:
         return partitions, []
     values, value_offsets = _bytes(rows.values, n)
     headers, header_offsets = _bytes(rows.headers, n)
-    out, bounds = kernels.lay_out(order, np.array([cut[1] for cut in cuts], np.int64),
-                                  np.array([cut[2] - cut[1] for cut in cuts], np.int64), keys, key_offsets,
-                                  rows.key_lengths, values, value_offsets, rows.value_lengths, headers, header_offsets,
-                                  rows.header_lengths, rows.header_counts)
+    out = _scratch(int(ends[-1]) + HEADER_SIZE * len(cuts))
+    bounds = kernels.lay_out(out, order, np.array([cut[1] for cut in cuts], np.int64),
+                             np.array([cut[2] - cut[1] for cut in cuts], np.int64), keys, key_offsets, rows.key_lengths,
+                             values, value_offsets, rows.value_lengths, headers, header_offsets, rows.header_lengths,
+                             rows.header_counts)
     encoded: list[list[Batch]] = [[] for _ in sets]
     view = memoryview(out)
     for b, (index, start, stop, sequence) in enumerate(cuts):
