@@ -412,7 +412,7 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
 # of CPU more than numba's would have: the source's rule (columns.py) for the same price, numba's load in a
 # worker (0.45-0.6 s of CPU); at once if the worker has paid it already (its source tasks loaded the kernels).
 COMPILED_AFTER_SECONDS = 0.5
-_KERNEL_SECONDS_PER_RECORD = 0.1e-6  # the compiled encode_partitioned, 100-byte records
+_KERNEL_SECONDS_PER_RECORD = 0.12e-6  # the compiled encode_partitioned, 100-byte records (numpy's: 0.35)
 _numpy_over_kernels = 0.0  # CPU seconds the numpy encoder took in this process over the kernels' estimate
 
 
