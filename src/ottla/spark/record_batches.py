@@ -5,7 +5,9 @@ per record: a record's fields are varints of lengths and deltas, computed for al
 laid out with a short key as one head per record; Arrow's `binary_join_element_wise` then lays out, row by row
 in C++, the head, value and headers of each record end to end, which is the batch's records section (`_records`:
 every partition's rows of a send at once). A header costs the same way (its varints, key and value joined, then
-a row's headers joined by `binary_join`).
+a row's headers joined by `binary_join`). That is a fresh worker's encoder; once it has cost the process numba's
+load, `encode_partitioned` lays the records out with kernels.py's loops instead (0.1 us per 100-byte record
+against 0.35: murmur2, the partition order and the layout in one pass each), the same bytes.
 
 Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
 value length | value | header count | (key length | key | value length | value)* ; varints zigzag-encoded,
