@@ -458,13 +458,21 @@ def _numpy_sets(columns: Columns, partitions: np.ndarray, count: int, spare: int
     return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
 
 
+_NO_BYTES = np.frombuffer(b"\0", np.uint8)
+
+
 def _bytes(column: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A binary column's data and where each row's bytes start in it (nothing for no column)."""
+    """A binary column's data and where each row's bytes start in it (nothing for no column). Of one type
+    whatever the column's (read-only bytes, int64 starts): numba compiles a kernel for each combination of its
+    arguments' types, seconds each time a worker meets a new one."""
     if column is None:
-        return np.zeros(1, np.uint8), np.zeros(n, np.int64)
+        return _NO_BYTES, np.zeros(n, np.int64)
     data = column.buffers()[2]
-    return (np.frombuffer(data, np.uint8) if data is not None and data.size else np.zeros(1, np.uint8),
-            _offsets(column)[:-1])
+    if data is None or not data.size:
+        return _NO_BYTES, _offsets(column)[:-1].astype(np.int64)
+    view = np.frombuffer(data, np.uint8)  # writable or not as Arrow's buffer is: a view that is not
+    view.flags.writeable = False
+    return view, _offsets(column)[:-1].astype(np.int64)
 
 
 _SCRATCH_KEPT = 8 << 20  # the layout's buffer kept between sends (a Spark batch of 10,000 100-byte rows: 1.3 MB)
@@ -490,6 +498,7 @@ def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int
     one pass each; the batches' cuts, headers and CRCs as numpy's."""
     rows = _Rows.of(columns)
     n = len(columns)
+    partitions = np.array(partitions, np.int64)  # writable (one type for numba), and not the caller's
     keys, key_offsets = _bytes(rows.keys, n)
     if (partitions < 0).any():
         partitions = kernels.partitions_of(partitions, keys, key_offsets, rows.key_lengths, count, spare)
