@@ -428,13 +428,22 @@ def encode_partitioned(columns: Columns, partitions: np.ndarray, count: int, spa
     partitions = partitions.astype(np.int64, copy=False)
     if partitions.max(initial=0) >= count:
         raise ValueError(f"{count} partitions; a row names partition {partitions.max()}")
-    if _numpy_over_kernels >= COMPILED_AFTER_SECONDS or f"{__package__}.kernels" in sys.modules:
-        from . import kernels
+    kernels = _kernels()
+    if kernels is not None:
         return _compiled_sets(kernels, columns, partitions, count, spare, sequences, max_bytes, header)
     started = time.thread_time()
     result = _numpy_sets(columns, partitions, count, spare, sequences, max_bytes, header)
     _numpy_over_kernels += time.thread_time() - started - _KERNEL_SECONDS_PER_RECORD * len(columns)
     return result
+
+
+def _kernels():
+    """kernels.py, once numpy's encoder has cost the process more than loading it would (or it is loaded); else
+    None."""
+    if _numpy_over_kernels >= COMPILED_AFTER_SECONDS or f"{__package__}.kernels" in sys.modules:
+        from . import kernels
+        return kernels
+    return None
 
 
 def _numpy_sets(columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences, max_bytes: int,
