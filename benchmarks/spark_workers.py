@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/spark_workers.py                       # 400,000 x 100 B, 3 runs
     PYTHONPATH=<tree>/src .venv/bin/python benchmarks/spark_workers.py   # another tree's ottla.spark
+    .venv/bin/python benchmarks/spark_workers.py --encoder numba        # a warm worker's encoder (kernels.py)
 
 One broker (`ottla serve`), a topic of 4 partitions. What a Spark Python worker runs per task, on the same
 records as `spark_pipeline.py`'s 100-byte legs (key = the row number as a string, value = the row number
@@ -33,7 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import ottla.testing
-from ottla.spark import rdkafka, sink, source
+from ottla.spark import rdkafka, record_batches, sink, source
 from ottla.spark.options import parse_read_options, parse_write_options
 from ottla.spark.producer import OwnProducer
 from ottla.spark.source import OffsetRange, source_schema
@@ -121,7 +122,11 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--size", type=int, default=100, help="value bytes")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--encoder", choices=["numpy", "numba"],
+                        help="the own producer's encoder throughout (default: numpy until it has cost numba's load)")
     args = parser.parse_args()
+    if args.encoder and hasattr(record_batches, "COMPILED_AFTER_SECONDS"):
+        record_batches.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
     n = args.rows
     load_before = os.getloadavg()[0]
     batches = spark_batches(n, args.size)

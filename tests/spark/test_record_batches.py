@@ -20,6 +20,7 @@ from kafka.partitioner.default import murmur2
 from ottla.records.batch import parse_batches, validate_client_batch
 from ottla.records.records import decode_batch
 from ottla.records.validator import check_records
+from ottla.spark import record_batches
 from ottla.spark.producer import OwnProducer
 from ottla.spark.record_batches import Columns, encode_batches, encode_sets, murmur2_partitions
 
@@ -170,10 +171,21 @@ def broker():
         yield started
 
 
+@pytest.fixture(params=["numpy", "numba"])
+def encoder(request, monkeypatch):
+    """The own producer's encoder: numpy's (a fresh worker's) or numba's (kernels.py: a warm worker's)."""
+    if request.param == "numba":
+        from ottla.spark import kernels
+
+        monkeypatch.setattr(record_batches, "_kernels", lambda: kernels)
+    else:
+        monkeypatch.setattr(record_batches, "_kernels", lambda: None)
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(row, min_size=1, max_size=30), partitions=st.integers(1, 3), explicit=st.booleans(),
        sends=st.integers(1, 3))
-def test_real_clients_read_back_what_the_own_producer_wrote(broker, rows, partitions, explicit, sends):
+def test_real_clients_read_back_what_the_own_producer_wrote(broker, encoder, rows, partitions, explicit, sends):
     rows = rows + [(b"k" * 70, b"v" * 200, [("h" * 70, b"w" * 70)])]  # varints of two bytes in every example
     topic = _topic(broker.bootstrap, partitions)
     producer = OwnProducer({"bootstrap.servers": broker.bootstrap}, 30)

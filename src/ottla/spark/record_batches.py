@@ -5,7 +5,9 @@ per record: a record's fields are varints of lengths and deltas, computed for al
 laid out with a short key as one head per record; Arrow's `binary_join_element_wise` then lays out, row by row
 in C++, the head, value and headers of each record end to end, which is the batch's records section (`_records`:
 every partition's rows of a send at once). A header costs the same way (its varints, key and value joined, then
-a row's headers joined by `binary_join`).
+a row's headers joined by `binary_join`). That is a fresh worker's encoder; once it has cost the process numba's
+load, `encode_partitioned` lays the records out with kernels.py's loops instead (0.1 us per 100-byte record
+against 0.35: murmur2, the partition order and the layout in one pass each), the same bytes.
 
 Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
 value length | value | header count | (key length | key | value length | value)* ; varints zigzag-encoded,
@@ -15,6 +17,8 @@ value length | value | header count | (key length | key | value length | value)*
 from __future__ import annotations
 
 import struct
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +30,7 @@ from pyarrow._compute import CastOptions, JoinOptions, call_function
 from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from ..records.crc import crc32c
 
-__all__ = ["Batch", "Columns", "encode_batches", "encode_sets", "murmur2_partitions"]
+__all__ = ["Batch", "Columns", "encode_batches", "encode_partitioned", "encode_sets", "murmur2_partitions"]
 
 _VARINT_BYTES = 5  # lengths and deltas are 32-bit: a zigzag varint of one takes at most 5 bytes
 _SHIFTS = np.arange(_VARINT_BYTES, dtype=np.uint64) * np.uint64(7)
@@ -313,16 +317,29 @@ def _records(rows: _Rows, starts: np.ndarray, counts: np.ndarray) -> tuple[memor
     return memoryview(data), starts[records.offset:records.offset + n + 1]
 
 
-def _batch(records: memoryview, first: int, last: int, n: int, tail: int, *, timestamp: int, producer_id: int = -1,
-           producer_epoch: int = -1, base_sequence: int = -1, transactional: bool = False) -> bytearray:
-    """One uncompressed v2 batch of the `n` records in records[first:last] and `tail` zero bytes, all with
-    `timestamp` (CreateTime, ms)."""
-    out = bytearray(HEADER_SIZE + last - first + tail)
-    out[HEADER_SIZE:HEADER_SIZE + last - first] = records[first:last]
+def _seal(out: bytearray, n: int, *, timestamp: int, producer_id: int = -1, producer_epoch: int = -1,
+          base_sequence: int = -1, transactional: bool = False) -> Batch:
+    """`out` (a v2 batch's header room, then its `n` records) with the header and its CRC written: an
+    uncompressed batch, all of whose records have `timestamp` (CreateTime, ms)."""
     HEADER.pack_into(out, 0, 0, len(out) - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_BIT if transactional else 0,
                      n - 1, timestamp, timestamp, producer_id, producer_epoch, base_sequence, n)
     _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[CRC_START:]))
-    return out
+    return Batch(out, n)
+
+
+def _cuts(ends: np.ndarray, sets: list[tuple[int, int, int]], max_bytes: int) -> list[tuple[int, int, int, int]]:
+    """(set, start, stop, base sequence) of each batch of the sets' rows, `ends` being the rows' cumulative sizes
+    at most (`_Rows.sizes`, plus an offset delta's varint)."""
+    cuts = []
+    for index, (start, stop, sequence) in enumerate(sets):
+        first = start
+        while start < stop:
+            limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
+            end = min(max(int(np.searchsorted(ends, limit, "right")), start + 1), stop)
+            # sequences wrap after Int32 max, as Kafka's
+            cuts.append((index, start, end, -1 if sequence < 0 else (sequence + start - first) % 2**31))
+            start = end
+    return cuts
 
 
 def encode_sets(columns: Columns, sets: list[tuple[int, int, int]], *, max_bytes: int, **header) -> list[list[Batch]]:
@@ -333,16 +350,7 @@ def encode_sets(columns: Columns, sets: list[tuple[int, int, int]], *, max_bytes
     transactional. All sets' records are laid out at once: numpy's and Arrow's cost per call, not per row, is
     paid once per call, not per partition."""
     rows = _Rows.of(columns)
-    ends = np.cumsum(rows.sizes() + _VARINT_BYTES)
-    cuts = []  # (set, start, stop, sequence) per batch
-    for index, (start, stop, sequence) in enumerate(sets):
-        first = start
-        while start < stop:
-            limit = (ends[start - 1] if start else 0) + max_bytes - HEADER_SIZE
-            end = min(max(int(np.searchsorted(ends, limit, "right")), start + 1), stop)
-            # sequences wrap after Int32 max, as Kafka's
-            cuts.append((index, start, end, -1 if sequence < 0 else (sequence + start - first) % 2**31))
-            start = end
+    cuts = _cuts(np.cumsum(rows.sizes() + _VARINT_BYTES), sets, max_bytes)
     if not cuts:
         return [[] for _ in sets]
     starts = np.array([cut[1] for cut in cuts], np.int64)
@@ -351,9 +359,10 @@ def encode_sets(columns: Columns, sets: list[tuple[int, int, int]], *, max_bytes
     tail = int(rows.headers is None)
     out: list[list[Batch]] = [[] for _ in sets]
     for index, start, stop, sequence in cuts:
-        data = _batch(records, int(offsets[start]), int(offsets[stop]), stop - start, tail,
-                      base_sequence=sequence, **header)
-        out[index].append(Batch(data, stop - start))
+        first, last = int(offsets[start]), int(offsets[stop])
+        data = bytearray(HEADER_SIZE + last - first + tail)
+        data[HEADER_SIZE:HEADER_SIZE + last - first] = records[first:last]
+        out[index].append(_seal(data, stop - start, base_sequence=sequence, **header))
     return out
 
 
@@ -399,3 +408,128 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
             h ^= h >> np.uint32(15)
             result[rows] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
     return result
+
+
+# numba's encoder (kernels.py) takes over from numpy's once numpy's has cost this process COMPILED_AFTER_SECONDS
+# of CPU more than numba's would have: the source's rule (columns.py) for the same price, numba's load in a
+# worker (0.45-0.6 s of CPU); at once if the worker has paid it already (its source tasks loaded the kernels).
+COMPILED_AFTER_SECONDS = 0.5
+_KERNEL_SECONDS_PER_RECORD = 0.12e-6  # the compiled encode_partitioned, 100-byte records (numpy's: 0.35)
+_numpy_over_kernels = 0.0  # CPU seconds the numpy encoder took in this process over the kernels' estimate
+
+
+def encode_partitioned(columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences, *,
+                       max_bytes: int, **header) -> tuple[np.ndarray, list[tuple[int, list[Batch]]]]:
+    """The rows of `columns` each to its partition of `count` in `partitions` (-1: its key's murmur2 partition, or
+    `spare` for a null key), encoded per partition as `encode_sets` does, sequence numbers from `sequences[p]`.
+    Returns each row's partition and each partition's batches, partitions in order. With numpy (`_numpy_sets`)
+    or, once that has cost the process enough, numba (`_compiled_sets`): the same bytes."""
+    global _numpy_over_kernels
+    partitions = partitions.astype(np.int64, copy=False)
+    if partitions.max(initial=0) >= count:
+        raise ValueError(f"{count} partitions; a row names partition {partitions.max()}")
+    kernels = _kernels()
+    if kernels is not None:
+        return _compiled_sets(kernels, columns, partitions, count, spare, sequences, max_bytes, header)
+    started = time.thread_time()
+    result = _numpy_sets(columns, partitions, count, spare, sequences, max_bytes, header)
+    _numpy_over_kernels += time.thread_time() - started - _KERNEL_SECONDS_PER_RECORD * len(columns)
+    return result
+
+
+def _kernels():
+    """kernels.py, once numpy's encoder has cost the process more than loading it would (or it is loaded); else
+    None."""
+    if _numpy_over_kernels >= COMPILED_AFTER_SECONDS or f"{__package__}.kernels" in sys.modules:
+        from . import kernels
+        return kernels
+    return None
+
+
+def _numpy_sets(columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences, max_bytes: int,
+                header: dict) -> tuple[np.ndarray, list[tuple[int, list[Batch]]]]:
+    unset = partitions < 0
+    if unset.any():
+        partitions = partitions.copy()
+        by_key = murmur2_partitions(columns.keys, count) if columns.keys is not None else np.full(len(columns), -1)
+        partitions[unset] = by_key[unset]
+        partitions[partitions < 0] = spare
+    if not len(partitions):
+        return partitions, []
+    # numpy's stable sort of 16-bit integers is a radix sort: a fifth of the time of int64's merge sort.
+    order = np.argsort(partitions.astype(np.int16) if count <= 2**15 else partitions, kind="stable")
+    ordered = columns if (np.diff(order) == 1).all() else columns.take(order)  # each partition's rows together
+    bounds = np.flatnonzero(np.diff(partitions[order])) + 1
+    sets = [(int(start), int(stop), int(partitions[order[start]]))
+            for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]))]
+    encoded = encode_sets(ordered, [(start, stop, sequences[p]) for start, stop, p in sets], max_bytes=max_bytes,
+                          **header)
+    return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
+
+
+_NO_BYTES = np.frombuffer(b"\0", np.uint8)
+
+
+def _bytes(column: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A binary column's data and where each row's bytes start in it (nothing for no column). Of one type
+    whatever the column's (read-only bytes, int64 starts): numba compiles a kernel for each combination of its
+    arguments' types, seconds each time a worker meets a new one."""
+    if column is None:
+        return _NO_BYTES, np.zeros(n, np.int64)
+    data = column.buffers()[2]
+    if data is None or not data.size:
+        return _NO_BYTES, _offsets(column)[:-1].astype(np.int64)
+    view = np.frombuffer(data, np.uint8)  # writable or not as Arrow's buffer is: a view that is not
+    view.flags.writeable = False
+    return view, _offsets(column)[:-1].astype(np.int64)
+
+
+_SCRATCH_KEPT = 8 << 20  # the layout's buffer kept between sends (a Spark batch of 10,000 100-byte rows: 1.3 MB)
+_scratch_buffer = np.empty(0, np.uint8)
+
+
+def _scratch(size: int) -> np.ndarray:
+    """A buffer of at least `size` bytes for the compiled layout, which each batch is copied out of: kept between
+    sends, as a fresh one costs a page fault per 4 KiB once glibc hands large blocks back to the kernel (half of
+    the compiled encoder's CPU in runs where it did)."""
+    global _scratch_buffer
+    if size <= len(_scratch_buffer):
+        return _scratch_buffer
+    if size > _SCRATCH_KEPT:
+        return np.empty(size, np.uint8)
+    _scratch_buffer = np.empty(max(size, min(2 * len(_scratch_buffer), _SCRATCH_KEPT)), np.uint8)
+    return _scratch_buffer
+
+
+def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences,
+                   max_bytes: int, header: dict) -> tuple[np.ndarray, list[tuple[int, list[Batch]]]]:
+    """`_numpy_sets` in numba: the partitions by key, the rows' order by partition and their records laid out in
+    one pass each; the batches' cuts, headers and CRCs as numpy's."""
+    rows = _Rows.of(columns)
+    n = len(columns)
+    partitions = np.array(partitions, np.int64)  # writable (one type for numba), and not the caller's
+    keys, key_offsets = _bytes(rows.keys, n)
+    if (partitions < 0).any():
+        partitions = kernels.partitions_of(partitions, keys, key_offsets, rows.key_lengths, count, spare)
+    order, sizes = kernels.partition_order(partitions, count)
+    sets, start = [], 0
+    for p in np.flatnonzero(sizes).tolist():
+        sets.append((start, start + int(sizes[p]), p))
+        start += int(sizes[p])
+    ends = np.cumsum(rows.sizes()[order] + _VARINT_BYTES)
+    cuts = _cuts(ends, [(a, b, sequences[p]) for a, b, p in sets], max_bytes)
+    if not cuts:
+        return partitions, []
+    values, value_offsets = _bytes(rows.values, n)
+    headers, header_offsets = _bytes(rows.headers, n)
+    out = _scratch(int(ends[-1]) + HEADER_SIZE * len(cuts))
+    bounds = kernels.lay_out(out, order, np.array([cut[1] for cut in cuts], np.int64),
+                             np.array([cut[2] - cut[1] for cut in cuts], np.int64), keys, key_offsets, rows.key_lengths,
+                             values, value_offsets, rows.value_lengths, headers, header_offsets, rows.header_lengths,
+                             rows.header_counts)
+    encoded: list[list[Batch]] = [[] for _ in sets]
+    view = memoryview(out)
+    for b, (index, start, stop, sequence) in enumerate(cuts):
+        data = bytearray(view[bounds[b]:bounds[b + 1]])
+        encoded[index].append(_seal(data, stop - start, base_sequence=sequence, **header))
+    return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
