@@ -66,7 +66,12 @@ async def sync_partitions(logs: LogManager, partitions) -> dict[tuple[str, int],
             if duplicates:
                 fds[key] = duplicates
     if fds:
-        errors |= await asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, _pair_name)
+        # One worker per partition: their fdatasyncs overlap (the journal commits one of them
+        # needs serve the others), where one after the other each waited for its own.
+        loop = asyncio.get_running_loop()
+        for done in await asyncio.gather(*(loop.run_in_executor(None, _fdatasync_all, {key: key_fds}, _pair_name)
+                                           for key, key_fds in fds.items())):
+            errors |= done
     return errors
 
 
