@@ -18,7 +18,8 @@ client chose; both live side by side.
 
 Flow of a transaction (numbers from the KIP-98 data flow):
   2   init_producer_id  -> Empty, new epoch (durable before the answer)
-  4.1 add_partitions / 4.3 add_offsets -> Ongoing (durable before the answer)
+  4.1 add_partitions / 4.3 add_offsets -> Ongoing (durable before the answer; one that arrives
+      while the previous transaction completes, 5.2-5.3, waits for that)
   5.1 end_txn           -> PrepareCommit/PrepareAbort durable, then the client is answered
   5.2 markers written by the MarkerWriter to every partition of the transaction
   5.3 CompleteCommit/CompleteAbort appended
