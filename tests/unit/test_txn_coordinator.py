@@ -814,3 +814,21 @@ def test_a_store_that_raises_does_not_leave_the_id_blocked(h):
         h.add(pid, epoch)
     h.store.append = working
     assert h.add(pid, epoch) is E.none
+
+
+def test_a_store_that_raises_on_the_complete_record_holds_no_request(h):
+    # The Complete append raises instead of calling back: what waited for the completion is
+    # answered by the state (CONCURRENT_TRANSACTIONS), and so is what comes after.
+    pid, epoch = h.ready()
+    h.add(pid, epoch)
+    h.markers.auto = False
+    h.end(pid, epoch, commit=True)
+    assert h.add(pid, epoch, [T1]) is None
+
+    def broken(*args):
+        raise RuntimeError("disk on fire")
+    h.store.append, working = broken, h.store.append
+    with pytest.raises(RuntimeError):
+        h.markers.finish()
+    assert h.answer() is E.concurrent_transactions
+    assert h.add(pid, epoch, [T1]) is E.concurrent_transactions

@@ -459,7 +459,11 @@ class TransactionCoordinator:
                 self._unfinished.append((part, meta))
             if self._partitions.get(part.index) is part:
                 self._run_held(part, meta.transactional_id)
-        self._append(part, meta, complete, durable)
+        try:
+            self._append(part, meta, complete, durable)
+        except BaseException:
+            self._run_held(part, meta.transactional_id)  # nothing completes: nobody waits for it
+            raise
 
     @staticmethod
     def _run_held(part: _Partition, transactional_id: str) -> None:
