@@ -106,6 +106,38 @@ def test_an_append_during_a_sync_waits_for_the_next_one(logs, monkeypatch):
     assert size_at_second > size_at_first
 
 
+def test_a_partition_does_not_wait_for_another_partitions_sync(logs, monkeypatch):
+    """Partition 1's append is answered while partition 0's sync is held; partition 0's next
+    append still waits for a sync that begins after it."""
+    release, started = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        if f"{TOPIC}-0/" in os.readlink(f"/proc/self/fd/{fd}"):
+            started.set()
+            release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(data_sync.os, "fdatasync", fdatasync)
+    answers = []
+
+    async def scenario():
+        sync = DataSync(logs, TOPIC)
+        append(logs, 0)
+        sync.after_sync(0, lambda error: answers.append((0, error)))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        append(logs, 0)
+        sync.after_sync(0, lambda error: answers.append(("0 again", error)))
+        append(logs, 1)
+        sync.after_sync(1, lambda error: answers.append((1, error)))
+        await wait_until(lambda: answers == [(1, ErrorCode.none)])
+        release.set()
+        await wait_until(lambda: len(answers) == 3)
+
+    asyncio.run(scenario())
+    assert answers == [(1, ErrorCode.none), (0, ErrorCode.none), ("0 again", ErrorCode.none)]
+
+
 def test_a_roll_during_the_sync_does_not_redirect_it(logs, monkeypatch):
     """The sync works on a duplicate descriptor: closing the rolled segment cannot make it
     sync (or fail on) whatever file reuses the number."""

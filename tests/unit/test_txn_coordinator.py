@@ -295,8 +295,8 @@ def test_commit_flow_and_what_other_requests_see_meanwhile(h):
     assert h.store.last(TID).state is TxnState.PREPARE_COMMIT
     assert h.markers.calls == [(pid, epoch, 0, True, {T0, T1})]
 
-    # The client was answered; the transaction is completing.
-    assert h.add(pid, epoch, [T0]) is E.concurrent_transactions
+    # The client was answered; the transaction is completing (AddPartitionsToTxn now waits for
+    # that: test_next_transaction_waits_for_the_completion_then_starts).
     assert h.init().error is E.concurrent_transactions
     assert h.end(pid, epoch, commit=True) is E.concurrent_transactions
     assert h.end(pid, epoch, commit=False) is E.concurrent_transactions   # pending Complete
@@ -339,6 +339,79 @@ def test_retry_in_prepare_state_without_pending_completion():
     assert h.end(pid, epoch, commit=True) is E.concurrent_transactions
     assert h.end(pid, epoch, commit=False) is E.invalid_txn_state
     assert h.add(pid, epoch) is E.concurrent_transactions
+
+
+def test_next_transaction_waits_for_the_completion_then_starts(h):
+    # A client that begins its next transaction right after EndTxn: its AddOffsetsToTxn and
+    # AddPartitionsToTxn are answered once the Complete record is durable, and run after it.
+    pid, epoch = h.ready()
+    h.add(pid, epoch, [T0])
+    h.markers.auto = False
+    assert h.end(pid, epoch, commit=True) is E.none
+    assert h.add(pid, epoch + 1, [T1]) is E.producer_fenced              # fencing is not held
+    offsets, add = [], []
+    h.tc.add_offsets(TID, pid, epoch, "g", NOW + 50, offsets.append)
+    assert offsets == []
+    h.store.hold = True
+    h.markers.finish()
+    assert offsets == []                                                 # Complete not durable yet
+    assert h.store.last(TID).state is TxnState.COMPLETE_COMMIT
+    h.store.release()
+    assert offsets == []                                                 # now its own record
+    h.tc.add_partitions(TID, pid, epoch, [T1], NOW + 60, add.append)     # (a client waits for the answer)
+    assert add == [E.concurrent_transactions]
+    h.store.hold = False
+    h.store.release()
+    assert offsets == [E.none]
+    assert h.add(pid, epoch, [T1], now=NOW + 60) is E.none
+    offsets_partition = ("__consumer_offsets", partition_for("g", 50))
+    assert [(v.state, v.partitions) for v in h.store.history(TID)[-3:]] == [
+        (TxnState.COMPLETE_COMMIT, frozenset()),
+        (TxnState.ONGOING, frozenset({offsets_partition})),
+        (TxnState.ONGOING, frozenset({offsets_partition, T1}))]
+    assert (h.describe().state, h.describe().start_ms) == ("Ongoing", NOW + 50)
+
+
+def test_requests_held_for_a_completion_that_stops_get_its_outcome():
+    # Markers given up (a newer coordinator or epoch): the held request runs against Prepare.
+    h = Harness()
+    pid, epoch = h.ready()
+    h.add(pid, epoch)
+    h.markers.auto = False
+    h.end(pid, epoch, commit=True)
+    assert h.add(pid, epoch, [T1]) is None
+    h.markers.finish(E.transaction_coordinator_fenced)
+    assert h.answer() is E.concurrent_transactions
+    assert h.add(pid, epoch, [T1]) is E.concurrent_transactions         # nothing completing now
+
+    # The Complete record's append fails: answered too, and poll retries the record.
+    h = Harness()
+    pid, epoch = h.ready()
+    h.add(pid, epoch)
+    h.markers.auto = False
+    h.end(pid, epoch, commit=True)
+    assert h.add(pid, epoch, [T1]) is None
+    h.store.fail_with = [E.not_enough_replicas]
+    h.markers.finish()
+    assert h.answer() is E.concurrent_transactions
+    h.tc.poll(NOW + 1)
+    assert h.store.last(TID).state is TxnState.COMPLETE_COMMIT
+    assert h.add(pid, epoch, [T1]) is E.none
+
+
+def test_requests_held_for_a_stuck_completion_are_answered_by_poll_or_unload(h):
+    pid, epoch = h.ready()
+    h.add(pid, epoch)
+    h.markers.auto = False
+    h.end(pid, epoch, commit=True)
+    assert h.add(pid, epoch, [T1]) is None
+    h.tc.poll(NOW + 1)                                                   # markers still retrying
+    assert h.answer() is E.concurrent_transactions
+    assert h.add(pid, epoch, [T1]) is None                               # held again, until
+    h.tc.unload_partition(P)                                             # the partition moves
+    assert h.answer() is E.not_coordinator
+    h.markers.finish()                                                   # the old completion ends
+    assert h.answer() is E.not_coordinator                               # answered once only
 
 
 def test_end_txn_errors(h):
@@ -741,3 +814,21 @@ def test_a_store_that_raises_does_not_leave_the_id_blocked(h):
         h.add(pid, epoch)
     h.store.append = working
     assert h.add(pid, epoch) is E.none
+
+
+def test_a_store_that_raises_on_the_complete_record_holds_no_request(h):
+    # The Complete append raises instead of calling back: what waited for the completion is
+    # answered by the state (CONCURRENT_TRANSACTIONS), and so is what comes after.
+    pid, epoch = h.ready()
+    h.add(pid, epoch)
+    h.markers.auto = False
+    h.end(pid, epoch, commit=True)
+    assert h.add(pid, epoch, [T1]) is None
+
+    def broken(*args):
+        raise RuntimeError("disk on fire")
+    h.store.append, working = broken, h.store.append
+    with pytest.raises(RuntimeError):
+        h.markers.finish()
+    assert h.answer() is E.concurrent_transactions
+    assert h.add(pid, epoch, [T1]) is E.concurrent_transactions

@@ -3,9 +3,9 @@
 An offset commit or a transaction state change is answered once its batch is fdatasynced. The
 sync runs in a worker thread: on a disk busy with the page-cache writeback of data topics one
 fdatasync can take tens of milliseconds, and on the event loop that stalled every produce and
-fetch of every client behind it. Appends that arrive while a sync is running are batched into
-the next one (a group commit), so a burst of commits costs two syncs per partition, not one
-per commit.
+fetch of every client behind it. Appends that arrive while their partition's sync is running are
+batched into its next one (a group commit), so a burst of commits costs two syncs per partition,
+not one per commit.
 """
 
 from __future__ import annotations
@@ -66,15 +66,23 @@ async def sync_partitions(logs: LogManager, partitions) -> dict[tuple[str, int],
             if duplicates:
                 fds[key] = duplicates
     if fds:
-        errors |= await asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, _pair_name)
+        # One worker per partition: their fdatasyncs overlap (the journal commits one of them
+        # needs serve the others), where one after the other each waited for its own.
+        loop = asyncio.get_running_loop()
+        for done in await asyncio.gather(*(loop.run_in_executor(None, _fdatasync_all, {key: key_fds}, _pair_name)
+                                           for key, key_fds in fds.items())):
+            errors |= done
     return errors
 
 
 class DataSync:
     """Runs `on_synced(error)` for an append once an fdatasync that began after it is done.
 
-    One round of syncs is in flight at a time; it works on duplicates of the active
-    segments' descriptors, so a segment that rolls (and is closed) meanwhile cannot turn
+    A partition has one round of syncs in flight at a time, and the appends that arrive
+    meanwhile wait for its next; partitions do not wait for each other's rounds (an append
+    that waited for another partition's sync paid for a durability it did not need: a
+    transaction's next state change behind another id's Complete record). A round works on
+    duplicates of the active segments' descriptors, so a segment that rolls (and is closed) meanwhile cannot turn
     the number into another file's. A segment rolled whose own fsync is still queued in
     the disk worker is synced by the round too (Log.duplicate_data_fds).
     """
@@ -83,7 +91,8 @@ class DataSync:
         self._logs = logs
         self._topic = topic
         self._waiting: dict[int, list[OnSynced]] = {}
-        self._round_running = False
+        self._running: set[int] = set()  # partitions with a round in flight
+        self._round_scheduled = False
         self._closed = False
 
     def _name(self, partition: int) -> str:
@@ -92,8 +101,8 @@ class DataSync:
     def after_sync(self, partition: int, on_synced: OnSynced) -> None:
         """Call `on_synced` (on the event loop) once what `partition` holds now is durable."""
         self._waiting.setdefault(partition, []).append(on_synced)
-        if not self._round_running:
-            self._round_running = True
+        if partition not in self._running and not self._round_scheduled:
+            self._round_scheduled = True
             # call_soon: every append of this turn of the loop joins the same round.
             asyncio.get_running_loop().call_soon(self._start_round)
 
@@ -113,9 +122,15 @@ class DataSync:
         return fds, errors
 
     def _start_round(self) -> None:
+        """A round for the partitions that wait and have none in flight."""
+        self._round_scheduled = False
         if self._closed:
             return
-        waiting, self._waiting = self._waiting, {}
+        waiting = {partition: self._waiting.pop(partition) for partition in list(self._waiting)
+                   if partition not in self._running}
+        if not waiting:
+            return
+        self._running.update(waiting)
         fds, errors = self._duplicate_fds(waiting)
         future = asyncio.get_running_loop().run_in_executor(None, _fdatasync_all, fds, self._name)
         future.add_done_callback(lambda done: self._finish_round(waiting, errors, done))
@@ -129,11 +144,9 @@ class DataSync:
             errors = dict.fromkeys(waiting, ErrorCode.kafka_storage_error)
         else:
             errors = errors | done.result()
+        self._running.difference_update(waiting)
         _answer(waiting, errors)
-        if self._waiting:
-            self._start_round()
-        else:
-            self._round_running = False
+        self._start_round()
 
     def close(self) -> None:
         """Sync and answer what waits for the next round, here and now; a round in flight is

@@ -18,7 +18,8 @@ client chose; both live side by side.
 
 Flow of a transaction (numbers from the KIP-98 data flow):
   2   init_producer_id  -> Empty, new epoch (durable before the answer)
-  4.1 add_partitions / 4.3 add_offsets -> Ongoing (durable before the answer)
+  4.1 add_partitions / 4.3 add_offsets -> Ongoing (durable before the answer; one that arrives
+      while the previous transaction completes, 5.2-5.3, waits for that)
   5.1 end_txn           -> PrepareCommit/PrepareAbort durable, then the client is answered
   5.2 markers written by the MarkerWriter to every partition of the transaction
   5.3 CompleteCommit/CompleteAbort appended
@@ -114,19 +115,23 @@ class TxnDescription:
     partitions: frozenset[TopicPartition] = frozenset()
 
 
+_ErrorCallback = Callable[[ErrorCode], None]
+
+
 class _Partition:
     """One `__transaction_state` partition this coordinator leads."""
 
-    __slots__ = ("index", "coordinator_epoch", "loading", "txns")
+    __slots__ = ("index", "coordinator_epoch", "loading", "txns", "completing")
 
     def __init__(self, index: int, coordinator_epoch: int):
         self.index = index
         self.coordinator_epoch = coordinator_epoch
         self.loading = True
         self.txns: dict[str, TxnMetadata] = {}
+        # Ids whose markers or Complete record are being written -> the requests held until then
+        # (each: how to run it again, how to refuse it).
+        self.completing: dict[str, list[tuple[Callable[[], None], _ErrorCallback]]] = {}
 
-
-_ErrorCallback = Callable[[ErrorCode], None]
 
 # How Kafka reports a failed transaction-log append to the client (retriable where possible).
 _APPEND_ERRORS = {
@@ -180,7 +185,9 @@ class TransactionCoordinator:
 
     def unload_partition(self, partition: int) -> None:
         """Stop coordinating `partition`; answers still in flight for it become NOT_COORDINATOR."""
-        self._partitions.pop(partition, None)
+        part = self._partitions.pop(partition, None)
+        if part is not None:
+            self._refuse_held(part, ErrorCode.not_coordinator)
 
     def _on_loaded(self, part: _Partition, txns: Mapping[str, TxnMetadata], now_ms: int) -> None:
         if self._partitions.get(part.index) is not part:
@@ -284,9 +291,20 @@ class TransactionCoordinator:
 
         One error applies to every partition of the request, as in Kafka. Under transactions
         version 2 the partition leader asks this for the client, as its writes arrive.
+
+        While the id's previous transaction writes its markers and Complete record, the request
+        waits for that and then runs (Kafka answers CONCURRENT_TRANSACTIONS at once, and a client
+        that begins its next transaction right after EndTxn retries after 20 ms, while the
+        completion takes a few); a completion still going at the next `poll` has its waiting
+        requests answered CONCURRENT_TRANSACTIONS.
         """
         wanted = frozenset(partitions)
         part, meta, error = self._producer_lookup(transactional_id, producer_id, producer_epoch)
+        if error is ErrorCode.none and transactional_id in part.completing:
+            part.completing[transactional_id].append((lambda: self.add_partitions(
+                transactional_id, producer_id, producer_epoch, wanted, now_ms, respond, transaction_version),
+                respond))
+            return
         if error is ErrorCode.none:
             if meta.pending is not None or meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 error = ErrorCode.concurrent_transactions
@@ -413,6 +431,7 @@ class TransactionCoordinator:
         (or the partition loaded): callbacks bring no clock, and nothing reads it but expiry."""
         prepared = meta.current
         complete = meta.prepare_complete(now_ms)
+        part.completing.setdefault(meta.transactional_id, [])
 
         def done(error: ErrorCode) -> None:
             if self._partitions.get(part.index) is not part:
@@ -421,6 +440,7 @@ class TransactionCoordinator:
                 log.warning("giving up completing %s of %s: %s (a newer coordinator or epoch owns it)",
                             prepared.state.display_name, meta.transactional_id, error.name)
                 meta.abandon(complete)
+                self._run_held(part, meta.transactional_id)
                 return
             self._append_complete(part, meta, complete)
 
@@ -429,13 +449,35 @@ class TransactionCoordinator:
                                     prepared.partitions, done, prepared.client_transaction_version)
 
     def _append_complete(self, part: _Partition, meta: TxnMetadata, complete: TxnSnapshot) -> None:
+        part.completing.setdefault(meta.transactional_id, [])
+
         def durable(error: ErrorCode) -> None:
             # Markers are out; only the record is missing. Retried while the partition is ours.
             if error is not ErrorCode.none:
                 log.warning("appending %s for %s failed (%s); retrying at the next poll",
                             complete.state.display_name, meta.transactional_id, error.name)
                 self._unfinished.append((part, meta))
-        self._append(part, meta, complete, durable)
+            if self._partitions.get(part.index) is part:
+                self._run_held(part, meta.transactional_id)
+        try:
+            self._append(part, meta, complete, durable)
+        except BaseException:
+            self._run_held(part, meta.transactional_id)  # nothing completes: nobody waits for it
+            raise
+
+    @staticmethod
+    def _run_held(part: _Partition, transactional_id: str) -> None:
+        """The completion ended (or stopped): the requests that waited for it run now, against
+        the state it left."""
+        for retry, _ in part.completing.pop(transactional_id, ()):
+            retry()
+
+    @staticmethod
+    def _refuse_held(part: _Partition, error: ErrorCode) -> None:
+        for transactional_id, held in part.completing.items():
+            part.completing[transactional_id] = []
+            for _, respond in held:
+                respond(error)
 
     # Durability ----------------------------------------------------------------------
 
@@ -473,11 +515,14 @@ class TransactionCoordinator:
     def poll(self, now_ms: int) -> int:
         """Run the coordinator's timers; returns when it wants to be polled next.
 
-        Aborts transactions that outlived their timeout (fencing their producer), retries
-        Complete records whose append failed, and every
+        Answers CONCURRENT_TRANSACTIONS to the requests still waiting for a completion (its
+        markers are being retried), aborts transactions that outlived their timeout (fencing
+        their producer), retries Complete records whose append failed, and every
         `transaction.remove.expired.transaction.cleanup.interval.ms` removes ids idle for
         `transactional.id.expiration.ms`.
         """
+        for part in self._partitions.values():
+            self._refuse_held(part, ErrorCode.concurrent_transactions)
         self._abort_timed_out(now_ms)
         self._retry_unfinished(now_ms)
         if self._next_expiration_ms is None:
