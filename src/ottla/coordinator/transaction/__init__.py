@@ -1,15 +1,15 @@
 """The transaction coordinator (KIP-98): `__transaction_state` records and the state machine."""
 
-from .coordinator import (
-    EndTxnResult,
+from .contracts import (
     InitProducerIdResult,
     ListTransactionsResult,
     MarkerWriter,
-    TransactionCoordinator,
     TxnDescription,
     TxnListing,
     TxnLogStore,
 )
+from .coordinator import TransactionCoordinator
+from .metadata import EndTxnResult
 from ..partitioning import partition_for
 from .log_format import TRANSACTION_STATE_TOPIC, TopicPartition, TxnState
 
