@@ -10,8 +10,11 @@ run at a fraction of the speed they reach in memory that was freed a moment ago.
 `RecentAppends` keeps only the last `log.page.cache.max.bytes` appended across all partitions
 cached. Each MiB appended to a segment is handed to writeback at once (`sync_file_range`, which
 does not wait), and once more than the budget has been appended since, a thread of its own waits
-until that MiB is written back and drops its pages (`posix_fadvise(DONTNEED)`); the kernel hands
-the freed pages to the next appends. The kernel drops only clean pages, and on a busy disk a
+until the oldest MiBs are written back and drops their pages (`posix_fadvise(DONTNEED)`); the
+kernel hands the freed pages to the next appends. The thread takes them in steps (an eighth of
+the budget, at most `EVICT_STEP_BYTES`), each segment's share of a step as one range: a job per
+MiB cost the broker an open, a wake-up and two context switches each, about 4% of its CPU on
+the Spark sinks' produce path. The steps evict down to below the budget, never later. The kernel drops only clean pages, and on a busy disk a
 chunk can still be dirty or under writeback when it leaves the budget: dropped from the event
 loop without waiting, such pages stayed cached for good once appends stopped (10 of 12 MB in a
 test at load 15). Consumers at the tail read from the cache as before; consumers further behind
@@ -34,12 +37,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .segment import LogSegment
 
-__all__ = ["RecentAppends", "CHUNK_BYTES"]
+__all__ = ["RecentAppends", "CHUNK_BYTES", "EVICT_STEP_BYTES"]
 
 log = logging.getLogger(__name__)
 
 # Writeback starts, and the budget is counted, in steps of at least this many bytes per segment.
 CHUNK_BYTES = 1 << 20
+# Past the budget, chunks leave the page cache until this much below it (at most an eighth of it).
+EVICT_STEP_BYTES = 8 << 20
 
 _SYNC_FILE_RANGE_WAIT_BEFORE = 1
 _SYNC_FILE_RANGE_WRITE = 2
@@ -80,6 +85,12 @@ def drop_clean_pages(fd: int, end: int) -> None:
     os.posix_fadvise(fd, 0, end, os.POSIX_FADV_DONTNEED)
 
 
+def write_back_and_drop_all(ranges: list[tuple[Path, int, int]]) -> None:
+    """In the eviction thread: `write_back_and_drop` for each (path, start, end), in order."""
+    for path, start, end in ranges:
+        write_back_and_drop(path, start, end)
+
+
 def write_back_and_drop(path: Path, start: int, end: int) -> None:
     """In the eviction thread: wait until [start, end) of the file is written back (all of it:
     the kernel's background writeback may skip pages), then drop [0, end) from the cache. On a
@@ -104,6 +115,8 @@ class RecentAppends:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes if _sync_file_range is not None else 0
+        # Past the budget, evict down to this (see the module's docstring).
+        self._evict_to = self.max_bytes - min(EVICT_STEP_BYTES, self.max_bytes // 8)
         self._chunks: deque[tuple[LogSegment, int, int]] = deque()  # (segment, end, bytes)
         self._cached = 0
         self._evictions: ThreadPoolExecutor | None = None  # started at the first eviction
@@ -124,12 +137,21 @@ class RecentAppends:
             return
         self._chunks.append((segment, end, end - start))
         self._cached += end - start
-        while self._cached > self.max_bytes:
+        if self._cached <= self.max_bytes:
+            return
+        ranges: dict[LogSegment, list[int]] = {}  # a segment's oldest chunks follow each other in its file
+        while self._cached > self._evict_to:
             old_segment, old_end, size = self._chunks.popleft()
             self._cached -= size
-            if self._evictions is None:
-                self._evictions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ottla-page-cache")
-            self._evictions.submit(write_back_and_drop, old_segment.log_path, old_end - size, old_end)
+            span = ranges.get(old_segment)
+            if span is None:
+                ranges[old_segment] = [old_end - size, old_end]
+            else:
+                span[1] = old_end
+        if self._evictions is None:
+            self._evictions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ottla-page-cache")
+        self._evictions.submit(write_back_and_drop_all,
+                               [(old_segment.log_path, start, end) for old_segment, (start, end) in ranges.items()])
 
     def drain(self) -> None:
         """Wait until every chunk past the budget so far has left the page cache."""
