@@ -23,6 +23,11 @@ from collections import defaultdict
 import pyarrow as pa
 
 from ottla.spark import record_batches
+
+try:
+    from ottla.spark import compiled  # the one numba switch (2026-11-28 on)
+except ImportError:
+    compiled = None
 from ottla.spark.producer import OwnProducer
 from ottla.spark.record_batches import Columns
 
@@ -58,7 +63,8 @@ def main() -> int:
     args = parser.parse_args()
     compiled = hasattr(record_batches, "encode_partitioned")
     if compiled:
-        record_batches.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
+        switch = compiled if compiled is not None else record_batches  # trees before 2026-11-28: the encoder's own
+        switch.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
     encoder = args.encoder if compiled else "numpy (no numba encoder in this tree)"
     own = producer()
     load = os.getloadavg()[0]

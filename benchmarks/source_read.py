@@ -40,6 +40,11 @@ from ottla.spark.sink import _send_batch
 from ottla.spark.source import OffsetRange, source_schema
 from ottla.spark.walk import BASE, LAST_DELTA, scan_batches
 
+try:
+    from ottla.spark import compiled  # the one numba switch (2026-11-28 on)
+except ImportError:
+    compiled = None
+
 sys.path.insert(0, os.path.dirname(__file__))
 from spark_workers import PARTITIONS, ROWS_PER_SPARK_BATCH, broker_cpu, spark_batches  # noqa: E402
 
@@ -138,13 +143,14 @@ def main() -> int:
 def _with(threshold: float, action):
     """Run `action` with the decoder's walker chosen by its numba threshold (0 or infinite; in seconds of
     CPU, or in records in trees before 2026-11-27 21:50, which this benchmark also measures)."""
-    name = "COMPILED_AFTER_SECONDS" if hasattr(columns, "COMPILED_AFTER_SECONDS") else "COMPILED_AFTER_RECORDS"
-    saved = getattr(columns, name)
-    setattr(columns, name, threshold if name.endswith("SECONDS") or not threshold else 1 << 62)
+    switch = compiled if compiled is not None else columns  # trees before 2026-11-28: the decoder's own
+    name = "COMPILED_AFTER_SECONDS" if hasattr(switch, "COMPILED_AFTER_SECONDS") else "COMPILED_AFTER_RECORDS"
+    saved = getattr(switch, name)
+    setattr(switch, name, threshold if name.endswith("SECONDS") or not threshold else 1 << 62)
     try:
         return action()
     finally:
-        setattr(columns, name, saved)
+        setattr(switch, name, saved)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import ottla.testing
 from ottla.spark import rdkafka, record_batches, sink, source
+
+try:
+    from ottla.spark import compiled  # the one numba switch (2026-11-28 on)
+except ImportError:
+    compiled = None
 from ottla.spark.options import parse_read_options, parse_write_options
 from ottla.spark.producer import OwnProducer
 from ottla.spark.source import OffsetRange, source_schema
@@ -125,8 +130,9 @@ def main() -> int:
     parser.add_argument("--encoder", choices=["numpy", "numba"],
                         help="the own producer's encoder throughout (default: numpy until it has cost numba's load)")
     args = parser.parse_args()
-    if args.encoder and hasattr(record_batches, "COMPILED_AFTER_SECONDS"):
-        record_batches.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
+    switch = compiled if compiled is not None else record_batches  # trees before 2026-11-28: the encoder's own
+    if args.encoder and hasattr(switch, "COMPILED_AFTER_SECONDS"):
+        switch.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
     n = args.rows
     load_before = os.getloadavg()[0]
     batches = spark_batches(n, args.size)

@@ -90,10 +90,46 @@ def _producer(module) -> None:
     _patch(module.OwnProducer, "OwnProducer", ["__init__", "_refresh", "flush"])
 
 
+def _kernels(module) -> None:
+    """Each compiled loop's first call per signature (numba loads it from the disk cache or compiles it: the
+    name says which), and the pid's switch in `import ottla.spark.kernels` (numba's import included)."""
+    for name in ("scan_batches", "walk_records", "walk_headers", "partitions_of", "partition_order", "lay_out"):
+        dispatcher = getattr(module, name, None)
+        if dispatcher is not None:
+            setattr(module, name, _first_calls(name, dispatcher))
+
+
+def _first_calls(name, dispatcher):
+    def wrapper(*args):
+        known = len(dispatcher.signatures)
+        if known and not _first_call_pending(dispatcher, args):
+            return dispatcher(*args)
+        hits, misses = sum(dispatcher._cache_hits.values()), sum(dispatcher._cache_misses.values())
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return dispatcher(*args)
+        finally:
+            if len(dispatcher.signatures) != known:
+                how = ("cache hit" if sum(dispatcher._cache_hits.values()) > hits else
+                       "compiled" if sum(dispatcher._cache_misses.values()) > misses else "loaded")
+                _record(f"kernels.{name} new signature ({how})", time.perf_counter() - wall,
+                        time.process_time() - cpu)
+    return wrapper
+
+
+def _first_call_pending(dispatcher, args) -> bool:
+    """Whether these arguments' types are new to the dispatcher (typing them costs a few us: worth it here)."""
+    try:
+        return tuple(dispatcher.typeof_pyval(a) for a in args) not in {tuple(s) for s in dispatcher.signatures}
+    except Exception:
+        return True
+
+
 # Module -> what to wrap in it once imported; each module's first import is timed too.
 _WATCHED = {"confluent_kafka": _confluent_kafka, "confluent_kafka.admin": _admin, "ottla.spark": _package,
             "ottla.spark.source": _source, "ottla.spark.sink": _sink, "ottla.spark.producer": _producer,
-            "ottla.spark.transactional": None, "kio.static.primitive": None}
+            "ottla.spark.transactional": None,
+            "ottla.spark.kernels": _kernels, "numba": None, "kio.static.primitive": None}
 
 
 class _TimedLoader(importlib.abc.Loader):

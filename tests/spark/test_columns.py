@@ -15,7 +15,7 @@ from ottla.errors import KafkaError
 from ottla.records.batch import set_base_offset
 from ottla.records.control import build_control_batch
 from ottla.records.records import Record, build_batch
-from ottla.spark import columns as columns_module
+from ottla.spark import compiled
 from ottla.spark.columns import decode_record_set
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -82,10 +82,10 @@ ONE = [Record(b"k", b"v", (), 1)]
 @pytest.fixture(params=["compiled", "vectorised"], autouse=True)
 def decoder(request):
     """Every test runs against both walkers: numba's (kernels.py) and Python with numpy's (walk.py)."""
-    saved = columns_module.COMPILED_AFTER_SECONDS
-    columns_module.COMPILED_AFTER_SECONDS = 0 if request.param == "compiled" else float("inf")
+    saved = compiled.COMPILED_AFTER_SECONDS
+    compiled.COMPILED_AFTER_SECONDS = 0 if request.param == "compiled" else float("inf")
     yield request.param
-    columns_module.COMPILED_AFTER_SECONDS = saved
+    compiled.COMPILED_AFTER_SECONDS = saved
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

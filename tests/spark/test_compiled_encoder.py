@@ -57,7 +57,7 @@ def test_numbas_encoder_writes_numpys_bytes(rows, count, max_bytes, with_headers
 
 # 2,000 rows to 4 partitions by key, encoded by `encode_partitioned` as the own producer calls it; `bytes` their
 # batches' bytes, for comparing the two encoders' output.
-_ENCODE = ("import numpy as np, pyarrow as pa; from ottla.spark import record_batches as rb; "
+_ENCODE = ("import numpy as np, pyarrow as pa; from ottla.spark import compiled, record_batches as rb; "
            "columns = rb.Columns(pa.array([bytes(100)] * 2000), pa.array([str(i) for i in range(2000)])); "
            "encode = lambda: [bytes(b.data) for _, bs in rb.encode_partitioned(columns, np.full(2000, -1), 4, 0, "
            "{p: 0 for p in range(4)}, max_bytes=100_000, timestamp=0)[1] for b in bs]")
@@ -77,11 +77,39 @@ def test_a_fresh_worker_encodes_its_first_writes_without_numba():
 
 def test_a_worker_moves_to_numba_once_numpys_encoder_has_cost_it_enough():
     # Any CPU time numpy's encoder takes counts (the kernels' estimate set to nothing): a nanosecond is enough.
-    statement = (f"{_ENCODE}; rb.COMPILED_AFTER_SECONDS = 1e-9; rb._KERNEL_SECONDS_PER_RECORD = 0; "
+    statement = (f"{_ENCODE}; compiled.COMPILED_AFTER_SECONDS = 1e-9; rb._KERNEL_SECONDS_PER_RECORD = 0; "
                  "first = encode(); assert 'numba' not in sys.modules; assert encode() == first")
     assert "ottla.spark.kernels" in _modules_after(statement)
 
 
-def test_a_worker_that_loaded_numba_to_read_encodes_with_it_at_once():
-    statement = f"import ottla.spark.kernels; {_ENCODE}; encode(); assert rb._numpy_over_kernels == 0"
+# One switch per worker (spark/compiled.py): numba's load is paid once, so whichever path paid it, the other uses
+# the kernels from then on. Until 2026-11-28 each path had its own account: a worker whose encoder had moved to
+# numba kept decoding with walk.py until walk.py had cost it another 0.5 s (and then paid the kernels' first calls
+# at another moment), and a worker that had decoded with kernels encoded with them only because it imported them.
+_LARGE_ANSWER = ("from ottla.records.records import Record, build_batch; from ottla.spark import columns as cm; "
+                 "answer = build_batch([Record(b'k', bytes(100), (), 1)] * 2000); "
+                 "decode = lambda: len(cm.decode_record_set(answer, 0, 2000, None))")
+
+
+def test_a_worker_whose_encoder_moved_to_numba_decodes_with_it_at_once():
+    statement = (f"{_ENCODE}; {_LARGE_ANSWER}; compiled.COMPILED_AFTER_SECONDS = 1e-9; "
+                 "rb._KERNEL_SECONDS_PER_RECORD = 0; encode(); encode(); from ottla.spark import kernels; "
+                 "assert decode() == 2000; assert kernels.walk_records.signatures, 'decoded with walk.py'")
+    assert "ottla.spark.kernels" in _modules_after(statement)
+
+
+def test_a_worker_whose_decoder_moved_to_numba_encodes_with_it_at_once():
+    statement = (f"{_ENCODE}; {_LARGE_ANSWER}; compiled.COMPILED_AFTER_SECONDS = 1e-9; "
+                 "cm._KERNEL_SECONDS_PER_RECORD = 0; decode(); decode(); from ottla.spark import kernels; "
+                 "encode(); assert kernels.lay_out.signatures, 'encoded with numpy'")
+    assert "ottla.spark.kernels" in _modules_after(statement)
+
+
+def test_the_decoder_and_the_encoder_charge_one_account():
+    # Half the price each (what they took over the kernels, as measured): together they pay for numba's load.
+    statement = (f"{_ENCODE}; {_LARGE_ANSWER}; compiled.COMPILED_AFTER_SECONDS = float('inf'); "
+                 "rb._KERNEL_SECONDS_PER_RECORD = cm._KERNEL_SECONDS_PER_RECORD = 0; "
+                 "decode(); decoded = compiled._over_kernels; encode(); encoded = compiled._over_kernels - decoded; "
+                 "assert decoded > 0 and encoded > 0; "
+                 "compiled.COMPILED_AFTER_SECONDS = decoded + encoded; assert compiled.kernels() is not None")
     assert "ottla.spark.kernels" in _modules_after(statement)

@@ -79,7 +79,7 @@ def test_the_driver_streaming_source_process_imports_no_executor_or_sink_module(
 # A Fetch answer of 2,000 100-byte records in one batch, about 230 KB: over the 128 KiB from which the
 # source loaded numba until 2026-11-27.
 _LARGE_ANSWER = ("from ottla.records.records import Record, build_batch; "
-                 "from ottla.spark import columns; "
+                 "from ottla.spark import columns, compiled; "
                  "answer = build_batch([Record(b'k', bytes(100), (), 1)] * 2000)")
 
 
@@ -92,7 +92,7 @@ def test_a_fresh_worker_decodes_its_first_large_answers_without_numba():
 
 def test_a_worker_moves_to_numba_once_walk_py_has_cost_it_enough():
     # Any CPU time walk.py takes counts (the kernels' estimate set to nothing): a nanosecond is enough.
-    statement = (f"{_LARGE_ANSWER}; columns.COMPILED_AFTER_SECONDS = 1e-9; columns._KERNEL_SECONDS_PER_RECORD = 0; "
+    statement = (f"{_LARGE_ANSWER}; compiled.COMPILED_AFTER_SECONDS = 1e-9; columns._KERNEL_SECONDS_PER_RECORD = 0; "
                  "columns.decode_record_set(answer, 0, 2000, None); "
                  "assert 'numba' not in sys.modules; "
                  "assert len(columns.decode_record_set(answer, 0, 2000, None)) == 2000")

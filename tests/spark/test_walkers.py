@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from ottla.errors import ErrorCode, KafkaError
 from ottla.records.batch import HEADER_SIZE
 from ottla.records.records import Record, build_batch, iter_batches
-from ottla.spark import columns as columns_module
+from ottla.spark import compiled as switch
 from ottla.spark.columns import decode_record_set
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -75,15 +75,15 @@ def damaged(data: bytes, hits, count_change: int) -> bytes:
 
 
 def through_columns(data: bytes, compiled: bool):
-    saved = columns_module.COMPILED_AFTER_SECONDS
-    columns_module.COMPILED_AFTER_SECONDS = 0 if compiled else float("inf")
+    saved = switch.COMPILED_AFTER_SECONDS
+    switch.COMPILED_AFTER_SECONDS = 0 if compiled else float("inf")
     try:
         got = decode_record_set(data, -(1 << 62), 1 << 62, None, HEADERS)  # damaged deltas: any offset
     except KafkaError as exc:
         assert exc.code == ErrorCode.corrupt_message
         return "CORRUPT_MESSAGE"
     finally:
-        columns_module.COMPILED_AFTER_SECONDS = saved
+        switch.COMPILED_AFTER_SECONDS = saved
     return list(zip(got.offsets.tolist(), got.timestamps.tolist(), got.keys.to_pylist(), got.values.to_pylist(),
                     [[(h["key"], h["value"]) for h in hs] for hs in got.headers.to_pylist()]))
 

@@ -9,7 +9,8 @@ timestamp, where each key, value and header list starts and how long it is); key
 taken into contiguous Arrow binary buffers. Two walkers give the same answers: walk.py (Python over
 record starts where records differ in size, numpy for the rest) and kernels.py (numba, 0.03 us per
 record, but 0.45-0.6 s of CPU to load in each fresh Spark Python worker). A process starts with walk.py
-and loads numba once walk.py has taken `COMPILED_AFTER_SECONDS` of CPU more than numba would have, when
+and loads numba once walk.py (with the sink's numpy encoder: one account, compiled.py) has taken
+`COMPILED_AFTER_SECONDS` of CPU more than numba would have, when
 the time numba would have saved has reached its cost (the rent-or-buy rule: never more than about twice
 the better of the two, whatever the job's length and whatever the records: walk.py's extra cost is
 0.1-0.2 us per 100-byte record of one size, 0.35-0.6 us for values of varied sizes).
@@ -32,17 +33,13 @@ from ..records.batch import COMPRESSION_MASK, CONTROL_BIT, HEADER_SIZE, TIMESTAM
     read_header
 from ..records.compression import NONE, decompress
 from ..records.control import parse_control_batch
-from . import walk
+from . import compiled, walk
 from .walk import binary_column
 
 __all__ = ["FetchedColumns", "decode_record_set"]
 
-# CPU seconds walk.py may take over numba's kernels (their estimate: `_KERNEL_SECONDS_PER_RECORD`) before
-# a process loads them: their cost to load, 0.45-0.6 s (in-process, 2026-11-27; docs/performance.md,
-# Spark section). Counted in time, not records: what walk.py loses per record depends on the records.
-COMPILED_AFTER_SECONDS = 0.5
-_KERNEL_SECONDS_PER_RECORD = 0.03e-6  # kernels.walk_records, 100-byte records
-_walk_over_kernels = 0.0  # CPU seconds walk.py took in this process over the kernels' estimate
+# What walk.py's charge to compiled.py's account is counted against: kernels.walk_records, 100-byte records.
+_KERNEL_SECONDS_PER_RECORD = 0.03e-6
 
 
 @dataclass
@@ -67,11 +64,7 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     """The records of a Fetch answer's record set at offsets [start, end). Control batches are skipped;
     with `aborted` (read_committed: the answer's (producer id, first offset) list) so are the batches of
     aborted transactions. `headers_type`: build the headers column with it (else none)."""
-    global _walk_over_kernels
-    if _walk_over_kernels >= COMPILED_AFTER_SECONDS:
-        from . import kernels as k
-    else:
-        k = walk
+    k = compiled.kernels() or walk
     buf = np.frombuffer(records, np.uint8)
     batches = k.scan_batches(buf)
     if not batches.shape[1]:
@@ -100,7 +93,7 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     rows = k.walk_records(buf, starts, ends, counts, batches[k.BASE], batches[k.FIRST_TS], batches[k.MAX_TS],
                           log_append)
     if k is walk:
-        _walk_over_kernels += time.thread_time() - walking - _KERNEL_SECONDS_PER_RECORD * int(counts.sum())
+        compiled.charge(time.thread_time() - walking - _KERNEL_SECONDS_PER_RECORD * int(counts.sum()))
     if rows is None:
         raise KafkaError(ErrorCode.corrupt_message, f"malformed record in a batch at offsets {start}..{end}")
     log_append = np.repeat(log_append, counts)

@@ -5,8 +5,8 @@ per record: a record's fields are varints of lengths and deltas, computed for al
 laid out with a short key as one head per record; Arrow's `binary_join_element_wise` then lays out, row by row
 in C++, the head, value and headers of each record end to end, which is the batch's records section (`_records`:
 every partition's rows of a send at once). A header costs the same way (its varints, key and value joined, then
-a row's headers joined by `binary_join`). That is a fresh worker's encoder; once it has cost the process numba's
-load, `encode_partitioned` lays the records out with kernels.py's loops instead (0.1 us per 100-byte record
+a row's headers joined by `binary_join`). That is a fresh worker's encoder; once the process has moved to numba
+(compiled.py: this encoder and the source's walker have cost it numba's load), `encode_partitioned` lays the records out with kernels.py's loops instead (0.1 us per 100-byte record
 against 0.35: murmur2, the partition order and the layout in one pass each), the same bytes.
 
 Record layout (records.py): length | attributes 0 | timestamp delta | offset delta | key length | key |
@@ -17,7 +17,6 @@ value length | value | header count | (key length | key | value length | value)*
 from __future__ import annotations
 
 import struct
-import sys
 import time
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from pyarrow._compute import CastOptions, JoinOptions, call_function
 
 from ..records.batch import CRC_OFFSET, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from ..records.crc import crc32c
+from . import compiled
 
 __all__ = ["Batch", "Columns", "encode_batches", "encode_partitioned", "encode_sets", "murmur2_partitions"]
 
@@ -410,12 +410,10 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     return result
 
 
-# numba's encoder (kernels.py) takes over from numpy's once numpy's has cost this process COMPILED_AFTER_SECONDS
-# of CPU more than numba's would have: the source's rule (columns.py) for the same price, numba's load in a
-# worker (0.45-0.6 s of CPU); at once if the worker has paid it already (its source tasks loaded the kernels).
-COMPILED_AFTER_SECONDS = 0.5
+# numba's encoder (kernels.py) takes over from numpy's once the process has decided to load it (compiled.py: the
+# numpy paths, this encoder's and the source's walker, have cost it numba's load); this is the estimate numpy's CPU
+# is charged against.
 _KERNEL_SECONDS_PER_RECORD = 0.12e-6  # the compiled encode_partitioned, 100-byte records (numpy's: 0.35)
-_numpy_over_kernels = 0.0  # CPU seconds the numpy encoder took in this process over the kernels' estimate
 
 
 def encode_partitioned(columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences, *,
@@ -424,26 +422,16 @@ def encode_partitioned(columns: Columns, partitions: np.ndarray, count: int, spa
     `spare` for a null key), encoded per partition as `encode_sets` does, sequence numbers from `sequences[p]`.
     Returns each row's partition and each partition's batches, partitions in order. With numpy (`_numpy_sets`)
     or, once that has cost the process enough, numba (`_compiled_sets`): the same bytes."""
-    global _numpy_over_kernels
     partitions = partitions.astype(np.int64, copy=False)
     if partitions.max(initial=0) >= count:
         raise ValueError(f"{count} partitions; a row names partition {partitions.max()}")
-    kernels = _kernels()
+    kernels = compiled.kernels()
     if kernels is not None:
         return _compiled_sets(kernels, columns, partitions, count, spare, sequences, max_bytes, header)
     started = time.thread_time()
     result = _numpy_sets(columns, partitions, count, spare, sequences, max_bytes, header)
-    _numpy_over_kernels += time.thread_time() - started - _KERNEL_SECONDS_PER_RECORD * len(columns)
+    compiled.charge(time.thread_time() - started - _KERNEL_SECONDS_PER_RECORD * len(columns))
     return result
-
-
-def _kernels():
-    """kernels.py, once numpy's encoder has cost the process more than loading it would (or it is loaded); else
-    None."""
-    if _numpy_over_kernels >= COMPILED_AFTER_SECONDS or f"{__package__}.kernels" in sys.modules:
-        from . import kernels
-        return kernels
-    return None
 
 
 def _numpy_sets(columns: Columns, partitions: np.ndarray, count: int, spare: int, sequences, max_bytes: int,
