@@ -64,7 +64,12 @@ def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, in
     """The records of a Fetch answer's record set at offsets [start, end). Control batches are skipped;
     with `aborted` (read_committed: the answer's (producer id, first offset) list) so are the batches of
     aborted transactions. `headers_type`: build the headers column with it (else none)."""
-    k = compiled.kernels() or walk
+    return _decode(compiled.kernels() or walk, records, start, end, aborted, headers_type)
+
+
+def _decode(k, records, start: int, end: int, aborted: list[tuple[int, int]] | None,
+            headers_type: pa.DataType | None) -> FetchedColumns:
+    """`decode_record_set` with the walker `k`: walk.py or kernels.py."""
     buf = np.frombuffer(records, np.uint8)
     batches = k.scan_batches(buf)
     if not batches.shape[1]:
@@ -170,3 +175,14 @@ def _empty(next_offset: int, headers_type: pa.DataType | None) -> FetchedColumns
     nothing = np.empty(0, np.int64)
     return FetchedColumns(nothing, nothing, np.empty(0, bool), pa.array([], pa.binary()), pa.array([], pa.binary()),
                           None if headers_type is None else pa.array([], headers_type), next_offset)
+
+
+def _first_calls(kernels) -> None:
+    """The walker's loops called once each with the types a Fetch answer's decoding passes them (compiled.py)."""
+    from ..records.records import Record, build_batch
+
+    headers_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    _decode(kernels, build_batch([Record(b"k", b"v", (("h", b"v"),), 0)]), 0, 1, None, headers_type)
+
+
+compiled.warm_up(_first_calls)

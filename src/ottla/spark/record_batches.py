@@ -521,3 +521,14 @@ def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int
         data = bytearray(view[bounds[b]:bounds[b + 1]])
         encoded[index].append(_seal(data, stop - start, base_sequence=sequence, **header))
     return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
+
+
+def _first_calls(kernels) -> None:
+    """The encoder's loops called once each with the types a send passes them (compiled.py)."""
+    headers = pa.array([[{"key": "h", "value": b"v"}]], pa.list_(pa.struct([("key", pa.string()),
+                                                                             ("value", pa.binary())])))
+    _compiled_sets(kernels, Columns(pa.array([b"v"]), pa.array([b"k"]), headers), np.full(1, -1, np.int64), 1, 0,
+                   {0: 0}, 1 << 20, {"timestamp": 0})
+
+
+compiled.warm_up(_first_calls)
