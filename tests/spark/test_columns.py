@@ -84,6 +84,8 @@ def decoder(request):
     """Every test runs against both walkers: numba's (kernels.py) and Python with numpy's (walk.py)."""
     saved = compiled.COMPILED_AFTER_SECONDS
     compiled.COMPILED_AFTER_SECONDS = 0 if request.param == "compiled" else float("inf")
+    if request.param == "compiled":
+        compiled.load()  # not left to the switch: another process may hold its lock
     yield request.param
     compiled.COMPILED_AFTER_SECONDS = saved
 

@@ -20,7 +20,7 @@ from kafka.partitioner.default import murmur2
 from ottla.records.batch import parse_batches, validate_client_batch
 from ottla.records.records import decode_batch
 from ottla.records.validator import check_records
-from ottla.spark import record_batches
+from ottla.spark import compiled, record_batches
 from ottla.spark.producer import OwnProducer
 from ottla.spark.record_batches import Columns, encode_batches, encode_sets, murmur2_partitions
 
@@ -174,12 +174,9 @@ def broker():
 @pytest.fixture(params=["numpy", "numba"])
 def encoder(request, monkeypatch):
     """The own producer's encoder: numpy's (a fresh worker's) or numba's (kernels.py: a warm worker's)."""
+    monkeypatch.setattr(compiled, "COMPILED_AFTER_SECONDS", 0 if request.param == "numba" else float("inf"))
     if request.param == "numba":
-        from ottla.spark import kernels
-
-        monkeypatch.setattr(record_batches, "_kernels", lambda: kernels)
-    else:
-        monkeypatch.setattr(record_batches, "_kernels", lambda: None)
+        compiled.load()
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -47,6 +47,15 @@ def warm_up(first_calls) -> None:
         first_calls(_kernels)
 
 
+def load():
+    """kernels.py loaded now, waiting for another process's load if need be: for callers that choose the kernels
+    themselves (tests, benchmarks) with `COMPILED_AFTER_SECONDS` at 0."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _load(wait=True)
+    return _kernels
+
+
 def lock_path() -> str:
     """The load's lock: one per user and installed kernels.py."""
     import tempfile
@@ -56,13 +65,13 @@ def lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"ottla-kernels-{os.getuid()}-{zlib.crc32(where.encode()):08x}.lock")
 
 
-def _load():
-    """kernels.py with every registered first call made, or None if another process is loading it."""
+def _load(wait: bool = False):
+    """kernels.py with every registered first call made, or None if another process is loading it (unless `wait`)."""
     import fcntl
 
     with open(lock_path(), "a") as lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
         module = importlib.import_module(f"{__package__}.kernels")
