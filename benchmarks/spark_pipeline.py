@@ -300,10 +300,11 @@ class Legs:
             _record_queued(self.probes, wall, [end - start for start, end in zip(queued, self.queued())])
         return (wall if seconds is None else seconds), end_spark - spark_cpu, end_broker - broker_cpu
 
-    def queued(self) -> tuple[float, float]:
-        """Seconds that every thread of the broker, and of the Spark JVM's process tree, waited for a core so far
-        (live threads only: a Python worker that exits between two reads takes its part with it)."""
-        return _tree_queued([self.broker_pid]), _tree_queued([self.spark.sparkContext._gateway.proc.pid])
+    def queued(self) -> tuple[float, float, float]:
+        """Seconds that the broker's event-loop thread, every thread of the broker, and of the Spark JVM's process
+        tree waited for a core so far (live threads only: a Python worker that exits takes its part with it)."""
+        return (_thread_queued(self.broker_pid), _tree_queued([self.broker_pid]),
+                _tree_queued([self.spark.sparkContext._gateway.proc.pid]))
 
     def run(self, n: int, size: int, ceiling_first: bool = False,
             chosen: frozenset | None = None) -> dict[str, tuple[float, float, float]]:
@@ -491,12 +492,22 @@ def _tree_queued(roots: list[int]) -> float:
     return total / 1e9
 
 
+def _thread_queued(pid: int) -> float:
+    """Run-queue wait (schedstat) of a process's main thread (the broker's event loop), in seconds."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _record_queued(path: str, wall: float, queued: list[float]) -> None:
     """Probe records (wall: the leg's; queued: its threads' summed run-queue wait) for the broker and Spark."""
     import json
 
     with open(path, "a") as out:
-        for name, seconds in zip(("broker threads queued for a core", "Spark threads queued for a core"), queued):
+        for name, seconds in zip(("broker's event loop queued for a core", "broker threads queued for a core",
+                                  "Spark threads queued for a core"), queued):
             out.write(json.dumps({"pid": 0, "name": name, "wall": seconds, "cpu": 0.0, "at": time.time()}) + "\n")
 
 
