@@ -129,11 +129,13 @@ def ceiling_source():
 
     def read(options, first: int, end: int, partition: int):
         freeze_worker_heap()  # what any Python connector can do (ottla's tasks do it)
+        probe = _Probe("ceiling read")
         cpu, wall = time.process_time(), time.monotonic()
         batches = _source_batches(first, end, int(options["size"]), "ceiling", partition)
         with open(options["builds"], "a") as report:  # the benchmark takes the building off the leg's time
             report.write(f"{time.process_time() - cpu} {time.monotonic() - wall}\n")
         yield from batches
+        probe.done()
 
     def split(first: int, end: int) -> list:
         bounds = [first + (end - first) * i // PARTITIONS for i in range(PARTITIONS + 1)]
@@ -171,8 +173,10 @@ def ceiling_source():
     class Writer(DataSourceArrowWriter):
         def write(self, iterator):
             freeze_worker_heap()
+            probe = _Probe("ceiling write")
             for _ in iterator:
                 pass
+            probe.done()
             return WriterCommitMessage()
 
     class StreamWriter(DataSourceStreamArrowWriter):
@@ -205,6 +209,36 @@ def ceiling_source():
             return StreamWriter()
 
     return Ceiling
+
+
+class _Probe:
+    """With `--probes`, one record of a ceiling task's read or write in spark_timing's format (the per-task table
+    sets it beside Ottla's reader and writer); its reader's record includes the building of its batches."""
+
+    def __init__(self, name: str):
+        self.name, self.path = name, os.environ.get("OTTLA_SPARK_TIMING")
+        self.wall, self.cpu, self.queued = time.perf_counter(), time.process_time(), self._queued()
+
+    @staticmethod
+    def _queued() -> float:
+        try:
+            with open("/proc/thread-self/schedstat") as stat:
+                return int(stat.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def done(self) -> None:
+        if not self.path:
+            return
+        import json
+
+        from pyspark import TaskContext
+
+        record = {"pid": os.getpid(), "name": self.name, "wall": time.perf_counter() - self.wall,
+                  "cpu": time.process_time() - self.cpu, "queued": self._queued() - self.queued, "at": time.time(),
+                  "task": TaskContext.get().partitionId()}
+        with open(self.path, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
 
 def _source_batches(first: int, end: int, size: int, topic: str, partition: int) -> list:
@@ -256,8 +290,17 @@ def run_stream(writer, checkpoint: str) -> list[tuple[int, float]]:
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    return [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in query.recentProgress
-            if p["numInputRows"]]
+    with_rows = [p for p in query.recentProgress if p["numInputRows"]]
+    path = os.environ.get("OTTLA_SPARK_TIMING")
+    if path:  # --probes: each phase of Spark's durationMs, as a probe record (wall: the phase's seconds)
+        import json
+
+        with open(path, "a") as out:
+            for progress in with_rows:
+                for phase, ms in progress["durationMs"].items():
+                    out.write(json.dumps({"pid": 0, "name": f"micro-batch phase {phase}", "wall": ms / 1000,
+                                          "cpu": 0.0, "at": time.time()}) + "\n")
+    return [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in with_rows]
 
 
 class Legs:
@@ -557,7 +600,8 @@ def _task_table(leg: str, records: list[dict]) -> None:
     def calls(name):
         return [r for r in records if r["name"] == name and "task" in r]
 
-    reads, writes = calls("StreamReader.read"), calls("StreamWriter.write")
+    reads = calls("StreamReader.read") + calls("ceiling read")
+    writes = calls("StreamWriter.write") + calls("ceiling write")
     if not reads and not writes:
         return
     zero = min(r["at"] - r["wall"] for r in reads + writes)
