@@ -40,7 +40,10 @@ JVM, every process under it and the broker over the same micro-batches: on a sha
 mostly measures the wait for a core, CPU time what the work costs. `--probes` times each Kafka client call,
 data-source call and first import of the connector's modules in every Spark Python process (spark_timing/): per
 leg and round, the calls' summed wall and CPU (a fresh worker's imports show in the round where it first runs
-a task of the leg), and the median per call over the fixed-cost queries.
+a task of the leg), the time the broker's and Spark's threads waited for a core, per task of each streaming leg
+its reader's and writer's timeline and waits, and the median per call over the fixed-cost queries.
+`--legs pipeline` (or any of sink, source, eos-sink, pipeline) runs only those legs and their ceilings, for
+cheaper A/B runs; `--read-option` sets an option of the source's reads (e.g. a fetch size) in both read legs.
 """
 
 from __future__ import annotations
@@ -126,11 +129,13 @@ def ceiling_source():
 
     def read(options, first: int, end: int, partition: int):
         freeze_worker_heap()  # what any Python connector can do (ottla's tasks do it)
+        probe = _Probe("ceiling read")
         cpu, wall = time.process_time(), time.monotonic()
         batches = _source_batches(first, end, int(options["size"]), "ceiling", partition)
         with open(options["builds"], "a") as report:  # the benchmark takes the building off the leg's time
             report.write(f"{time.process_time() - cpu} {time.monotonic() - wall}\n")
         yield from batches
+        probe.done()
 
     def split(first: int, end: int) -> list:
         bounds = [first + (end - first) * i // PARTITIONS for i in range(PARTITIONS + 1)]
@@ -168,8 +173,10 @@ def ceiling_source():
     class Writer(DataSourceArrowWriter):
         def write(self, iterator):
             freeze_worker_heap()
+            probe = _Probe("ceiling write")
             for _ in iterator:
                 pass
+            probe.done()
             return WriterCommitMessage()
 
     class StreamWriter(DataSourceStreamArrowWriter):
@@ -202,6 +209,36 @@ def ceiling_source():
             return StreamWriter()
 
     return Ceiling
+
+
+class _Probe:
+    """With `--probes`, one record of a ceiling task's read or write in spark_timing's format (the per-task table
+    sets it beside Ottla's reader and writer); its reader's record includes the building of its batches."""
+
+    def __init__(self, name: str):
+        self.name, self.path = name, os.environ.get("OTTLA_SPARK_TIMING")
+        self.wall, self.cpu, self.queued = time.perf_counter(), time.process_time(), self._queued()
+
+    @staticmethod
+    def _queued() -> float:
+        try:
+            with open("/proc/thread-self/schedstat") as stat:
+                return int(stat.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def done(self) -> None:
+        if not self.path:
+            return
+        import json
+
+        from pyspark import TaskContext
+
+        record = {"pid": os.getpid(), "name": self.name, "wall": time.perf_counter() - self.wall,
+                  "cpu": time.process_time() - self.cpu, "queued": self._queued() - self.queued, "at": time.time(),
+                  "task": TaskContext.get().partitionId()}
+        with open(self.path, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
 
 def _source_batches(first: int, end: int, size: int, topic: str, partition: int) -> list:
@@ -253,8 +290,17 @@ def run_stream(writer, checkpoint: str) -> list[tuple[int, float]]:
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"query failed: {query.exception()}")
-    return [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in query.recentProgress
-            if p["numInputRows"]]
+    with_rows = [p for p in query.recentProgress if p["numInputRows"]]
+    path = os.environ.get("OTTLA_SPARK_TIMING")
+    if path:  # --probes: each phase of Spark's durationMs, as a probe record (wall: the phase's seconds)
+        import json
+
+        with open(path, "a") as out:
+            for progress in with_rows:
+                for phase, ms in progress["durationMs"].items():
+                    out.write(json.dumps({"pid": 0, "name": f"micro-batch phase {phase}", "wall": ms / 1000,
+                                          "cpu": 0.0, "at": time.time()}) + "\n")
+    return [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000) for p in with_rows]
 
 
 class Legs:
@@ -265,6 +311,7 @@ class Legs:
         self.builds = os.path.join(workdir, "ceiling-builds")
         self.probes: str | None = None  # with --probes: the file each leg's probe records are taken from
         self.probed: dict[str, list[dict]] = {}  # leg -> its probe records, of the last `run`
+        self.read_options: dict[str, str] = {}  # --read-option
         spark.dataSource.register(ceiling_source())
 
     def topic(self, label: str) -> str:
@@ -279,35 +326,53 @@ class Legs:
     def ottla(self, **options):
         return {"kafka.bootstrap.servers": self.bootstrap, **options}
 
+    def reading(self, **options):
+        """`ottla` with the `--read-option`s: the options of the source and pipeline legs' reads."""
+        return self.ottla(**options, **self.read_options)
+
     def measured(self, action) -> tuple[float, float, float]:
-        """(the action's wall seconds, or what it returns; Spark's CPU seconds; the broker's CPU seconds)."""
+        """(the action's wall seconds, or what it returns; Spark's CPU seconds; the broker's CPU seconds).
+        With `--probes`, also a probe record of the time the broker's and Spark's threads waited for a core."""
         spark_cpu, broker_cpu = self.cpu()
+        queued = self.queued() if self.probes else None
         started = time.monotonic()
         seconds = action()
         wall = time.monotonic() - started
         end_spark, end_broker = self.cpu()
+        if queued is not None:
+            _record_queued(self.probes, wall, [end - start for start, end in zip(queued, self.queued())])
         return (wall if seconds is None else seconds), end_spark - spark_cpu, end_broker - broker_cpu
 
-    def run(self, n: int, size: int, ceiling_first: bool = False) -> dict[str, tuple[float, float, float]]:
+    def queued(self) -> tuple[float, float, float]:
+        """Seconds that the broker's event-loop thread, every thread of the broker, and of the Spark JVM's process
+        tree waited for a core so far (live threads only: a Python worker that exits takes its part with it)."""
+        return (_thread_queued(self.broker_pid), _tree_queued([self.broker_pid]),
+                _tree_queued([self.spark.sparkContext._gateway.proc.pid]))
+
+    def run(self, n: int, size: int, ceiling_first: bool = False,
+            chosen: frozenset | None = None) -> dict[str, tuple[float, float, float]]:
         """(seconds, Spark CPU seconds, broker CPU seconds) per leg for n rows of `size`-byte values, in
-        `LEGS`' order. `range -> noop` first, then each Ottla leg and its ceiling (`ceiling_source`), the
-        ceiling first with `ceiling_first`: the first large run of one of PySpark's Arrow exchange paths in a
-        session pays the JVM's compilation of it (JIT), and whichever leg of a pair goes first pays it."""
+        `LEGS`' order. `range -> noop` first, then each chosen Ottla leg (`--legs`) and its ceiling
+        (`ceiling_source`), the ceiling first with `ceiling_first`: the first large run of one of PySpark's
+        Arrow exchange paths in a session pays the JVM's compilation of it (JIT), and whichever leg of a pair
+        goes first pays it. The source and the pipeline read what the batch sink writes: without that leg
+        chosen its write still runs, unmeasured."""
         from pyspark.sql.functions import col, lpad
 
+        chosen = frozenset(LEG_NAMES) if chosen is None else chosen
         spark, out = self.spark, {}
         df = rows(spark, n, size)
         out["range -> noop"] = self.measured(lambda: df.write.format("noop").mode("overwrite").save())
         if self.probes:
             self.probed["range -> noop"] = _take_probes(self.probes)
         source, sink, copy = self.topic(f"in{size}"), self.topic(f"eos{size}"), self.topic(f"copy{size}")
-        read = spark.read.format("ottla").options(**self.ottla(subscribe=source))
+        read = spark.read.format("ottla").options(**self.reading(subscribe=source))
         null = spark.read.format("ceiling-python").options(**self.ceiling(n, size))
         rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", n)
                 .option("numPartitions", PARTITIONS).load()
                 .select(col("value").cast("string").alias("key"),
                         lpad(col("value").cast("string"), size, "x").cast("binary").alias("value")))
-        stream = (spark.readStream.format("ottla").options(**self.ottla(subscribe=source, startingOffsets="earliest"))
+        stream = (spark.readStream.format("ottla").options(**self.reading(subscribe=source, startingOffsets="earliest"))
                   .load().selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
         null_stream = (spark.readStream.format("ceiling-python").options(**self.ceiling(n, size)).load()
                        .selectExpr("key", "concat(CAST(value AS STRING), '.') AS value"))
@@ -332,15 +397,19 @@ class Legs:
              lambda: self.ceiling_measured(lambda: _seconds(
                  run_stream(null_stream.writeStream.format("ceiling-python"), self.checkpoint()), n))),
         ]
+        if "sink" not in chosen and chosen & {"source", "pipeline"}:
+            df.write.format("ottla").options(**self.ottla(topic=source)).mode("append").save()
         if self.probes:  # the DataFrames' planning above (the streaming source's schema): not a leg's
             self.probed[SET_UP] = _take_probes(self.probes)
-        for (ottla_leg, ceiling_leg), (ottla_run, ceiling_run) in zip(PAIRS, pairs):
+        for (ottla_leg, ceiling_leg), (ottla_run, ceiling_run), name in zip(PAIRS, pairs, LEG_NAMES):
+            if name not in chosen:
+                continue
             for leg, action in ([(ceiling_leg, ceiling_run), (ottla_leg, ottla_run)] if ceiling_first
                                 else [(ottla_leg, ottla_run), (ceiling_leg, ceiling_run)]):
                 out[leg] = action()
                 if self.probes:
                     self.probed[leg] = _take_probes(self.probes)
-        return {leg: out[leg] for leg in LEGS}
+        return {leg: out[leg] for leg in LEGS if leg in out}
 
     def ceiling(self, n: int, size: int) -> dict:
         return {"rows": n, "size": size, "builds": self.builds}
@@ -439,6 +508,52 @@ def _tree_cpu(roots: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_queued(roots: list[int]) -> float:
+    """Run-queue wait (schedstat) of every thread of `roots` and their descendant processes, in seconds."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except OSError:
+                continue
+    total, todo = 0, list(roots)
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return total / 1e9
+
+
+def _thread_queued(pid: int) -> float:
+    """Run-queue wait (schedstat) of a process's main thread (the broker's event loop), in seconds."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _record_queued(path: str, wall: float, queued: list[float]) -> None:
+    """Probe records (wall: the leg's; queued: its threads' summed run-queue wait) for the broker and Spark."""
+    import json
+
+    with open(path, "a") as out:
+        for name, seconds in zip(("broker's event loop queued for a core", "broker threads queued for a core",
+                                  "Spark threads queued for a core"), queued):
+            out.write(json.dumps({"pid": 0, "name": name, "wall": seconds, "cpu": 0.0, "at": time.time()}) + "\n")
+
+
 def _phases(progress: list) -> dict[str, float]:
     return {phase: statistics.median(p["durationMs"].get(phase, 0) / 1000 for p in progress) for phase in PHASES[:-2]}
 
@@ -469,6 +584,49 @@ def _leg_probe_table(n: int, size: int, probed: list[dict[str, list[dict]]]) -> 
                 cells.append(f"{len(calls)}: {sum(r['wall'] for r in calls) * 1000:.0f} / "
                              f"{sum(r['cpu'] for r in calls) * 1000:.0f}" if calls else "")
             print(f"| {leg} | {name} | " + " | ".join(cells) + " |")
+    for index, rounds in enumerate(probed):
+        for leg in LEGS:
+            _task_table(f"round {index + 1}, {leg}", rounds.get(leg, []))
+
+
+# A task's own waits, by probe: the reader's for Fetch answers; the writer's for Spark's rows, for Produce
+# answers (`_take`, also inside send, flush and the coordinator requests) and for the coordinator's answers.
+_WAITS = {"read": ("Fetch answer",), "write": ("sink input wait", "OwnProducer._take", "txn ")}
+
+
+def _task_table(leg: str, records: list[dict]) -> None:
+    """Per Spark task of a streaming leg (`--probes`): its reader's and writer's Python workers, when each ran
+    (seconds from the leg's first read or write), wall, CPU, time queued for a core, and the waits."""
+    def calls(name):
+        return [r for r in records if r["name"] == name and "task" in r]
+
+    reads = calls("StreamReader.read") + calls("ceiling read")
+    writes = calls("StreamWriter.write") + calls("ceiling write")
+    if not reads and not writes:
+        return
+    zero = min(r["at"] - r["wall"] for r in reads + writes)
+    print(f"\n{leg}: per task, seconds from its first read or write (reader / writer: pid, start-end, wall, CPU, "
+          f"queued for a core; waits)\n")
+    print("| task | reader | reader waits: Fetch answers (n) | writer | writer waits: Spark's rows, Produce answers "
+          "(n), coordinator (n) |")
+    print("| ---: | --- | --- | --- | --- |")
+
+    def span(r):
+        return (f"{r['pid']}: {r['at'] - r['wall'] - zero:.2f}-{r['at'] - zero:.2f}, {r['wall']:.2f} / "
+                f"{r['cpu']:.2f} / {r.get('queued', 0):.2f}")
+
+    def waited(r, prefix):  # the probes of this process within the call, by name prefix
+        inside = [q for q in records if q["pid"] == r["pid"] and q["name"].startswith(prefix)
+                  and r["at"] - r["wall"] <= q["at"] - q["wall"] and q["at"] <= r["at"] + 1e-3]
+        return f"{sum(q['wall'] for q in inside):.2f} ({len(inside)})"
+
+    for task in sorted({r["task"] for r in reads + writes}):
+        cells = []
+        for kind, rs in (("read", reads), ("write", writes)):
+            mine = [r for r in rs if r["task"] == task]
+            cells.append("; ".join(span(r) for r in mine))
+            cells.append("; ".join(", ".join(waited(r, p) for p in _WAITS[kind]) for r in mine))
+        print(f"| {task} | " + " | ".join(cells) + " |")
 
 
 def _probe_table(path: str, batches: int) -> None:
@@ -507,6 +665,7 @@ PAIRS = [
     ("ottla -> transform -> ottla (exactly-once)", "ceiling: null Python source -> transform -> null Python sink"),
 ]
 LEGS = ["range -> noop"] + [leg for pair in PAIRS for leg in pair]
+LEG_NAMES = ["sink", "source", "eos-sink", "pipeline"]  # `--legs`: each pair of PAIRS by a short name
 SET_UP = "(the round's set-up: its DataFrames planned)"
 
 # Issue 16's targets (share of `range -> noop`) and the ceiling leg each Ottla leg is held against.
@@ -538,6 +697,8 @@ def _print_legs(n: int, size: int, legs_measured: dict, label: str) -> None:
     print("| leg | target | Ottla | ceiling (null Python data source) | Ottla's share of its ceiling, by CPU |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for leg, target in TARGETS.items():
+        if leg not in legs_measured:
+            continue
         (s, *cpu), (cs, *ccpu) = legs_measured[leg], legs_measured[CEILING_OF[leg]]
         print(f"| {leg} | {target} | {base / s:.2f} / {base_cpu / sum(cpu):.2f} | {base / cs:.2f} / "
               f"{base_cpu / sum(ccpu):.2f} | {sum(ccpu) / sum(cpu):.2f} |")
@@ -564,6 +725,8 @@ def _print_cold_warm(n: int, size: int, rounds: list[dict]) -> None:
           "by CPU, cold / warm |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for leg, target in TARGETS.items():
+        if leg not in rounds[0]:
+            continue
         cold, cold_ceiling = _shares(rounds[0], leg), _shares(rounds[0], CEILING_OF[leg])
         warm, warm_ceiling = median(leg), median(CEILING_OF[leg])
         cells = [f"{wall:.2f} / {cpu:.2f} ({seconds:.2f} s)" for wall, cpu, seconds in (cold, cold_ceiling, warm,
@@ -589,7 +752,16 @@ def main() -> int:
                              "loads when installed); Ottla's modules as PYTHONPATH or that venv has them")
     parser.add_argument("--probes", action="store_true",
                         help="time each Kafka client call and data-source call in every Spark Python process")
+    parser.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the source and pipeline legs' reads (repeatable), e.g. "
+                             "kafka.max.partition.fetch.bytes=4194304")
+    parser.add_argument("--legs", default=",".join(LEG_NAMES),
+                        help=f"the Ottla legs to run with their ceilings, comma-separated, of {','.join(LEG_NAMES)} "
+                             "(default: all; `range -> noop` always runs)")
     args = parser.parse_args()
+    chosen = frozenset(leg for leg in args.legs.split(",") if leg)
+    if not chosen <= set(LEG_NAMES):
+        parser.error(f"--legs: unknown {sorted(chosen - set(LEG_NAMES))}; choose among {','.join(LEG_NAMES)}")
     if args.probes:
         probes = tempfile.NamedTemporaryFile(prefix="ottla-probes-", suffix=".jsonl", delete=False).name
         os.environ["OTTLA_SPARK_TIMING"] = probes
@@ -600,7 +772,8 @@ def main() -> int:
     with ottla.testing.broker() as broker, tempfile.TemporaryDirectory(prefix="ottla-bench-") as workdir:
         spark = spark_session("ottla-bench", dict(item.split("=", 1) for item in args.conf), args.python)
         legs = Legs(spark, broker.bootstrap, workdir, broker.pid)
-        print(f"warm-up: {legs.run(2_000, 100)}", file=sys.stderr)  # JIT, Python workers
+        legs.read_options = dict(item.split("=", 1) for item in args.read_option)
+        print(f"warm-up: {legs.run(2_000, 100, chosen=chosen)}", file=sys.stderr)  # JIT, Python workers
         legs.probes, probed = (probes if args.probes else None), []
         if args.probes:
             open(probes, "w").close()  # not the warm-up's
@@ -611,7 +784,7 @@ def main() -> int:
                 # Round 1 runs each ceiling first, so that Spark's JIT of its exchange paths is charged to the
                 # null source (Spark's cost) and the Ottla leg pays only its own first use; then alternately.
                 ceiling_first = index % 2 == 0
-                rounds.append(legs.run(n, size, ceiling_first))
+                rounds.append(legs.run(n, size, ceiling_first, chosen))
                 probed.append((n, size, index, dict(legs.probed)))
                 print(f"{size}-byte values, load {os.getloadavg()[0]:.1f}: {rounds[-1]}", file=sys.stderr)
                 results.append((n, size, rounds[-1], _round_label(index, args.rounds, ceiling_first)))

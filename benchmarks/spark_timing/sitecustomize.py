@@ -15,9 +15,32 @@ import time
 _PATH = os.environ.get("OTTLA_SPARK_TIMING")
 
 
-def _record(name: str, wall: float, cpu: float) -> None:
+def _record(name: str, wall: float, cpu: float, queued: float | None = None) -> None:
+    record = {"pid": os.getpid(), "name": name, "wall": wall, "cpu": cpu, "at": time.time()}
+    if queued is not None:
+        record["queued"] = queued
+    task = _task()
+    if task is not None:
+        record["task"] = task
     with open(_PATH, "a") as out:
-        out.write(json.dumps({"pid": os.getpid(), "name": name, "wall": wall, "cpu": cpu, "at": time.time()}) + "\n")
+        out.write(json.dumps(record) + "\n")
+
+
+def _task() -> int | None:
+    """The Spark partition of the task this process runs (None outside a task): the timeline groups by it."""
+    pyspark = sys.modules.get("pyspark")
+    context = pyspark.TaskContext.get() if pyspark is not None and hasattr(pyspark, "TaskContext") else None
+    return None if context is None else context.partitionId()
+
+
+def _queued() -> float:
+    """Seconds this process's main thread has waited for a core so far (the kernel's schedstat): of a call's
+    wall time that is neither its CPU nor a wait of its own (an answer, Spark's rows)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _timed(name, function):
@@ -31,13 +54,14 @@ def _timed(name, function):
 
 
 def _timed_generator(name, function):
-    """A generator's time from the call to its exhaustion (what a read task spends in the source)."""
+    """A generator's time from the call to its exhaustion (what a read task spends in the source), with the
+    time its thread waited for a core."""
     def wrapper(*args, **kwargs):
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, queued = time.perf_counter(), time.process_time(), _queued()
         try:
             yield from function(*args, **kwargs)
         finally:
-            _record(name, time.perf_counter() - wall, time.process_time() - cpu)
+            _record(name, time.perf_counter() - wall, time.process_time() - cpu, _queued() - queued)
     return wrapper
 
 
@@ -81,13 +105,62 @@ def _source(module) -> None:
 
 
 def _sink(module) -> None:
-    _patch(module.StreamWriter, "StreamWriter", ["write", "commit"])
+    module.StreamWriter.write = _timed_call("StreamWriter.write", module.StreamWriter.write)
+    _patch(module.StreamWriter, "StreamWriter", ["commit"])
     _patch(module.BatchWriter, "BatchWriter", ["write"])
     module.check_topic_exists = _timed("check_topic_exists", module.check_topic_exists)
+    module._rows = _waited("sink input wait", module._rows)
+
+
+def _timed_call(name, function):
+    """`_timed` with the time the thread waited for a core (a write task's whole call)."""
+    def wrapper(*args, **kwargs):
+        wall, cpu, queued = time.perf_counter(), time.process_time(), _queued()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _record(name, time.perf_counter() - wall, time.process_time() - cpu, _queued() - queued)
+    return wrapper
+
+
+def _waited(name, function):
+    """An iterator's time spent in `next` (a writer waiting for Spark's rows), recorded once at its end."""
+    def wrapper(*args, **kwargs):
+        inner = iter(function(*args, **kwargs))
+        wall = cpu = 0.0
+        try:
+            while True:
+                w, c = time.perf_counter(), time.process_time()
+                try:
+                    item = next(inner)
+                except StopIteration:
+                    return
+                finally:
+                    wall, cpu = wall + time.perf_counter() - w, cpu + time.process_time() - c
+                yield item
+        finally:
+            _record(name, wall, cpu)
+    return wrapper
 
 
 def _producer(module) -> None:
-    _patch(module.OwnProducer, "OwnProducer", ["__init__", "_refresh", "flush"])
+    _patch(module.OwnProducer, "OwnProducer", ["__init__", "_refresh", "flush", "send", "_take"])
+
+
+def _transactional(module) -> None:
+    """Each coordinator request by its API (its wait for the Produce answers in flight included), and the
+    task's steps."""
+    producer = module.TransactionalProducer
+    _patch(producer, "TransactionalProducer", ["committed", "send_offsets", "commit", "_end"])
+    ask = producer._ask
+
+    def timed_ask(self, key_type, key, request, error):
+        return _timed(f"txn {type(request).__name__}", ask)(self, key_type, key, request, error)
+    producer._ask = timed_ask
+
+
+def _fetch(module) -> None:
+    module._Reader._request = _timed("Fetch answer", module._Reader._request)
 
 
 def _kernels(module) -> None:
@@ -128,7 +201,7 @@ def _first_call_pending(dispatcher, args) -> bool:
 # Module -> what to wrap in it once imported; each module's first import is timed too.
 _WATCHED = {"confluent_kafka": _confluent_kafka, "confluent_kafka.admin": _admin, "ottla.spark": _package,
             "ottla.spark.source": _source, "ottla.spark.sink": _sink, "ottla.spark.producer": _producer,
-            "ottla.spark.transactional": None,
+            "ottla.spark.transactional": _transactional, "ottla.spark.fetch": _fetch,
             "ottla.spark.kernels": _kernels, "numba": None, "kio.static.primitive": None}
 
 
