@@ -61,11 +61,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--encoder", choices=["numpy", "numba"], default="numba")
     args = parser.parse_args()
-    compiled = hasattr(record_batches, "encode_partitioned")
-    if compiled:
+    has_numba = hasattr(record_batches, "encode_partitioned")
+    if has_numba:
         switch = compiled if compiled is not None else record_batches  # trees before 2026-11-28: the encoder's own
         switch.COMPILED_AFTER_SECONDS = 0 if args.encoder == "numba" else float("inf")
-    encoder = args.encoder if compiled else "numpy (no numba encoder in this tree)"
+    encoder = args.encoder if has_numba else "numpy (no numba encoder in this tree)"
     own = producer()
     load = os.getloadavg()[0]
     own.send("t", spark_batches(ROWS_PER_SPARK_BATCH, args.size, 0)[0])  # numba's load and first calls apart

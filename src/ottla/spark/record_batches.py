@@ -523,12 +523,20 @@ def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int
     return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
 
 
+def _one(kind, data: bytes) -> pa.Array:
+    """A one-row array of `data` built from buffers: `pa.array` of Python objects imports pandas (0.3-0.4 s of a
+    Spark Python worker's CPU, which the switch to numba would otherwise pay on top of numba's own load)."""
+    return pa.Array.from_buffers(kind, 1, [None, pa.py_buffer(np.array([0, len(data)], np.int32)), pa.py_buffer(data)])
+
+
 def _first_calls(kernels) -> None:
     """The encoder's loops called once each with the types a send passes them (compiled.py)."""
-    headers = pa.array([[{"key": "h", "value": b"v"}]], pa.list_(pa.struct([("key", pa.string()),
-                                                                             ("value", pa.binary())])))
-    _compiled_sets(kernels, Columns(pa.array([b"v"]), pa.array([b"k"]), headers), np.full(1, -1, np.int64), 1, 0,
-                   {0: 0}, 1 << 20, {"timestamp": 0})
+    entries = pa.StructArray.from_arrays([_one(pa.string(), b"h"), _one(pa.binary(), b"v")], ["key", "value"])
+    headers = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), 2, [None, pa.py_buffer(np.array([0, 1],
+                                                                                                       np.int32))]),
+                                       entries)
+    _compiled_sets(kernels, Columns(_one(pa.binary(), b"v"), _one(pa.binary(), b"k"), headers),
+                   np.full(1, -1, np.int64), 1, 0, {0: 0}, 1 << 20, {"timestamp": 0})
 
 
 compiled.warm_up(_first_calls)
