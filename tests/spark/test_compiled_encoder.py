@@ -86,20 +86,24 @@ def test_a_worker_moves_to_numba_once_numpys_encoder_has_cost_it_enough():
 _ENCODE_BUFFERS = ("import numpy as np, pyarrow as pa; from ottla.spark import compiled, record_batches as rb; "
                    "array = lambda width: pa.Array.from_buffers(pa.binary(), 2000, [None, pa.py_buffer(np.arange("
                    "0, 2001 * width, width, dtype=np.int32)), pa.py_buffer(bytes(range(256)) * (8 * width))]); "
-                   "columns = rb.Columns(array(100), array(6)); "
+                   "entries = pa.StructArray.from_arrays([array(2).view(pa.string()), array(3)], ['key', 'value']); "
+                   "columns = rb.Columns(array(100), array(6), pa.ListArray.from_arrays(pa.Array.from_buffers("
+                   "pa.int32(), 2001, [None, pa.py_buffer(np.arange(2001, dtype=np.int32))]), entries)); "
                    "encode = lambda: [bytes(b.data) for _, bs in rb.encode_partitioned(columns, np.full(2000, -1), 4, "
                    "0, {p: 0 for p in range(4)}, max_bytes=100_000, timestamp=0)[1] for b in bs]")
 
 
 def test_the_move_to_numba_imports_no_pandas():
-    # A Spark writer's worker has not imported pandas (tests/spark/test_writer_imports.py); until 2026-11-28 the
-    # move's first calls built their columns with `pa.array`, which imported it: 0.3-0.4 s more CPU per move.
+    # A Spark writer's worker has not imported pandas nor pyarrow.compute (tests/spark/test_writer_imports.py); until
+    # 2026-11-28 the move's first calls built their columns with `pa.array`, which imported pandas (0.3-0.4 s more
+    # CPU per move), and headers were flattened with `ListArray.flatten`, which imports pyarrow.compute (0.1 s).
     statement = (f"{_ENCODE_BUFFERS}; compiled.COMPILED_AFTER_SECONDS = 1e-9; rb._KERNEL_SECONDS_PER_RECORD = 0; "
                  "first = encode(); second = encode(); from ottla.spark import kernels; "
                  "assert kernels.lay_out.signatures, 'still on numpy'; assert first == second")
     modules = _modules_after(statement)
     assert "ottla.spark.kernels" in modules
     assert "pandas" not in modules
+    assert "pyarrow.compute" not in modules
 
 
 # One switch per worker (spark/compiled.py): numba's load is paid once, so whichever path paid it, the other uses

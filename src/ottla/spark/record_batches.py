@@ -232,7 +232,7 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """(per row its headers encoded end to end, count per row)."""
     counts = np.diff(_offsets(headers)).astype(np.int64)
     counts[~valid(headers)] = 0  # a null row's offsets may span entries; flatten() leaves those out
-    entries = headers.flatten()
+    entries = call_function("list_flatten", [headers])  # ListArray.flatten() would import pyarrow.compute
     keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
     if keys.null_count:
         raise ValueError("a header has a null key")
