@@ -378,29 +378,31 @@ _SEED = np.uint32(0x9747B28C)
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     """Kafka's default partition of each key (Java's `Utils.murmur2` made positive, modulo the partition
     count; librdkafka's `murmur2` partitioner); -1 for a null key. Keys of one length are hashed together,
-    a column of bytes at a time, so the Python loop is over key lengths and 4-byte words, not rows."""
+    a 4-byte word of every key at a time, so the Python loop is over key lengths and words, not rows."""
     keys = as_binary(keys)
     lengths = _lengths(keys)
     present = lengths >= 0
     starts = _offsets(keys)[:-1].astype(np.int64)
     data = np.frombuffer(keys.buffers()[2], np.uint8) if keys.buffers()[2] is not None else np.empty(0, np.uint8)
+    # Every little-endian 4-byte word of the data, one starting at each byte: a word of each key is one gather.
+    words_at = np.ndarray((max(len(data) - 3, 0),), "<u4", data, 0, (1,))
     result = np.full(len(keys), -1, np.int64)
+    by_length = np.bincount(lengths[present], minlength=1)
     with np.errstate(over="ignore"):
-        for length in np.flatnonzero(np.bincount(lengths[present], minlength=1)):  # no sort, as unique() has
-            rows = np.flatnonzero(lengths == length)
-            block = data[starts[rows, None] + np.arange(length)]
-            h = np.full(len(rows), _SEED ^ np.uint32(length), np.uint32)
+        for length in np.flatnonzero(by_length).tolist():  # no sort, as unique() has
+            rows = np.flatnonzero(lengths == length) if by_length[length] < len(keys) else slice(None)
+            at = starts[rows]
+            h = np.full(len(at), _SEED ^ np.uint32(length), np.uint32)
             words = length // 4
-            k = block[:, :words * 4].copy().view("<u4")
             for i in range(words):
-                w = k[:, i] * _M
+                w = words_at[at + 4 * i] * _M
                 w ^= w >> np.uint32(24)
                 w *= _M
                 h *= _M
                 h ^= w
             tail = length % 4
             for j in range(tail - 1, -1, -1):
-                h ^= block[:, words * 4 + j].astype(np.uint32) << np.uint32(8 * j)
+                h ^= data[at + (words * 4 + j)].astype(np.uint32) << np.uint32(8 * j)
             if tail:
                 h *= _M
             h ^= h >> np.uint32(13)
