@@ -17,8 +17,9 @@ from ottla.spark.record_batches import Columns, _compiled_sets, _numpy_sets
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
-# Keys null, empty, short (a head holds them) and long (joined as a piece of their own by numpy's encoder).
-key = st.none() | st.binary(max_size=3) | st.binary(min_size=17, max_size=200)
+# Keys null, empty, short (a head holds them: up to 16 bytes, read 8 at a time by numpy's encoder) and long
+# (joined as a piece of their own by numpy's encoder).
+key = st.none() | st.binary(max_size=3) | st.binary(min_size=4, max_size=16) | st.binary(min_size=17, max_size=200)
 value = st.none() | st.binary(max_size=300)
 header = st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=20))
 row = st.tuples(key, value, st.none() | st.lists(header, max_size=3), st.integers(-1, 7))
