@@ -107,6 +107,23 @@ def test_the_move_to_numba_imports_no_pandas():
     assert "pyarrow.compute" not in modules
 
 
+def test_a_source_worker_decoding_headers_and_moving_to_numba_imports_no_pandas():
+    # columns._headers built the list offsets with `pa.array`, which imported pandas: in a fresh source worker's
+    # first read of headers, and again in the move's first calls (columns._first_calls decodes headers).
+    statement = ("import numpy as np, pyarrow as pa; from ottla.records.records import Record, build_batch; "
+                 "from ottla.spark import compiled, columns as cm; "
+                 "kind = pa.list_(pa.struct([('key', pa.string()), ('value', pa.binary())])); "
+                 "answer = build_batch([Record(b'k', bytes(100), (('h', b'v'),), 1)] * 2000); "
+                 "decode = lambda: cm.decode_record_set(answer, 0, 2000, None, kind).headers; "
+                 "first = decode(); assert 'pandas' not in sys.modules, 'the first read'; "
+                 "compiled.COMPILED_AFTER_SECONDS = 1e-9; cm._KERNEL_SECONDS_PER_RECORD = 0; decode(); "
+                 "from ottla.spark import kernels; assert decode().equals(first); "
+                 "assert kernels.walk_headers.signatures, 'decoded with walk.py'")
+    modules = _modules_after(statement)
+    assert "ottla.spark.kernels" in modules
+    assert "pandas" not in modules
+
+
 # One switch per worker (spark/compiled.py): numba's load is paid once, so whichever path paid it, the other uses
 # the kernels from then on. Until 2026-11-28 each path had its own account: a worker whose encoder had moved to
 # numba kept decoding with walk.py until walk.py had cost it another 0.5 s (and then paid the kernels' first calls
