@@ -150,6 +150,8 @@ def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) ->
     columns of an n x width byte matrix that its widest value needs, written 8 bytes a row at a time (what a part
     writes past its columns the next part's overwrite, or falls in 8 spare columns); the rows are the matrix's
     rows, less the spare columns and the bytes of shorter values."""
+    if not n:  # (a strided view of an empty matrix past its start is refused)
+        return np.empty(0, np.uint8), np.zeros(0, np.int64)
     width = sum(len(p) if isinstance(p, bytes) else p.width for p in parts)
     stride = width + 8
     matrix = np.empty((n, stride), np.uint8)
