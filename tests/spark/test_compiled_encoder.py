@@ -17,8 +17,9 @@ from ottla.spark.record_batches import Columns, _compiled_sets, _numpy_sets
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
-# Keys null, empty, short (a head holds them) and long (joined as a piece of their own by numpy's encoder).
-key = st.none() | st.binary(max_size=3) | st.binary(min_size=17, max_size=200)
+# Keys null, empty, short (a head holds them: up to 16 bytes, read 8 at a time by numpy's encoder) and long
+# (joined as a piece of their own by numpy's encoder).
+key = st.none() | st.binary(max_size=3) | st.binary(min_size=4, max_size=16) | st.binary(min_size=17, max_size=200)
 value = st.none() | st.binary(max_size=300)
 header = st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=20))
 row = st.tuples(key, value, st.none() | st.lists(header, max_size=3), st.integers(-1, 7))
@@ -80,6 +81,47 @@ def test_a_worker_moves_to_numba_once_numpys_encoder_has_cost_it_enough():
     statement = (f"{_ENCODE}; compiled.COMPILED_AFTER_SECONDS = 1e-9; rb._KERNEL_SECONDS_PER_RECORD = 0; "
                  "first = encode(); assert 'numba' not in sys.modules; assert encode() == first")
     assert "ottla.spark.kernels" in _modules_after(statement)
+
+
+# As a Spark worker's columns come (Arrow buffers, not Python objects: `pa.array` of those imports pandas).
+_ENCODE_BUFFERS = ("import numpy as np, pyarrow as pa; from ottla.spark import compiled, record_batches as rb; "
+                   "array = lambda width: pa.Array.from_buffers(pa.binary(), 2000, [None, pa.py_buffer(np.arange("
+                   "0, 2001 * width, width, dtype=np.int32)), pa.py_buffer(bytes(range(256)) * (8 * width))]); "
+                   "entries = pa.StructArray.from_arrays([array(2).view(pa.string()), array(3)], ['key', 'value']); "
+                   "columns = rb.Columns(array(100), array(6), pa.ListArray.from_arrays(pa.Array.from_buffers("
+                   "pa.int32(), 2001, [None, pa.py_buffer(np.arange(2001, dtype=np.int32))]), entries)); "
+                   "encode = lambda: [bytes(b.data) for _, bs in rb.encode_partitioned(columns, np.full(2000, -1), 4, "
+                   "0, {p: 0 for p in range(4)}, max_bytes=100_000, timestamp=0)[1] for b in bs]")
+
+
+def test_the_move_to_numba_imports_no_pandas():
+    # A Spark writer's worker has not imported pandas nor pyarrow.compute (tests/spark/test_writer_imports.py); until
+    # 2026-11-28 the move's first calls built their columns with `pa.array`, which imported pandas (0.3-0.4 s more
+    # CPU per move), and headers were flattened with `ListArray.flatten`, which imports pyarrow.compute (0.1 s).
+    statement = (f"{_ENCODE_BUFFERS}; compiled.COMPILED_AFTER_SECONDS = 1e-9; rb._KERNEL_SECONDS_PER_RECORD = 0; "
+                 "first = encode(); second = encode(); from ottla.spark import kernels; "
+                 "assert kernels.lay_out.signatures, 'still on numpy'; assert first == second")
+    modules = _modules_after(statement)
+    assert "ottla.spark.kernels" in modules
+    assert "pandas" not in modules
+    assert "pyarrow.compute" not in modules
+
+
+def test_a_source_worker_decoding_headers_and_moving_to_numba_imports_no_pandas():
+    # columns._headers built the list offsets with `pa.array`, which imported pandas: in a fresh source worker's
+    # first read of headers, and again in the move's first calls (columns._first_calls decodes headers).
+    statement = ("import numpy as np, pyarrow as pa; from ottla.records.records import Record, build_batch; "
+                 "from ottla.spark import compiled, columns as cm; "
+                 "kind = pa.list_(pa.struct([('key', pa.string()), ('value', pa.binary())])); "
+                 "answer = build_batch([Record(b'k', bytes(100), (('h', b'v'),), 1)] * 2000); "
+                 "decode = lambda: cm.decode_record_set(answer, 0, 2000, None, kind).headers; "
+                 "first = decode(); assert 'pandas' not in sys.modules, 'the first read'; "
+                 "compiled.COMPILED_AFTER_SECONDS = 1e-9; cm._KERNEL_SECONDS_PER_RECORD = 0; decode(); "
+                 "from ottla.spark import kernels; assert decode().equals(first); "
+                 "assert kernels.walk_headers.signatures, 'decoded with walk.py'")
+    modules = _modules_after(statement)
+    assert "ottla.spark.kernels" in modules
+    assert "pandas" not in modules
 
 
 # One switch per worker (spark/compiled.py): numba's load is paid once, so whichever path paid it, the other uses

@@ -168,7 +168,8 @@ def _headers(k, buf, data: pa.Buffer, rows, headers_type: pa.DataType) -> pa.Arr
     struct = pa.StructArray.from_arrays([keys, values], fields=list(entry))
     list_offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=list_offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(list_offsets), struct, type=headers_type)
+    offsets = pa.Array.from_buffers(pa.int32(), len(list_offsets), [None, pa.py_buffer(list_offsets)])
+    return pa.ListArray.from_arrays(offsets, struct, type=headers_type)  # not pa.array(): it imports pandas
 
 
 def _empty(next_offset: int, headers_type: pa.DataType | None) -> FetchedColumns:

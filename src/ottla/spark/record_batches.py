@@ -112,22 +112,49 @@ class _Short:
 
     def __init__(self, column: pa.Array, lengths: np.ndarray):
         data = column.buffers()[2]
-        self.data = np.frombuffer(data, np.uint8) if data is not None and data.size else np.zeros(1, np.uint8)
-        self.starts = _offsets(column)[:-1].astype(np.int64)
+        offsets = _offsets(column)
+        first, last = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+        # The rows' bytes and _SHORT_KEY more (zeros): each row's are read 8 at a time up to its column's widest.
+        self.data = np.zeros(last - first + _SHORT_KEY, np.uint8)
+        if last > first:
+            self.data[:last - first] = np.frombuffer(data, np.uint8, last - first, first)
+        self.starts = offsets[:-1].astype(np.int64) - first
         sizes = lengths.clip(0)
         self.width = int(sizes.max()) if len(sizes) else 0
         self.widths = self.width if (sizes == self.width).all() else sizes
+
+    def words(self) -> list[np.ndarray]:
+        """Each row's bytes as little-endian words of 8 (its first 8, its next 8, ...; past its end, junk)."""
+        at_every_byte = np.ndarray((len(self.data) - 7,), "<u8", self.data, 0, (1,))  # unaligned: one gather each
+        return [at_every_byte[self.starts + byte] for byte in range(0, self.width, 8)]
+
+
+_LOW7 = np.uint64(0x7F)
+# The continuation bits of a varint of k bytes packed little-endian in a word: 0x80 in each byte but its last.
+_CONTINUED = np.array([sum(0x80 << (8 * i) for i in range(k - 1)) for k in range(_VARINT_BYTES + 1)], "<u8")
+
+
+def _packed(part: _Varints) -> np.ndarray:
+    """Each row's varint as the bytes of a little-endian word (at most 5 of its 8 bytes), continuation bits set."""
+    zigzag = part.zigzag
+    word = zigzag & _LOW7
+    for byte in range(1, part.width):
+        word |= ((zigzag >> np.uint64(7 * byte)) & _LOW7) << np.uint64(8 * byte)
+    return (word | _CONTINUED[part.widths]).astype("<u8", copy=False)
 
 
 def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | int]:
     """Per row, `parts` end to end, and each row's size: a part is a `_Varints` column, a `_Short` column or
     bytes that every row has. The rows in `lead_skipped` go without their first part (one byte: the previous
     record's header count, which the first record of a batch has no previous record for). Each part takes the
-    columns of an n x width byte matrix that its widest value needs, filled one numpy pass per byte; the rows are
-    the matrix's rows, less the bytes of shorter values (one mask, only when some value is shorter than its
-    column's widest)."""
+    columns of an n x width byte matrix that its widest value needs, written 8 bytes a row at a time (what a part
+    writes past its columns the next part's overwrite, or falls in 8 spare columns); the rows are the matrix's
+    rows, less the spare columns and the bytes of shorter values."""
+    if not n:  # (a strided view of an empty matrix past its start is refused)
+        return np.empty(0, np.uint8), np.zeros(0, np.int64)
     width = sum(len(p) if isinstance(p, bytes) else p.width for p in parts)
-    matrix = np.empty((n, width), np.uint8)
+    stride = width + 8
+    matrix = np.empty((n, stride), np.uint8)
     mask = None
     sizes: np.ndarray | int = 0
     at = 0
@@ -138,31 +165,25 @@ def _varint_rows(parts: list, n: int, lead_skipped: np.ndarray | None = None) ->
             sizes = sizes + len(part)
             continue
         widths, top = part.widths, part.width
-        if isinstance(part, _Short):
-            last = len(part.data) - 1
-            for byte in range(top):  # a shorter value's bytes past its end are masked out below
-                matrix[:, at + byte] = part.data[np.minimum(part.starts + byte, last)]
-        else:
-            zigzag = part.zigzag
-            for byte in range(top):
-                chunk = (zigzag >> np.uint64(7 * byte)) & np.uint64(0x7F)
-                if byte < top - 1:
-                    chunk |= np.uint64(0x80) if isinstance(widths, int) else (widths > byte + 1).astype(np.uint64) << 7
-                matrix[:, at + byte] = chunk
+        for byte, word in zip(range(0, top, 8), part.words() if isinstance(part, _Short) else [_packed(part)]):
+            np.ndarray((n,), "<u8", matrix, at + byte, (stride,))[:] = word
         if not isinstance(widths, int):
             if mask is None:
-                mask = np.ones((n, width), bool)
-            mask[:, at:at + top] = np.arange(top) < widths[:, None]
+                mask = np.zeros((n, stride), bool)
+                mask[:, :width] = True
+            for byte in range(top):  # a column at a time: a broadcast comparison costs five times as much
+                mask[:, at + byte] = widths > byte
         at += top
         sizes = sizes + widths
     if lead_skipped is not None and len(lead_skipped):
         if mask is None:
-            mask = np.ones((n, width), bool)
+            mask = np.zeros((n, stride), bool)
+            mask[:, :width] = True
         mask[lead_skipped, 0] = False
         sizes = np.full(n, sizes, np.int64) if isinstance(sizes, int) else sizes.copy()
         sizes[lead_skipped] -= 1
     if mask is None:
-        return matrix.ravel(), sizes
+        return matrix[:, :width].ravel(), sizes
     return matrix[mask], sizes
 
 
@@ -232,7 +253,7 @@ def _header_sections(headers: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """(per row its headers encoded end to end, count per row)."""
     counts = np.diff(_offsets(headers)).astype(np.int64)
     counts[~valid(headers)] = 0  # a null row's offsets may span entries; flatten() leaves those out
-    entries = headers.flatten()
+    entries = call_function("list_flatten", [headers])  # ListArray.flatten() would import pyarrow.compute
     keys, values = as_binary(entries.field("key")), as_binary(entries.field("value"))
     if keys.null_count:
         raise ValueError("a header has a null key")
@@ -378,29 +399,31 @@ _SEED = np.uint32(0x9747B28C)
 def murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
     """Kafka's default partition of each key (Java's `Utils.murmur2` made positive, modulo the partition
     count; librdkafka's `murmur2` partitioner); -1 for a null key. Keys of one length are hashed together,
-    a column of bytes at a time, so the Python loop is over key lengths and 4-byte words, not rows."""
+    a 4-byte word of every key at a time, so the Python loop is over key lengths and words, not rows."""
     keys = as_binary(keys)
     lengths = _lengths(keys)
     present = lengths >= 0
     starts = _offsets(keys)[:-1].astype(np.int64)
     data = np.frombuffer(keys.buffers()[2], np.uint8) if keys.buffers()[2] is not None else np.empty(0, np.uint8)
+    # Every little-endian 4-byte word of the data, one starting at each byte: a word of each key is one gather.
+    words_at = np.ndarray((max(len(data) - 3, 0),), "<u4", data, 0, (1,))
     result = np.full(len(keys), -1, np.int64)
+    by_length = np.bincount(lengths[present], minlength=1)
     with np.errstate(over="ignore"):
-        for length in np.flatnonzero(np.bincount(lengths[present], minlength=1)):  # no sort, as unique() has
-            rows = np.flatnonzero(lengths == length)
-            block = data[starts[rows, None] + np.arange(length)]
-            h = np.full(len(rows), _SEED ^ np.uint32(length), np.uint32)
+        for length in np.flatnonzero(by_length).tolist():  # no sort, as unique() has
+            rows = np.flatnonzero(lengths == length) if by_length[length] < len(keys) else slice(None)
+            at = starts[rows]
+            h = np.full(len(at), _SEED ^ np.uint32(length), np.uint32)
             words = length // 4
-            k = block[:, :words * 4].copy().view("<u4")
             for i in range(words):
-                w = k[:, i] * _M
+                w = words_at[at + 4 * i] * _M
                 w ^= w >> np.uint32(24)
                 w *= _M
                 h *= _M
                 h ^= w
             tail = length % 4
             for j in range(tail - 1, -1, -1):
-                h ^= block[:, words * 4 + j].astype(np.uint32) << np.uint32(8 * j)
+                h ^= data[at + (words * 4 + j)].astype(np.uint32) << np.uint32(8 * j)
             if tail:
                 h *= _M
             h ^= h >> np.uint32(13)
@@ -523,12 +546,20 @@ def _compiled_sets(kernels, columns: Columns, partitions: np.ndarray, count: int
     return partitions, [(p, batches) for (_, _, p), batches in zip(sets, encoded)]
 
 
+def _one(kind, data: bytes) -> pa.Array:
+    """A one-row array of `data` built from buffers: `pa.array` of Python objects imports pandas (0.3-0.4 s of a
+    Spark Python worker's CPU, which the switch to numba would otherwise pay on top of numba's own load)."""
+    return pa.Array.from_buffers(kind, 1, [None, pa.py_buffer(np.array([0, len(data)], np.int32)), pa.py_buffer(data)])
+
+
 def _first_calls(kernels) -> None:
     """The encoder's loops called once each with the types a send passes them (compiled.py)."""
-    headers = pa.array([[{"key": "h", "value": b"v"}]], pa.list_(pa.struct([("key", pa.string()),
-                                                                             ("value", pa.binary())])))
-    _compiled_sets(kernels, Columns(pa.array([b"v"]), pa.array([b"k"]), headers), np.full(1, -1, np.int64), 1, 0,
-                   {0: 0}, 1 << 20, {"timestamp": 0})
+    entries = pa.StructArray.from_arrays([_one(pa.string(), b"h"), _one(pa.binary(), b"v")], ["key", "value"])
+    headers = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), 2, [None, pa.py_buffer(np.array([0, 1],
+                                                                                                       np.int32))]),
+                                       entries)
+    _compiled_sets(kernels, Columns(_one(pa.binary(), b"v"), _one(pa.binary(), b"k"), headers),
+                   np.full(1, -1, np.int64), 1, 0, {0: 0}, 1 << 20, {"timestamp": 0})
 
 
 compiled.warm_up(_first_calls)
