@@ -256,7 +256,7 @@ def _uniform_runs(data, buf, spans, expected: int) -> bool:
     ends it where the next one starts, so the run's records are the chain's whatever the chain's
     steps were. A few calls of a few microseconds per column, where numpy's per-call cost made
     every field of every record cost tens of microseconds a batch."""
-    if spans is None or len(spans) >= _MAX_RUNS:
+    if spans is None or len(spans) > _MAX_RUNS:
         return False
     for first, start, size, count in spans:
         stop = first + count
@@ -501,7 +501,7 @@ def _span(spans: list, first: int, position: int, size: int, count: int):
         spans[-1] = (last[0], last[1], size, last[3] + count)
         return spans
     spans.append((first, position, size, count))
-    return spans if len(spans) < _MAX_RUNS else None
+    return spans if len(spans) <= _MAX_RUNS else None
 
 
 def _same_length(buf, position: int, size: int, count: int) -> int:
