@@ -167,7 +167,7 @@ def _uniform(data: bytes, count: int) -> bool:
     chain = _record_starts(view, buf, count) if 0 < count <= len(data) else None
     if chain is None:
         return False
-    return _uniform_runs(view, buf, chain[1] if chain[1] is not None else _spans(chain[0], len(data)), count)
+    return _uniform_runs(view, buf, chain[1] if chain[1] is not None else _spans(chain[0], len(data)))
 
 
 @settings(max_examples=300, deadline=None)

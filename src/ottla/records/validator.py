@@ -213,7 +213,7 @@ def _fast_walk(data, expected: int) -> bool:
     if chain is None:
         return False
     record_start, spans = chain
-    if _uniform_runs(data, buf, spans if spans is not None else _spans(record_start, end), expected):
+    if _uniform_runs(data, buf, spans if spans is not None else _spans(record_start, end)):
         return True
     # Positions only move forward, so a record whose header count lands on its last byte
     # had every field inside it: no bound checks are needed on the way.
@@ -241,7 +241,7 @@ _MAX_RUNS = 16
 _DELTA_WIDENS = (64, 1 << 13, 1 << 20)
 
 
-def _uniform_runs(data, buf, spans, expected: int) -> bool:
+def _uniform_runs(data, buf, spans) -> bool:
     """True if the records come in a few runs of one size each, every record of a run laid out
     as its first: False leaves them to the per-record checks. `spans`: (first record, its
     position, size, count) of each stretch the chain of lengths went in steps of one size
@@ -280,7 +280,8 @@ def _spans(record_start, end: int):
     if len(cuts) >= _MAX_RUNS:
         return None
     bounds = [0, *cuts.tolist(), len(record_start)]
-    return [(first, int(record_start[first]), int(sizes[first]), stop - first) for first, stop in zip(bounds, bounds[1:])]
+    return [(first, int(record_start[first]), int(sizes[first]), stop - first)
+            for first, stop in zip(bounds, bounds[1:])]
 
 
 # Deleted from a column of bytes, these leave only the bytes without a varint's continuation bit.
@@ -310,6 +311,7 @@ def _uniform_run(data, buf, start: int, size: int, first: int, count: int) -> bo
 
 
 def _repeated(byte: int, count: int) -> bytes:
+    """What a column of `count` records sharing `byte` holds."""
     return _BYTES[byte] * count
 
 
