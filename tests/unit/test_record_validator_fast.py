@@ -160,12 +160,14 @@ def _uniform(data: bytes, count: int) -> bool:
     """`_uniform_runs` on a records section, as `_fast_walk` calls it."""
     import numpy as np
 
-    from ottla.records.validator import _record_starts, _uniform_runs
+    from ottla.records.validator import _record_starts, _spans, _uniform_runs
 
     view = memoryview(data)
     buf = np.frombuffer(view, dtype=np.uint8)
-    starts = _record_starts(view, buf, count) if 0 < count <= len(data) else None
-    return starts is not None and _uniform_runs(view, buf, starts, count)
+    chain = _record_starts(view, buf, count) if 0 < count <= len(data) else None
+    if chain is None:
+        return False
+    return _uniform_runs(view, buf, chain[1] if chain[1] is not None else _spans(chain[0], len(data)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -197,3 +199,35 @@ def test_the_column_check_accepts_only_what_the_walk_accepts(count, key, value_s
     n += count_change
     if _uniform(bytes(data), n):
         assert _walk(memoryview(bytes(data)), n) == n
+
+
+def test_the_chain_of_lengths_hands_its_runs_to_the_column_check():
+    """Spark's sink batch (2,500 records of one size, a byte longer from offset delta 64 on): the
+    chain's walk already knows its two runs, so the column check takes them without a numpy pass
+    over every record's start (`_spans`)."""
+    import numpy as np
+
+    from ottla.records.validator import _record_starts
+
+    data, n = _records_section([(b"%05d" % i, bytes(100), []) for i in range(2_500)], 0)
+    view = memoryview(bytes(data))
+    starts, spans = _record_starts(view, np.frombuffer(view, dtype=np.uint8), n)
+    assert spans == [(0, 0, starts[1], 64), (64, int(starts[64]), starts[1] + 1, 2_436)]
+
+
+@pytest.mark.parametrize("broken", [None, 5, 200])
+def test_a_block_whose_steps_only_add_up_is_checked_record_by_record(broken):
+    """A block of records whose lengths differ but add up to its last one's times its count looks
+    like a run to the chain (sizes 99, 101, ... then 100): its span must not pass the column check,
+    and the verdict stays the full walk's, a broken offset delta in it or after it included."""
+    values = [bytes(99 if i % 2 else 101) for i in range(14)] + [bytes(100)] * 300
+    data, n = _records_section([(None, v, []) for v in values], 0)
+    if broken is not None:
+        data[_record_starts(bytes(data))[broken] + 4] += 2  # its offset delta: after a 2-byte length, attributes, stamp
+    assert _uniform(bytes(data), n) is False
+    try:
+        walked = _walk(memoryview(bytes(data)), n) == n
+    except ValueError:
+        walked = False
+    assert walked is (broken is None)
+    assert _fast_walk(memoryview(bytes(data)), n) is walked

@@ -92,6 +92,27 @@ def test_acks_all_waits_for_the_high_watermark(manager):
     asyncio.run(scenario())
 
 
+def test_a_leader_alone_in_its_isr_answers_acks_all_in_the_append(manager, monkeypatch):
+    """The sinks' requests on one broker: the HW passes each batch in its own append, so acks=all
+    is answered there, with no future or waiter per batch (`_acks_all_future` is for a wait); a
+    partition with a follower still waits, the other answering in the same request."""
+    waited = []
+    real = manager._acks_all_future
+    monkeypatch.setattr(manager, "_acks_all_future", lambda *args: waited.append(args[:2]) or real(*args))
+
+    async def scenario():
+        lead(manager)
+        lead(manager, partition=1, isr=(1, 2), replicas=(1, 2))
+        alone = await manager.append_records({("t", 0): batch(3)}, acks=-1, timeout_ms=0, now_ms=NOW)
+        assert alone[("t", 0)].error == E.none and waited == []
+        both = await manager.append_records({("t", 0): batch(), ("t", 1): batch()}, acks=-1, timeout_ms=10,
+                                            now_ms=NOW)
+        assert [(k, r.error, r.base_offset) for k, r in both.items()] == [
+            (("t", 0), E.none, 3), (("t", 1), E.request_timed_out, -1)]
+        assert waited == [("t", 1)]
+    asyncio.run(scenario())
+
+
 def test_losing_leadership_answers_the_waiters(manager):
     lead(manager, isr=(1, 2), replicas=(1, 2))
     manager.append("t", 0, batch(), now_ms=NOW)

@@ -215,14 +215,10 @@ class ProducerStateManager:
             header.base_sequence, header.last_sequence, header.base_offset, header.last_offset, header.max_timestamp
         )
         kept = current.batches if epoch == current.epoch else ()
-        return replace(
-            current,
-            epoch=epoch,
-            batches=(kept + (meta,))[-self.max_batches :],
-            last_timestamp=timestamp,
-            last_offset=header.last_offset,
-            txn_first_offset=txn_first,
-        )
+        # Built directly, not with dataclasses.replace, which inspects the fields on every call:
+        # this runs once per produced batch.
+        return ProducerEntry(current.producer_id, epoch, (kept + (meta,))[-self.max_batches :], timestamp,
+                             header.last_offset, current.coordinator_epoch, txn_first)
 
     def _end_txn(
         self, current: ProducerEntry, header: BatchHeader, marker: EndTxnMarker, origin: str, timestamp: int

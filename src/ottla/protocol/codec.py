@@ -269,13 +269,14 @@ class _FrameChunks:
         self.chunks: list[bytes | bytearray | memoryview] = [self._small]
 
     def write(self, data) -> int:
-        if len(data) >= _BY_REFERENCE_BYTES:
+        size = len(data)  # once: kio writes a response a field at a time (~100 calls a Produce answer)
+        if size >= _BY_REFERENCE_BYTES:
             self.chunks.append(data)
             self._small = bytearray()
             self.chunks.append(self._small)
         else:
             self._small += data
-        return len(data)
+        return size
 
     def frame(self) -> list[bytes | bytearray | memoryview]:
         chunks = [chunk for chunk in self.chunks if len(chunk)]

@@ -209,10 +209,11 @@ def _fast_walk(data, expected: int) -> bool:
     import numpy as np  # here: a broker that never sees a large batch need not load it at start
 
     buf = np.frombuffer(data, dtype=np.uint8)
-    record_start = _record_starts(data, buf, expected)
-    if record_start is None:
+    chain = _record_starts(data, buf, expected)
+    if chain is None:
         return False
-    if _uniform_runs(data, buf, record_start, expected):
+    record_start, spans = chain
+    if _uniform_runs(data, buf, spans if spans is not None else _spans(record_start, end)):
         return True
     # Positions only move forward, so a record whose header count lands on its last byte
     # had every field inside it: no bound checks are needed on the way.
@@ -240,30 +241,47 @@ _MAX_RUNS = 16
 _DELTA_WIDENS = (64, 1 << 13, 1 << 20)
 
 
-def _uniform_runs(data, buf, record_start, expected: int) -> bool:
+def _uniform_runs(data, buf, spans) -> bool:
     """True if the records come in a few runs of one size each, every record of a run laid out
-    as its first: False leaves them to the per-record checks.
+    as its first: False leaves them to the per-record checks. `spans`: (first record, its
+    position, size, count) of each stretch the chain of lengths went in steps of one size
+    (`_record_starts`), or None.
 
     Producers mostly send records of one size whose fields take the same bytes each (Spark's
     sink: 2,500 records of 100 bytes a batch). The first record of each run is walked in Python;
     then each byte of it that every record must share is compared across the run at once, as
     one column of bytes (a strided slice, compared in C): the same length, key size, value size
     and header count bytes, a timestamp delta of the same width, and offset deltas counting up.
-    Each record then has the first record's layout, so it is valid as the first is. A few calls
-    of a few microseconds per column, where numpy's per-call cost made every field of every
-    record cost tens of microseconds a batch."""
+    Each record then has the first record's layout, so it is valid as the first is: its length
+    ends it where the next one starts, so the run's records are the chain's whatever the chain's
+    steps were. A few calls of a few microseconds per column, where numpy's per-call cost made
+    every field of every record cost tens of microseconds a batch."""
+    if spans is None or len(spans) > _MAX_RUNS:
+        return False
+    for first, start, size, count in spans:
+        stop = first + count
+        for cut in (*(d for d in _DELTA_WIDENS if first < d < stop), stop):
+            if not _uniform_run(data, buf, start, size, first, cut - first):
+                return False
+            start += (cut - first) * size
+            first = cut
+    return True
+
+
+def _spans(record_start, end: int):
+    """`_uniform_runs`'s spans from the records' starts (numpy), or None if there are too many."""
     import numpy as np
 
-    # np.diff(record_start, append=len(data)), without its concatenation: a third of the time
+    # np.diff(record_start, append=end), without its concatenation: a third of the time
     sizes = np.empty_like(record_start)
     np.subtract(record_start[1:], record_start[:-1], out=sizes[:-1])
-    sizes[-1] = len(data) - record_start[-1]
+    sizes[-1] = end - record_start[-1]
     cuts = np.flatnonzero(sizes[1:] != sizes[:-1]) + 1
     if len(cuts) >= _MAX_RUNS:
-        return False
-    bounds = sorted({0, expected, *cuts.tolist(), *(d for d in _DELTA_WIDENS if d < expected)})
-    return all(_uniform_run(data, buf, int(record_start[first]), int(sizes[first]), first, stop - first)
-               for first, stop in zip(bounds, bounds[1:]))
+        return None
+    bounds = [0, *cuts.tolist(), len(record_start)]
+    return [(first, int(record_start[first]), int(sizes[first]), stop - first)
+            for first, stop in zip(bounds, bounds[1:])]
 
 
 # Deleted from a column of bytes, these leave only the bytes without a varint's continuation bit.
@@ -284,11 +302,20 @@ def _uniform_run(data, buf, start: int, size: int, first: int, count: int) -> bo
     def column(offset: int) -> bytes:  # byte `offset` of every record of the run (numpy copies it fastest)
         return buf[start + offset:stop:size].tobytes()
 
-    if any(column(c).count(data[start + c]) != count for c in shared):
+    # Equality with the first record's byte repeated (a memcmp) costs a tenth of `bytes.count`.
+    if any(column(c) != _repeated(data[start + c], count) for c in shared):
         return False
     if not column(stamp[-1]).isascii() or any(column(c).translate(None, _CONTINUED) for c in stamp[:-1]):
         return False
     return all(column(c) == wanted for c, wanted in zip(delta, _delta_columns(first, count, len(delta))))
+
+
+def _repeated(byte: int, count: int) -> bytes:
+    """What a column of `count` records sharing `byte` holds."""
+    return _BYTES[byte] * count
+
+
+_BYTES = tuple(bytes((b,)) for b in range(256))
 
 
 # Offset deltas below this are sliced from a table kept per varint width (at most 192 KB).
@@ -389,9 +416,10 @@ def key_value_sizes(data, count: int):
     import numpy as np
 
     buf = np.frombuffer(data, dtype=np.uint8)
-    record_start = _record_starts(data, buf, count)
-    if record_start is None:
+    chain = _record_starts(data, buf, count)
+    if chain is None:
         return None
+    record_start = chain[0]
     record_end = np.append(record_start[1:], len(data))
     zigzag, p = _varints(buf, record_start)
     if p is None or not (zigzag == 2 * (record_end - p)).all():
@@ -419,8 +447,10 @@ _BLOCK = 16
 
 
 def _record_starts(data, buf, expected: int):
-    """Where each record starts, following the chain of record lengths; None unless the chain
-    takes exactly `expected` steps to the end of the data.
+    """Where each record starts, following the chain of record lengths, and the spans of records
+    it went through in steps of one size (first record, position, size, count: for
+    `_uniform_runs`; None once a block's steps differ); None unless the chain takes exactly
+    `expected` steps to the end of the data.
 
     Producers often send records of one size, so after each block of `_BLOCK` records that all
     took the same step, numpy checks how many of the following records start with the very
@@ -436,6 +466,7 @@ def _record_starts(data, buf, expected: int):
     found = np.frombuffer(starts, dtype=np.int64)
     position = index = 0
     block = _BLOCK
+    spans: list | None = []
     try:  # only the chain here; every length is checked by the caller
         while index < expected:
             block_start, block_end = position, min(index + block, expected)
@@ -444,11 +475,15 @@ def _record_starts(data, buf, expected: int):
                 position += step[window(data, position)[0]]
             size = position - starts[block_end - 1]
             equal = position - block_start == (block_end - index) * size
+            if spans is not None:
+                spans = _span(spans, index, block_start, size, block_end - index) if equal else None
             index = block_end
             run = 0
             if equal and index < expected:
                 run = _same_length(buf, position, size, min(expected - index, (end - position) // size))
                 found[index:index + run] = np.arange(position, position + run * size, size)
+                if spans is not None and run:
+                    spans = _span(spans, index, position, size, run)
                 index += run
                 position += run * size
             # A check costs about what a block of Python steps does, so a run shorter than a
@@ -457,7 +492,18 @@ def _record_starts(data, buf, expected: int):
             block = _BLOCK if run >= _BLOCK else 2 * block
     except (IndexError, struct.error):
         return None
-    return found if position == end else None
+    return (found, spans) if position == end else None
+
+
+def _span(spans: list, first: int, position: int, size: int, count: int):
+    """`spans` with `count` records of `size` bytes from record `first` at `position`: the last
+    span grown if it is of that size, else a new one; None past `_MAX_RUNS` spans."""
+    if spans and spans[-1][2] == size:
+        last = spans[-1]
+        spans[-1] = (last[0], last[1], size, last[3] + count)
+        return spans
+    spans.append((first, position, size, count))
+    return spans if len(spans) <= _MAX_RUNS else None
 
 
 def _same_length(buf, position: int, size: int, count: int) -> int:

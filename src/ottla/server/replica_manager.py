@@ -244,13 +244,17 @@ class ReplicaManager:
 
     def append(self, topic: str, partition: int, records, *, now_ms: int, origin: str = "client") -> AppendResult:
         """Append on the leader and wake whatever the append satisfies. Raises KafkaError."""
-        target = self.leader_partition(topic, partition)
-        hw_before = target.high_watermark
+        return self._append_on(self.leader_partition(topic, partition), (topic, partition), records, now_ms, origin)
+
+    def _append_on(self, target: Partition, key: TopicPartition, records, now_ms: int, origin: str) -> AppendResult:
+        """`append` on a partition this broker leads (`leader_partition`, in the same step)."""
+        hw_before = target.log.high_watermark
         result = target.append_as_leader(records, now_ms=now_ms, origin=origin)
         if not result.duplicate:
-            self.notify_data(topic, partition)
-        if target.high_watermark != hw_before:
-            self._complete_hw_waiters((topic, partition), target.high_watermark)
+            self.delayed_fetches.notify(key)
+        high_watermark = target.log.high_watermark
+        if high_watermark != hw_before:
+            self._complete_hw_waiters(key, high_watermark)
         return result
 
     async def append_records(self, entries: dict[TopicPartition, bytes], *, acks: int, timeout_ms: int,
@@ -265,9 +269,10 @@ class ReplicaManager:
         """
         results: dict[TopicPartition, ProduceResult] = {}
         waits: dict[TopicPartition, asyncio.Future] = {}
-        for done, ((topic, index), records) in enumerate(entries.items(), 1):
+        for done, (key, records) in enumerate(entries.items(), 1):
             if done % _APPENDS_PER_STEP == 0:  # a Produce naming 200,000 partitions held the loop for 1 s
                 await asyncio.sleep(0)
+            topic, index = key
             checked = records
             while True:
                 try:
@@ -278,24 +283,32 @@ class ReplicaManager:
                     target.check_enough_replicas(acks)
                     refused = precheck(topic, index, records) if precheck is not None else None
                     if refused is not None:
-                        results[(topic, index)] = ProduceResult(*refused)
+                        results[key] = ProduceResult(*refused)
                         break
                     if origin == "client":
                         checked = target.log.validate(checked, now_ms, INLINE_VALIDATION_BYTES)
-                    result = self.append(topic, index, checked, now_ms=now_ms, origin=origin)
+                    # the partition looked up above: nothing between here and there yields
+                    result = self._append_on(target, key, checked, now_ms, origin)
                 except ValidateElsewhere as heavy:
                     # Checked in a thread, then everything above again in one step with the batch
                     # as checked: the append (producer state, sequence) happens as if inline.
                     checked = await self.off_loop(heavy.validate)
                     continue
                 except KafkaError as exc:
-                    results[(topic, index)] = ProduceResult(exc.code, exc.message,
-                                                            record_errors=tuple(getattr(exc, "record_errors", ())))
+                    results[key] = ProduceResult(exc.code, exc.message,
+                                                 record_errors=tuple(getattr(exc, "record_errors", ())))
                     break
-                results[(topic, index)] = ProduceResult(ErrorCode.none, None, result.base_offset,
-                                                        result.log_append_time, result.log_start_offset)
+                results[key] = ProduceResult(ErrorCode.none, None, result.base_offset,
+                                             result.log_append_time, result.log_start_offset)
                 if acks == -1:
-                    waits[(topic, index)] = self._acks_all_future(topic, index, result.last_offset + 1)
+                    offset = result.last_offset + 1
+                    # A leader that is its whole ISR has moved the HW past the batch in the append:
+                    # answered now, as the waiter would be in this same step, without a future.
+                    error = target.acks_all_result(offset) if target.log.high_watermark >= offset else None
+                    if error is None:
+                        waits[key] = self._acks_all_future(topic, index, offset)
+                    elif error != ErrorCode.none:
+                        results[key] = ProduceResult(error)
                 break
         if waits:
             pending = [f for f in waits.values() if not f.done()]
