@@ -41,10 +41,11 @@ log = logging.getLogger(__name__)
 # librdkafka's defaults for the settings of the same names, which a query may set (`kafka.` options).
 _FETCH_WAIT_MAX_MS = 10  # the reader's own default: a range ends at or below the LSO, it never waits for more
 # The reader's own default (Kafka's and librdkafka's: 1 MiB): a task asks for one partition per Fetch, where a
-# consumer's Fetch carries up to fetch.max.bytes (50 MiB) over its partitions, so each answer's fixed costs
-# (the broker's and the worker's) came 4 times as often per byte; 4 MiB answers halved the broker's CPU per
-# record (docs/performance.md, Spark section, branch sourcewarm).
-_MAX_PARTITION_FETCH_BYTES = 4 << 20
+# consumer's Fetch carries up to fetch.max.bytes (50 MiB) over its partitions, so a Fetch's fixed costs (the
+# broker's and the worker's) came with every MiB. At 2 MiB the broker's CPU per 100-byte record went from 0.2 to
+# 0.1-0.125 us and the worker's down 0.05-0.1 us; 4 MiB cost the worker more again (larger buffers to fault in;
+# docs/performance.md, Spark section, branch sourcewarm).
+_MAX_PARTITION_FETCH_BYTES = 2 << 20
 _SOCKET_TIMEOUT_MS = 60_000
 _RETRY_BACKOFF_MS = 100
 _EARLIEST = -2  # ListOffsets timestamp: the log start
