@@ -13,7 +13,8 @@ by the sinks' own producers in Arrow batches of 10,000 rows, as `produce_path.py
   read_committed reader must be told of: the transaction index is looked up).
 
 Each run reads every partition from offset 0 to its end with the Spark source's own reader
-(`ottla.spark.fetch.read_columns`: one Fetch per answer, `max.partition.fetch.bytes` and `max_bytes` 1 MiB,
+(`ottla.spark.fetch.read_columns`: one Fetch per answer, the next one sent before an answer is decoded (since
+2026-11-28), `max.partition.fetch.bytes` and `max_bytes` the reader's default (1 MiB, 2 MiB since 2026-11-28),
 `fetch.wait.max.ms` 10), once read_committed and once read_uncommitted, alternated. The broker's CPU (user +
 system, /proc/<pid>/stat) is scaled to 400,000 records; the reader runs in this process (its decoding is not
 counted). Requests: Fetch answers with records; bytes: the record bytes of the topic's log files. Also the

@@ -117,6 +117,17 @@ def test_log_append_time_is_the_batch_max_timestamp_and_flagged():
     assert columns.headers is None
 
 
+def test_log_append_and_create_time_batches_in_one_answer_keep_their_own_timestamps():
+    """walk.py repeats each batch's fields over its records; the log-append ones then take the batch's max."""
+    create = bytearray(build_batch([Record(b"k", b"v", (), 10 + i) for i in range(40)]))
+    log_append = bytearray(build_batch([Record(b"k", b"v", (), 500 + i) for i in range(30)], timestamp_type=1))
+    set_base_offset(log_append, 0, 40)
+    columns = decode_record_set(bytes(create + log_append), 0, 70, None)
+    assert columns.offsets.tolist() == list(range(70))
+    assert columns.timestamps.tolist() == [10 + i for i in range(40)] + [529] * 30
+    assert columns.log_append_time.tolist() == [False] * 40 + [True] * 30
+
+
 def test_read_uncommitted_keeps_aborted_records_and_drops_markers():
     data, aborted, _, _ = record_set([("txn", 1, [Record(b"k", b"aborted", (), 1)], "uncompressed"),
                                       ("end", 1, False)])

@@ -60,15 +60,17 @@ class FetchedColumns:
 
 
 def decode_record_set(records, start: int, end: int, aborted: list[tuple[int, int]] | None,
-                      headers_type: pa.DataType | None = None) -> FetchedColumns:
+                      headers_type: pa.DataType | None = None, ahead=None) -> FetchedColumns:
     """The records of a Fetch answer's record set at offsets [start, end). Control batches are skipped;
     with `aborted` (read_committed: the answer's (producer id, first offset) list) so are the batches of
-    aborted transactions. `headers_type`: build the headers column with it (else none)."""
-    return _decode(compiled.kernels() or walk, records, start, end, aborted, headers_type)
+    aborted transactions. `headers_type`: build the headers column with it (else none). `ahead`: called
+    with the next offset to fetch once the batch headers give it (it is past `start`), before the records
+    are walked: the reader sends its next Fetch then."""
+    return _decode(compiled.kernels() or walk, records, start, end, aborted, headers_type, ahead)
 
 
 def _decode(k, records, start: int, end: int, aborted: list[tuple[int, int]] | None,
-            headers_type: pa.DataType | None) -> FetchedColumns:
+            headers_type: pa.DataType | None, ahead=None) -> FetchedColumns:
     """`decode_record_set` with the walker `k`: walk.py or kernels.py."""
     buf = np.frombuffer(records, np.uint8)
     batches = k.scan_batches(buf)
@@ -78,6 +80,8 @@ def _decode(k, records, start: int, end: int, aborted: list[tuple[int, int]] | N
         raise KafkaError(ErrorCode.corrupt_message, "the Spark source reads record batches v2 only")
     last_offsets = batches[k.BASE] + batches[k.LAST_DELTA]
     next_offset = max(start, int(last_offsets[-1]) + 1)
+    if ahead is not None and next_offset > start:
+        ahead(next_offset)
     attributes = batches[k.ATTRIBUTES]
     keep = ((attributes & CONTROL_BIT) == 0) & (last_offsets >= start) & (batches[k.BASE] < end)
     if aborted:

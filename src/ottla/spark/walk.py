@@ -65,7 +65,8 @@ def walk_records(buf: np.ndarray, starts, ends, counts, base_offsets, first_time
     ok &= length >= 1  # the walk went forward, so every record lies within its batch
     out = np.empty((9, len(head)), np.int64)
     out[END] = end
-    timestamp_delta, position, good = varints(buf, position + 1, end)  # + 1: attributes
+    position += 1  # the attributes
+    timestamp_delta, position, good = varints(buf, position, end)
     ok &= good
     offset_delta, position, good = varints(buf, position, end)
     ok &= good
@@ -80,10 +81,11 @@ def walk_records(buf: np.ndarray, starts, ends, counts, base_offsets, first_time
     if not ok.all():
         return None
     out[HEADERS_POS], out[HEADER_COUNT] = position, header_count
-    batch_of = np.repeat(np.arange(len(counts)), counts)
-    out[OFFSET] = base_offsets[batch_of] + offset_delta
-    out[TIMESTAMP] = np.where(log_append[batch_of], max_timestamps[batch_of],
-                              first_timestamps[batch_of] + timestamp_delta)
+    # Each batch's fields repeated over its records (no index of batches to gather by), added in place.
+    np.add(np.repeat(base_offsets, counts), offset_delta, out=out[OFFSET])
+    np.add(np.repeat(first_timestamps, counts), timestamp_delta, out=out[TIMESTAMP])
+    if log_append.any():
+        np.copyto(out[TIMESTAMP], np.repeat(max_timestamps, counts), where=np.repeat(log_append, counts))
     return out
 
 
@@ -230,30 +232,52 @@ def varints(buf: np.ndarray, positions: np.ndarray, ends: np.ndarray) -> tuple[n
     at once (a field of two-byte varints, a 100-byte value's length, costs no indexing by the ones going
     on), then one pass per further byte over those still going."""
     ok = positions < ends
-    first = buf[np.where(ok, positions, 0)]
-    raw = (first & 0x7F).astype(np.int64)
+    inside = bool(ok.all())  # the common case: no masking of the indexes, nor of the bytes read
+    first = buf[positions if inside else np.where(ok, positions, 0)]
     after = positions + 1
-    more = ok & (first >= 0x80)
-    if more.any():
+    more = first >= 0x80
+    if not inside:
+        more &= ok
+    if not more.any():  # one byte each (where `ok`; the rest is never used)
+        return _zigzag(first.astype(np.int64)), after, ok
+    raw = (first & 0x7F).astype(np.int64)
+    if inside and bool(more.all()):  # two bytes or more each: a 100-byte value's length
+        ok = after < ends
+        inside = bool(ok.all())
+        more = ok
+        second = buf[after if inside else np.where(ok, after, 0)]
+        raw |= (second & 0x7F).astype(np.int64) << 7
+        after += 1 if inside else ok
+    else:
         ok &= (after < ends) | ~more
         more &= ok
         second = buf[np.where(more, after, 0)]
         raw |= (second & np.where(more, 0x7F, 0).astype(np.uint8)).astype(np.int64) << 7
         after += more
-        going = np.flatnonzero(more & (second >= 0x80))
-        for shift in range(14, 7 * _MAX_VARINT, 7):
-            if not going.size:
-                break
-            at = positions[going] + shift // 7
-            inside = at < ends[going]
-            ok[going[~inside]] = False
-            going, at = going[inside], at[inside]
-            byte = buf[at].astype(np.int64)
-            raw[going] |= (byte & 0x7F) << shift
-            after[going] = at + 1
-            going = going[byte >= 0x80]
-        ok[going] = False  # over ten bytes
-    return ((raw >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(raw & 1), after, ok
+    going = np.flatnonzero(more & (second >= 0x80))
+    for shift in range(14, 7 * _MAX_VARINT, 7):
+        if not going.size:
+            break
+        at = positions[going] + shift // 7
+        inside = at < ends[going]
+        ok[going[~inside]] = False
+        going, at = going[inside], at[inside]
+        byte = buf[at].astype(np.int64)
+        raw[going] |= (byte & 0x7F) << shift
+        after[going] = at + 1
+        going = going[byte >= 0x80]
+    ok[going] = False  # over ten bytes
+    return _zigzag(raw), after, ok
+
+
+def _zigzag(raw: np.ndarray) -> np.ndarray:
+    """The signed values of raw zigzag varints, computed in `raw` itself (one temporary, not four)."""
+    sign = raw & 1
+    np.negative(sign, out=sign)
+    raw >>= 1
+    raw &= 0x7FFFFFFFFFFFFFFF
+    raw ^= sign
+    return raw
 
 
 def walk_headers(buf: np.ndarray, positions, counts, ends) -> np.ndarray | None:
